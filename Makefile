@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` (main job) and `make test` (whole suite). Both set up first;
+# setup is idempotent and takes about a second once the environment exists.
+VENV ?= .venv
+export TF_CPP_MIN_LOG_LEVEL ?= 1
+
+.PHONY: setup demo test test-unit test-distributed lint doctor clean
+
+setup:
+	@bash scripts/setup_env.sh
+
+demo: setup
+	$(VENV)/bin/hvdazure run -np 2 --gloo samples/collectives_check.py --framework torch
+	$(VENV)/bin/hvdazure run -np 2 --mpi samples/collectives_check.py --framework tensorflow
+
+test: setup lint
+	$(VENV)/bin/pytest tests
+
+test-unit: setup
+	$(VENV)/bin/pytest tests/unit
+
+test-distributed: setup
+	$(VENV)/bin/pytest tests/distributed tests/integration
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+doctor: setup
+	$(VENV)/bin/hvdazure doctor
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+"""Starting multi-process Horovod jobs: command building (command.py), the per-rank wrapper
+(rank_wrapper.py) and job supervision (supervisor.py).
+
+Kept import-free: every rank runs `python -m hvdazure.launch.rank_wrapper`, which must start fast.
+"""

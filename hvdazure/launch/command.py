@@ -1,0 +1,132 @@
+"""Turning a launch request into the `mpirun` or `horovodrun` command line that starts it.
+
+Pure functions of their inputs (no processes are started here), so every flag is unit-testable.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONTROLLERS = ("gloo", "mpi")
+
+# Variables forwarded to every rank by mpirun (-x). Local ranks inherit mpirun's environment anyway; this
+# list is what remote nodes need. horovodrun forwards the whole environment itself.
+FORWARDED_VARS = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "VIRTUAL_ENV", "HOME")
+FORWARDED_PREFIXES = (
+    "HOROVOD_", "HVDAZURE_", "NCCL_", "OMP_", "CUDA_", "TF_", "TORCH", "AZUREML_", "AZ_BATCH", "MLFLOW_",
+    "UCX_",
+)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What the user asked `hvdazure run` for: N ranks of COMMAND on some hosts with one controller."""
+
+    num_proc: int
+    command: Sequence[str]
+    hosts: str | None = None  # "host1:slots,host2:slots"
+    hostfile: str | None = None
+    controller: str = "gloo"
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_proc < 1:
+            raise ValueError(f"-np must be at least 1, got {self.num_proc}")
+        if not self.command:
+            raise ValueError("no command given to run on each rank")
+        if self.controller not in CONTROLLERS:
+            raise ValueError(f"controller must be one of {', '.join(CONTROLLERS)}, got {self.controller!r}")
+        if self.hosts and self.hostfile:
+            raise ValueError("give either -H/--hosts or --hostfile, not both")
+        if self.hostfile and not Path(self.hostfile).is_file():
+            raise ValueError(f"hostfile not found: {self.hostfile}")
+        if self.hosts:
+            parse_hosts(self.hosts)  # validates
+
+
+def parse_hosts(hosts: str) -> list[tuple[str, int]]:
+    """Parse "host1:4,host2:4" (slots default to 1) into [(host, slots)], rejecting malformed entries."""
+    parsed = []
+    for entry in hosts.split(","):
+        name, _, slots = entry.strip().partition(":")
+        if not name or (slots and not slots.isdigit()) or slots == "0":
+            raise ValueError(
+                f"bad host entry {entry!r} in -H {hosts!r}; expected host:slots, e.g. localhost:2")
+        parsed.append((name, int(slots) if slots else 1))
+    return parsed
+
+
+def resolve_user_command(command: Sequence[str], python: str = sys.executable) -> list[str]:
+    """Run a bare `train.py` with this interpreter, so ranks use the same environment as the launcher."""
+    command = list(command)
+    if command[0].endswith(".py"):
+        return [python, *command]
+    return command
+
+
+def rank_wrapper_command(command: Sequence[str], python: str = sys.executable) -> list[str]:
+    """Wrap a rank's command so that its failure is reported with its rank (see launch/rank_wrapper.py)."""
+    return [python, "-m", "hvdazure.launch.rank_wrapper", "--", *command]
+
+
+def _executable(name: str) -> str:
+    """Prefer the tool next to this interpreter (the venv's horovodrun) over whatever PATH finds first."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} not found on PATH; run `hvdazure doctor` for how to install it")
+    return found
+
+
+def mpirun_command(spec: LaunchSpec, env: Mapping[str, str], is_root: bool) -> list[str]:
+    """The mpirun command line: no core binding (frameworks manage threads), slots filled in order."""
+    cmd = [_executable("mpirun")]
+    if is_root:
+        cmd.append("--allow-run-as-root")  # containers (Docker, Azure ML) commonly run as root
+    cmd += ["-np", str(spec.num_proc), "-bind-to", "none", "-map-by", "slot", "--tag-output"]
+    if spec.hosts:
+        cmd += ["-H", spec.hosts]
+    elif spec.hostfile:
+        cmd += ["--hostfile", spec.hostfile]
+    else:
+        cmd += ["-H", f"localhost:{spec.num_proc}"]
+    # TCP only, no InfiniBand probing noise on laptops/CI; clusters override via OMPI_MCA_* variables.
+    cmd += ["-mca", "pml", "ob1", "-mca", "btl", "^openib"]
+    for name in sorted(env):
+        if name in FORWARDED_VARS or name.startswith(FORWARDED_PREFIXES):
+            cmd += ["-x", name]
+    return cmd
+
+
+def horovodrun_command(spec: LaunchSpec) -> list[str]:
+    """The horovodrun command line for the Gloo controller."""
+    cmd = [_executable("horovodrun"), "--gloo", "-np", str(spec.num_proc)]
+    if spec.hosts:
+        cmd += ["-H", spec.hosts]
+    elif spec.hostfile:
+        cmd += ["--hostfile", spec.hostfile]
+    else:
+        cmd += ["-H", f"localhost:{spec.num_proc}"]
+    return cmd
+
+
+def build_command(spec: LaunchSpec, env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The full launcher argv and the environment to start it with."""
+    env = dict(os.environ if env is None else env)
+    env.update(spec.extra_env)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # ranks' output reaches the terminal line by line
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines, times N ranks, drown the output
+    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if is_root:
+        # horovodrun --mpi and any nested mpirun read these instead of the command-line flag.
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    launcher = mpirun_command(spec, env, is_root) if spec.controller == "mpi" else horovodrun_command(spec)
+    return launcher + rank_wrapper_command(resolve_user_command(spec.command)), env

@@ -1,0 +1,42 @@
+"""Packaging for hvdazure. Exact versions for CI and the images live in versions.env and requirements/."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+
+
+def _version() -> str:
+    for line in (ROOT / "hvdazure" / "_version.py").read_text().splitlines():
+        if line.startswith("__version__"):
+            return line.split("=", 1)[1].strip().strip('"')
+    raise RuntimeError("hvdazure/_version.py has no __version__")
+
+
+setup(
+    name="hvdazure",
+    version=_version(),
+    description="Horovod data-parallel training for PyTorch and TensorFlow, from a laptop to Azure ML",
+    long_description=(ROOT / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["hvdazure", "hvdazure.*"]),
+    python_requires=">=3.10",
+    # Horovod itself is not listed: PyPI has only an sdist that needs patching for current frameworks,
+    # so scripts/build_horovod.sh builds it (see README, "What the first run builds").
+    install_requires=[
+        "pyyaml>=6", "numpy>=1.24", "tqdm>=4.60", "packaging>=21", "psutil>=5.9", "cloudpickle>=2",
+    ],
+    extras_require={
+        "torch": ["torch>=2.1"],
+        "tensorflow": ["tensorflow>=2.16"],
+        "azure": ["azure-ai-ml>=1.12", "azure-identity>=1.15"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.5", "scikit-learn>=1.3"],
+    },
+    entry_points={"console_scripts": ["hvdazure=hvdazure.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Operating System :: POSIX :: Linux",
+    ],
+)

@@ -1,0 +1,73 @@
+"""Starts real multi-rank jobs through `hvdazure run` and collects what each rank reported.
+
+Workers write one JSON file per rank into a folder the test owns (`report_rank(...)` in workers/_report.py);
+the test asserts on those files, the job's exit code and its output, in the parent process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[2]
+WORKERS = Path(__file__).resolve().parent / "workers"
+CONTROLLERS = ("gloo", "mpi")
+
+
+@dataclass
+class JobRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    reports: dict[int, dict]  # rank -> what that rank wrote
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_job(
+    script: str | Path,
+    *args: str,
+    out_dir: Path,
+    np: int = 2,
+    controller: str = "gloo",
+    launcher_args: tuple[str, ...] = (),
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+) -> JobRun:
+    """Run `hvdazure run -np N --<controller> script args` to the end; fail the test if it hangs."""
+    script = Path(script)
+    if not script.is_absolute():
+        script = WORKERS / script
+    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", str(np), f"--{controller}", *launcher_args,
+           str(script), *args]
+    job_env = {**os.environ, "HVDAZURE_TEST_OUT": str(out_dir), **(env or {})}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env, cwd=REPO)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"job hung: {' '.join(cmd)} still running after {timeout}s\n"
+                             f"{exc.stdout}\n{exc.stderr}") from None
+    return JobRun(proc.returncode, proc.stdout, proc.stderr, read_reports(out_dir))
+
+
+def read_reports(out_dir: Path) -> dict[int, dict]:
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in sorted(out_dir.glob("rank-*.json"))}
+
+
+def processes_running(marker: str) -> list[psutil.Process]:
+    """Processes whose command line contains `marker` (to prove a job left nothing behind)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in proc.info["cmdline"] or []):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found

@@ -1,0 +1,59 @@
+"""Horovod works with both frameworks over both controllers, through our launcher, on 2 real ranks."""
+
+import pytest
+from harness import CONTROLLERS, REPO, run_job
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_collectives_give_exact_results_on_every_rank(tmp_path, controller, framework):
+    job = run_job("collectives.py", framework, out_dir=tmp_path, controller=controller)
+
+    assert job.returncode == 0, job.output
+    assert sorted(job.reports) == [0, 1]
+    for rank, report in job.reports.items():
+        assert report["results"] == {
+            "sum": [3.0],
+            "average": [0.5],
+            "broadcast": [10.0],
+            "allgather": [0.0, 1.0, 1.0],
+        }
+        assert report["horovod"] == {"rank": rank, "size": 2, "local_rank": rank, "local_size": 2,
+                                     "cross_rank": 0, "cross_size": 1}
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_cluster_detection_before_init_agrees_with_horovod(tmp_path, controller):
+    job = run_job("collectives.py", "torch", out_dir=tmp_path, controller=controller)
+
+    assert job.returncode == 0, job.output
+    expected_launcher = {"gloo": "horovodrun", "mpi": "openmpi"}[controller]
+    for report in job.reports.values():
+        hvd, detected = report["horovod"], report["detected"]
+        assert detected["launcher"] == expected_launcher
+        assert (detected["rank"], detected["size"]) == (hvd["rank"], hvd["size"])
+        assert (detected["local_rank"], detected["local_size"]) == (hvd["local_rank"], hvd["local_size"])
+        assert (detected["node_rank"], detected["num_nodes"]) == (hvd["cross_rank"], hvd["cross_size"])
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_output_is_tagged_with_the_rank_that_printed_it(tmp_path, controller):
+    job = run_job(REPO / "samples" / "collectives_check.py", "--framework", "torch", out_dir=tmp_path,
+                  controller=controller)
+
+    assert job.returncode == 0, job.output
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>:torch rank {rank}/2 allreduce(sum)     -> [3.0, 10.0] ok" in job.stdout
+    # mpirun's own `[jobid,rank]` tags are rewritten to the same form as horovodrun's
+    assert "[1,0]<" not in job.output and "[1,1]<" not in job.output
+
+
+def test_explicit_hosts_and_hostfile_place_both_ranks_on_localhost(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    for i, launcher_args in enumerate([("-H", "localhost:2"), ("--hostfile", str(hostfile))]):
+        out = tmp_path / f"run{i}"
+        out.mkdir()
+        job = run_job("collectives.py", "torch", out_dir=out, controller="mpi", launcher_args=launcher_args)
+        assert job.returncode == 0, job.output
+        assert sorted(job.reports) == [0, 1]
