@@ -55,7 +55,7 @@ export HOROVOD_WITHOUT_MXNET=${HOROVOD_WITHOUT_MXNET:-1}
 export MAKEFLAGS=${MAKEFLAGS:--j$(nproc)}
 export HOROVOD_BUILD_ARCH_FLAGS=${HOROVOD_BUILD_ARCH_FLAGS:-}
 
-echo "building horovod ${HOROVOD_VERSION} (log: $log); this takes 10-20 minutes on 2 cores"
+echo "building horovod ${HOROVOD_VERSION} (log: $log); 3 to 20 minutes, depending on the machine"
 start=$(date +%s)
 if ! python -m pip wheel --no-build-isolation --no-cache-dir --no-deps -v -w "$out_dir" "$src" >"$log" 2>&1; then
   echo "horovod build FAILED after $(( $(date +%s) - start ))s; last lines of $log:" >&2

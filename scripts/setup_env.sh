@@ -17,6 +17,10 @@ set -a; . ./versions.env; set +a
 venv=${HVDAZURE_VENV:-$root/.venv}
 cache=${HVDAZURE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdazure}
 say() { echo "[setup] $*"; }
+pip_install() {  # quiet pip, minus the warnings some machines' pip.conf produces for every package
+  "$py" -m pip install --quiet "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  return "${PIPESTATUS[0]}"
+}
 die() { echo "[setup] ERROR: $*" >&2; exit 1; }
 
 # --- 1. system packages: MPI for Horovod's MPI controller; highwayhash/farmhash for TF's headers -------
@@ -63,10 +67,10 @@ if [[ -f $stamp && $(cat "$stamp") == "$pins_hash" && $installed_hvd == "$HOROVO
 fi
 
 say "installing pinned packages into $venv"
-"$py" -m pip install --quiet --upgrade pip
+pip_install --upgrade pip
 # torch==X resolves to the local CPU wheel where one is provided; elsewhere pass a CPU index through
 # PIP_EXTRA_INDEX_URL, or the default (CUDA) build of several GB is downloaded.
-"$py" -m pip install --quiet "torch==${TORCH_VERSION}" "tensorflow-cpu==${TENSORFLOW_VERSION}" -r requirements/dev.txt
+pip_install "torch==${TORCH_VERSION}" "tensorflow-cpu==${TENSORFLOW_VERSION}" -r requirements/dev.txt
 
 # --- 3. Horovod, built once per (versions, python, MPI, build recipe) and cached as a wheel --------------
 if hvd_ok && "$py" -c "import horovod, sys; sys.exit(horovod.__version__ != '${HOROVOD_VERSION}')"; then
@@ -84,12 +88,12 @@ else
   else
     say "reusing cached horovod wheel from $wheel_dir"
   fi
-  "$py" -m pip install --quiet --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+  pip_install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
   hvd_ok || die "horovod installed but 'horovodrun --check-build' lacks PyTorch, TensorFlow, MPI or Gloo:
 $("$venv/bin/horovodrun" --check-build 2>&1 | tail -n 20)"
 fi
 
 # --- 4. hvdazure itself --------------------------------------------------------------------------------
-"$py" -m pip install --quiet --no-deps --no-build-isolation -e .
+pip_install --no-deps --no-build-isolation -e .
 echo "$pins_hash" >"$stamp"
 say "environment ready: $("$py" -c 'import torch, tensorflow as tf, horovod; print(f"torch {torch.__version__}, tensorflow {tf.__version__}, horovod {horovod.__version__}")' 2>/dev/null)"

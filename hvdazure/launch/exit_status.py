@@ -16,7 +16,7 @@ PEER_SHUTDOWN_MARKERS = (b"Horovod has been shut down", b"HorovodInternalError")
 _FOLLOW_ON = " (after a peer rank stopped)"
 _PATTERN = re.compile(
     r"hvdazure: rank (?P<rank>\d+) failed with exit code (?P<code>\d+)(?P<detail>.*)"
-    r" at (?P<time>\d+\.\d+)\s*$"
+    r" at (?P<time>\d+\.\d+)"
 )
 
 

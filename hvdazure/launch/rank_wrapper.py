@@ -39,24 +39,31 @@ class _LinePump(threading.Thread):
                 self.saw_peer_shutdown = True
 
 
+def _say(line: str) -> None:
+    """One write per line: with unbuffered stderr, print() writes the newline separately, and mpirun
+    would tag the two pieces as two lines."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        print("usage: python -m hvdazure.launch.rank_wrapper -- COMMAND [ARGS...]", file=sys.stderr)
+        _say("usage: python -m hvdazure.launch.rank_wrapper -- COMMAND [ARGS...]")
         return 2
     try:
         rank = detect_cluster().rank
     except ValueError as exc:  # a malformed launcher variable: say which, on every rank
-        print(f"hvdazure: error: {exc}", file=sys.stderr, flush=True)
+        _say(f"hvdazure: error: {exc}")
         return 2
     try:
         child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE)
     except OSError as exc:
         failure = RankFailure(False, time.time(), rank, 127, f" (cannot start {args[0]!r}: {exc.strerror})")
-        print(failure.line(), file=sys.stderr, flush=True)
+        _say(failure.line())
         return 127
     pumps = [_LinePump(child.stdout, sys.stdout.buffer), _LinePump(child.stderr, sys.stderr.buffer)]
     for pump in pumps:
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     code, detail = exit_code_of(returncode)
     if code != 0 and not stopping:
         follow_on = any(pump.saw_peer_shutdown for pump in pumps)
-        print(RankFailure(follow_on, exited_at, rank, code, detail).line(), file=sys.stderr, flush=True)
+        _say(RankFailure(follow_on, exited_at, rank, code, detail).line())
     return code
 
 

@@ -1,0 +1,226 @@
+"""TrainConfig: every training setting, typed and validated, loadable from YAML and `--set` overrides.
+
+Validation happens in the constructor, on every rank, before any collective: a bad value is one
+`ConfigError` naming the field and the value, identically on all ranks, so no rank waits for another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the value."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training settings. `batch_size` is per worker; the LR is scaled for the global batch."""
+
+    # length of training
+    epochs: int = 1
+    max_steps: int | None = None  # optimizer steps; stops earlier than `epochs` if reached
+    # batch and learning rate
+    batch_size: int = 32  # per worker, per micro-batch
+    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    lr: float = 1e-3  # the LR tuned for base_batch_size
+    base_batch_size: int | None = None  # the batch `lr` was tuned for; default: batch_size
+    lr_scaling: Literal["none", "linear", "sqrt"] = "linear"
+    warmup_epochs: float = 0.0  # Goyal et al. (2017): ramp from `lr` to the scaled LR ...
+    warmup_steps: int = 0  # ... over this many optimizer steps (give epochs or steps, not both)
+    schedule: Literal["constant", "cosine", "step"] = "constant"  # after warmup
+    min_lr: float = 0.0  # cosine's floor
+    step_size_epochs: int = 1  # "step": multiply the LR by step_gamma every this many epochs
+    step_gamma: float = 0.1
+    # gradient exchange
+    compression: Literal["none", "fp16"] = "none"
+    reduce_op: Literal["average", "sum", "adasum"] = "average"
+    gradient_predivide_factor: float = 1.0
+    grad_clip_norm: float | None = None
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # mixed precision via autocast
+    # data
+    seed: int = 0
+    num_workers: int = 0  # DataLoader worker processes per rank
+    # reporting
+    log_every: int = 10  # optimizer steps between fused metric allreduces / log lines
+    eval_every: int = 1  # epochs between evaluations
+    monitor: str = "eval_loss"  # metric watched by early stopping
+    monitor_mode: Literal["min", "max"] = "min"
+    early_stopping_patience: int | None = None  # evaluations without improvement before stopping
+    early_stopping_min_delta: float = 0.0
+    output_dir: str = "outputs"  # Azure ML uploads ./outputs
+    tensorboard: bool = False
+    mlflow: bool = False
+    mlflow_tracking_uri: str | None = None  # default: Azure ML's when inside it, else ./outputs/mlruns
+    progress_bar: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)  # user settings, e.g. hidden_size: 64
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _check_values(self)
+
+    # --- derived values ---------------------------------------------------------------------------------
+    @property
+    def effective_base_batch_size(self) -> int:
+        return self.base_batch_size if self.base_batch_size is not None else self.batch_size
+
+    def global_batch_size(self, world_size: int) -> int:
+        """Samples per optimizer step across all ranks."""
+        return self.batch_size * world_size * self.grad_accum_steps
+
+    # --- loading ------------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        """Build from a mapping; unknown keys are an error (a typo must not be silently ignored)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return cls(**dict(data))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> TrainConfig:
+        return cls.from_dict(_read_yaml_mapping(path))
+
+    @classmethod
+    def from_cli(cls, argv: Sequence[str] | None = None, **defaults: Any) -> TrainConfig:
+        """`defaults`, then `--config cfg.yaml`, then `--set field=value` overrides (repeatable)."""
+        import yaml
+
+        parser = argparse.ArgumentParser(description="hvdazure training script")
+        parser.add_argument("--config", help="YAML file of TrainConfig fields")
+        parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                            help="override one field, e.g. --set epochs=5 --set extra.hidden=64")
+        args = parser.parse_args(argv)
+        data: dict[str, Any] = dict(defaults)
+        if args.config:
+            data.update(_read_yaml_mapping(args.config))
+        for item in args.overrides:
+            name, sep, raw = item.partition("=")
+            if not sep or not name:
+                raise ConfigError(f"--set expects FIELD=VALUE, got {item!r}")
+            value = yaml.safe_load(raw) if raw else ""
+            if name.startswith("extra."):
+                data["extra"] = {**data.get("extra", {}), name.removeprefix("extra."): value}
+            else:
+                data[name] = value
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of field: value")
+    return data
+
+
+# --- validation ------------------------------------------------------------------------------------------
+_HINTS: dict[str, Any] = {}
+
+
+def _check_types(config: TrainConfig) -> None:
+    if not _HINTS:
+        _HINTS.update(typing.get_type_hints(TrainConfig))
+    for f in fields(config):
+        value = getattr(config, f.name)
+        hint = _HINTS[f.name]
+        coerced = _coerce(value, hint)
+        if coerced is _INVALID:
+            raise ConfigError(f"config field {f.name!r}: {value!r} is not {_describe(hint)}")
+        if coerced is not value:
+            object.__setattr__(config, f.name, coerced)
+
+
+_INVALID = object()
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    """`value` as type `hint` (ints accepted for floats), or _INVALID. bools are never numbers here."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        return value if value in get_args(hint) else _INVALID
+    if origin in (typing.Union, types.UnionType):
+        for option in get_args(hint):
+            result = _coerce(value, option)
+            if result is not _INVALID:
+                return result
+        return _INVALID
+    if hint is type(None):
+        return None if value is None else _INVALID
+    if hint is bool:
+        return value if isinstance(value, bool) else _INVALID
+    if hint is int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else _INVALID
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return _INVALID
+        return float(value)
+    if hint is str:
+        return value if isinstance(value, str) else _INVALID
+    if origin is dict or hint is dict:
+        return value if isinstance(value, dict) else _INVALID
+    return value
+
+
+def _describe(hint: Any) -> str:
+    origin = get_origin(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(hint))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(hint))
+    if hint is type(None):
+        return "null"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))
+
+
+def _check_values(c: TrainConfig) -> None:
+    def require(ok: bool, name: str, rule: str) -> None:
+        if not ok:
+            raise ConfigError(f"config field {name!r}: {getattr(c, name)!r} {rule}")
+
+    require(c.epochs >= 1, "epochs", "must be at least 1")
+    require(c.max_steps is None or c.max_steps >= 1, "max_steps", "must be at least 1 (or null)")
+    require(c.batch_size >= 1, "batch_size", "must be at least 1")
+    require(c.grad_accum_steps >= 1, "grad_accum_steps", "must be at least 1")
+    require(math.isfinite(c.lr) and c.lr > 0, "lr", "must be a positive number")
+    require(c.base_batch_size is None or c.base_batch_size >= 1, "base_batch_size", "must be at least 1")
+    require(c.warmup_epochs >= 0, "warmup_epochs", "must not be negative")
+    require(c.warmup_steps >= 0, "warmup_steps", "must not be negative")
+    if c.warmup_epochs and c.warmup_steps:
+        raise ConfigError(f"config fields 'warmup_epochs' ({c.warmup_epochs!r}) and 'warmup_steps' "
+                          f"({c.warmup_steps!r}): give one, not both")
+    require(0 <= c.min_lr <= c.lr, "min_lr", f"must be between 0 and lr ({c.lr!r})")
+    require(c.step_size_epochs >= 1, "step_size_epochs", "must be at least 1")
+    require(0 < c.step_gamma <= 1, "step_gamma", "must be in (0, 1]")
+    require(c.gradient_predivide_factor > 0, "gradient_predivide_factor", "must be positive")
+    require(c.grad_clip_norm is None or c.grad_clip_norm > 0, "grad_clip_norm", "must be positive (or null)")
+    require(c.num_workers >= 0, "num_workers", "must not be negative")
+    require(c.log_every >= 1, "log_every", "must be at least 1")
+    require(c.eval_every >= 1, "eval_every", "must be at least 1")
+    require(bool(c.monitor), "monitor", "must name a metric")
+    require(c.early_stopping_patience is None or c.early_stopping_patience >= 1, "early_stopping_patience",
+            "must be at least 1 (or null)")
+    require(c.early_stopping_min_delta >= 0, "early_stopping_min_delta", "must not be negative")
+    if c.reduce_op == "adasum" and c.gradient_predivide_factor != 1.0:
+        raise ConfigError("config field 'gradient_predivide_factor': must be 1.0 with reduce_op 'adasum'")

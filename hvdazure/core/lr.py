@@ -1,0 +1,68 @@
+"""Learning-rate math: scaling for the global batch, Goyal et al. (2017) warmup, and the schedule after it.
+
+Everything is counted in optimizer steps (not micro-batches, not per process), so the LR at step t is the
+same whatever the world size or accumulation, for the same global batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hvdazure.core.config import TrainConfig
+
+
+def scaled_lr(lr: float, global_batch_size: int, base_batch_size: int, scaling: str) -> float:
+    """The LR for `global_batch_size`, given `lr` tuned for `base_batch_size` (linear or sqrt rule)."""
+    ratio = global_batch_size / base_batch_size
+    if scaling == "linear":
+        return lr * ratio
+    if scaling == "sqrt":
+        return lr * math.sqrt(ratio)
+    if scaling == "none":
+        return lr
+    raise ValueError(f"lr_scaling must be none, linear or sqrt, got {scaling!r}")
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """LR as a function of the optimizer step: warmup from `start_lr` to `peak_lr`, then the schedule."""
+
+    start_lr: float
+    peak_lr: float
+    warmup_steps: int
+    total_steps: int
+    steps_per_epoch: int
+    schedule: str = "constant"
+    min_lr: float = 0.0
+    step_size_epochs: int = 1
+    step_gamma: float = 0.1
+
+    @classmethod
+    def from_config(cls, config: TrainConfig, world_size: int, steps_per_epoch: int) -> LRSchedule:
+        """The schedule `config` asks for with `world_size` ranks and this many optimizer steps per epoch."""
+        peak = scaled_lr(config.lr, config.global_batch_size(world_size), config.effective_base_batch_size,
+                         config.lr_scaling)
+        total = config.epochs * steps_per_epoch
+        if config.max_steps is not None:
+            total = min(total, config.max_steps)
+        warmup = config.warmup_steps or round(config.warmup_epochs * steps_per_epoch)
+        return cls(start_lr=config.lr, peak_lr=peak, warmup_steps=warmup, total_steps=total,
+                   steps_per_epoch=steps_per_epoch, schedule=config.schedule,
+                   min_lr=config.min_lr * peak / config.lr, step_size_epochs=config.step_size_epochs,
+                   step_gamma=config.step_gamma)
+
+    def lr_at(self, step: int) -> float:
+        """LR for optimizer step `step` (0-based)."""
+        if step < self.warmup_steps:
+            return self.start_lr + (self.peak_lr - self.start_lr) * step / self.warmup_steps
+        if self.schedule == "constant":
+            return self.peak_lr
+        if self.schedule == "cosine":
+            span = max(1, self.total_steps - self.warmup_steps)
+            progress = min(1.0, (step - self.warmup_steps) / span)
+            return self.min_lr + (self.peak_lr - self.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+        if self.schedule == "step":
+            decays = (step // self.steps_per_epoch) // self.step_size_epochs
+            return self.peak_lr * self.step_gamma**decays
+        raise ValueError(f"schedule must be constant, cosine or step, got {self.schedule!r}")

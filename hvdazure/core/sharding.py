@@ -1,0 +1,106 @@
+"""Which samples each rank uses at each step: exactly once per epoch, independent of the world size.
+
+Policy. Every epoch has its own permutation of the dataset, drawn from (seed, epoch) alone. Optimizer step t
+uses the samples at positions [t*G, (t+1)*G) of that permutation, G being the global batch (batch_size x
+world_size x grad_accum_steps), so the set of samples of step t does not depend on how many ranks share it:
+N ranks with batch b see, step by step, what 1 process with batch N*b sees. Within a step, micro-batch k of
+rank r is the next `batch_size` positions in (k, r) order.
+
+The remainder is neither dropped nor padded: the last step holds the N mod G samples left, split as evenly
+as possible over micro-batches and ranks, so every sample is used exactly once per epoch and none twice.
+A (rank, micro-batch) cell can be left empty; such a rank still runs the step on a stand-in sample whose
+loss weight is 0, so every rank runs the same number of steps and collectives (no hang), and each cell's
+`weight` (its share of the step's samples) makes the averaged gradient the exact mean over the step.
+
+Evaluation is split into contiguous, nearly equal ranges per rank with no padding; metrics are summed with
+their sample counts and divided once, so the result equals the single-process one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of the whole dataset in `epoch`: a function of (seed, epoch) only."""
+    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """The samples one rank uses in one micro-batch, and their share of the optimizer step's samples."""
+
+    indices: list[int]
+    step_samples: int  # samples in the whole optimizer step, all ranks and micro-batches together
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.indices
+
+    @property
+    def weight(self) -> float:
+        """Factor for this micro-batch's mean loss so that averaging over ranks gives the step's mean."""
+        return len(self.indices) / self.step_samples
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The sample plan of one rank for training epochs."""
+
+    num_samples: int
+    batch_size: int
+    world_size: int
+    rank: int
+    grad_accum_steps: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_samples < 1:
+            raise ValueError(f"the training dataset is empty (num_samples={self.num_samples})")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size * self.grad_accum_steps
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch; the last one may be partial (never dropped)."""
+        return -(-self.num_samples // self.global_batch_size)
+
+    def step(self, epoch: int, step: int, order: np.ndarray | None = None) -> list[MicroBatch]:
+        """This rank's micro-batches for optimizer step `step` of `epoch`."""
+        order = epoch_permutation(self.num_samples, self.seed, epoch) if order is None else order
+        start = step * self.global_batch_size
+        chunk = order[start : start + self.global_batch_size]
+        cells = self.world_size * self.grad_accum_steps
+        sizes = _even_split(len(chunk), cells)
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        result = []
+        for k in range(self.grad_accum_steps):
+            cell = k * self.world_size + self.rank
+            result.append(MicroBatch(chunk[offsets[cell] : offsets[cell + 1]].tolist(), len(chunk)))
+        return result
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[MicroBatch]]:
+        """This rank's micro-batches, step by step, from `start_step` to the end of `epoch`."""
+        order = epoch_permutation(self.num_samples, self.seed, epoch)
+        for step in range(start_step, self.steps_per_epoch):
+            yield self.step(epoch, step, order)
+
+
+def _even_split(total: int, parts: int) -> list[int]:
+    """Sizes of `parts` consecutive pieces of `total`, full-size first: a full step splits exactly evenly."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def eval_range(num_samples: int, world_size: int, rank: int) -> range:
+    """This rank's contiguous slice of the evaluation set (sizes differ by at most one; none padded)."""
+    sizes = _even_split(num_samples, world_size)
+    start = sum(sizes[:rank])
+    return range(start, start + sizes[rank])

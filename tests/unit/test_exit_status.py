@@ -1,0 +1,40 @@
+"""Rank failure lines: written by the rank wrapper, read back by the supervisor to find the root cause."""
+
+import signal
+
+from hvdazure.launch.exit_status import RankFailure, exit_code_of
+from hvdazure.launch.supervisor import normalize_line
+
+
+def test_signalled_processes_get_shell_style_exit_codes():
+    assert exit_code_of(0) == (0, "")
+    assert exit_code_of(3) == (3, "")
+    assert exit_code_of(-signal.SIGKILL) == (137, " (killed by SIGKILL)")
+    assert exit_code_of(-signal.SIGTERM) == (143, " (killed by SIGTERM)")
+
+
+def test_a_failure_line_survives_rank_tagging_and_parses_back():
+    failure = RankFailure(False, 1795980000.25, 1, 137, " (killed by SIGKILL)")
+    assert RankFailure.parse(f"[1]<stderr>:{failure.line()}\n") == failure
+    follow_on = RankFailure(True, 1795980000.5, 0, 1)
+    assert "(after a peer rank stopped)" in follow_on.line()
+    assert RankFailure.parse(follow_on.line()) == follow_on
+
+
+def test_root_cause_is_the_earliest_failure_that_was_not_caused_by_a_peer():
+    peer_caused_earlier = RankFailure(True, 10.0, 0, 1)
+    root = RankFailure(False, 10.1, 1, 3)
+    later = RankFailure(False, 11.0, 2, 4)
+    assert min([peer_caused_earlier, later, root]) == root
+    assert min([RankFailure(True, 5.0, 1, 1), RankFailure(True, 4.0, 0, 1)]).rank == 0
+
+
+def test_ordinary_output_is_not_a_failure():
+    assert RankFailure.parse("[0]<stdout>:epoch 1 failed with exit code 3 hmm") is None
+
+
+def test_mpirun_tags_are_rewritten_like_horovodrun_tags():
+    assert normalize_line("[1,0]<stdout>:hello\n") == ("[0]<stdout>:hello\n", False)
+    assert normalize_line("[31203,1]<stderr>:oops\n") == ("[1]<stderr>:oops\n", True)
+    assert normalize_line("[1]<stderr>:oops\n") == ("[1]<stderr>:oops\n", True)
+    assert normalize_line("untagged launcher line\n") == ("untagged launcher line\n", False)

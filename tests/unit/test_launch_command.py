@@ -1,0 +1,83 @@
+"""The mpirun/horovodrun command lines `hvdazure run` builds, and the validation of its input."""
+
+import sys
+
+import pytest
+
+from hvdazure.launch.command import LaunchSpec, build_command, parse_hosts, resolve_user_command
+
+ENV = {"PATH": "/usr/bin", "HOROVOD_FUSION_THRESHOLD": "0", "NCCL_DEBUG": "INFO", "SECRET_TOKEN": "x"}
+
+
+def _after(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+def test_a_bare_python_script_runs_with_this_interpreter():
+    assert resolve_user_command(["train.py", "--lr", "0.1"]) == [sys.executable, "train.py", "--lr", "0.1"]
+    assert resolve_user_command(["bash", "-c", "true"]) == ["bash", "-c", "true"]
+
+
+def test_every_rank_runs_inside_the_rank_wrapper():
+    argv, _ = build_command(LaunchSpec(num_proc=2, command=["train.py"]), ENV)
+    wrapper = argv.index("hvdazure.launch.rank_wrapper")
+    assert argv[wrapper - 2 : wrapper] == [sys.executable, "-m"]
+    assert argv[wrapper + 1 :] == ["--", sys.executable, "train.py"]
+
+
+def test_gloo_uses_horovodrun_on_localhost_by_default():
+    argv, _ = build_command(LaunchSpec(num_proc=2, command=["train.py"]), ENV)
+    assert argv[0].endswith("horovodrun")
+    assert argv[1:6] == ["--gloo", "-np", "2", "-H", "localhost:2"]
+
+
+def test_mpi_uses_mpirun_without_core_binding_and_with_rank_tags():
+    argv, _ = build_command(LaunchSpec(num_proc=3, command=["train.py"], controller="mpi"), ENV)
+    assert argv[0].endswith("mpirun")
+    assert _after(argv, "-np") == "3"
+    assert _after(argv, "-bind-to") == "none"
+    assert _after(argv, "-map-by") == "slot"
+    assert "--tag-output" in argv
+    assert _after(argv, "-H") == "localhost:3"
+
+
+def test_mpi_forwards_framework_variables_but_not_unrelated_ones():
+    argv, _ = build_command(LaunchSpec(num_proc=2, command=["train.py"], controller="mpi"), ENV)
+    forwarded = {argv[i + 1] for i, arg in enumerate(argv) if arg == "-x"}
+    assert {"PATH", "HOROVOD_FUSION_THRESHOLD", "NCCL_DEBUG", "PYTHONUNBUFFERED"} <= forwarded
+    assert "SECRET_TOKEN" not in forwarded
+
+
+def test_hosts_and_hostfile_are_passed_through(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=4\n")
+    spec = LaunchSpec(num_proc=8, command=["t.py"], hosts="node1:4,node2:4", controller="mpi")
+    argv, _ = build_command(spec, ENV)
+    assert _after(argv, "-H") == "node1:4,node2:4"
+    argv, _ = build_command(LaunchSpec(num_proc=4, command=["t.py"], hostfile=str(hostfile)), ENV)
+    assert _after(argv, "--hostfile") == str(hostfile)
+
+
+def test_ranks_get_unbuffered_output_and_the_user_environment_wins():
+    _, env = build_command(LaunchSpec(num_proc=2, command=["t.py"]), {**ENV, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["TF_CPP_MIN_LOG_LEVEL"] == "0"
+
+
+def test_host_list_parsing():
+    assert parse_hosts("a:2,b") == [("a", 2), ("b", 1)]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"num_proc": 0}, "-np must be at least 1, got 0"),
+    ({"command": []}, "no command given"),
+    ({"controller": "nccl"}, "controller must be one of gloo, mpi, got 'nccl'"),
+    ({"hosts": "a:2", "hostfile": "f"}, "either -H/--hosts or --hostfile"),
+    ({"hostfile": "/no/such/hostfile"}, "hostfile not found: /no/such/hostfile"),
+    ({"hosts": "a:two"}, "bad host entry 'a:two'"),
+    ({"hosts": "a:0"}, "bad host entry 'a:0'"),
+    ({"hosts": "a:1,,b:1"}, "bad host entry ''"),
+])
+def test_bad_launch_requests_fail_with_a_message_naming_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        LaunchSpec(**{"num_proc": 2, "command": ["t.py"], **kwargs})
