@@ -97,8 +97,6 @@ def mpirun_command(spec: LaunchSpec, env: Mapping[str, str], is_root: bool) -> l
         cmd += ["--hostfile", spec.hostfile]
     else:
         cmd += ["-H", f"localhost:{spec.num_proc}"]
-    # TCP only, no InfiniBand probing noise on laptops/CI; clusters override via OMPI_MCA_* variables.
-    cmd += ["-mca", "pml", "ob1", "-mca", "btl", "^openib"]
     for name in sorted(env):
         if name in FORWARDED_VARS or name.startswith(FORWARDED_PREFIXES):
             cmd += ["-x", name]
