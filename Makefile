@@ -9,8 +9,7 @@ setup:
 	@bash scripts/setup_env.sh
 
 demo: setup
-	$(VENV)/bin/hvdazure run -np 2 --gloo samples/collectives_check.py --framework torch
-	$(VENV)/bin/hvdazure run -np 2 --mpi samples/collectives_check.py --framework tensorflow
+	$(VENV)/bin/hvdazure run -np 2 samples/torch_digits.py
 
 test: setup lint
 	$(VENV)/bin/pytest tests

@@ -31,6 +31,8 @@ setup(
         "torch": ["torch>=2.1"],
         "tensorflow": ["tensorflow>=2.16"],
         "azure": ["azure-ai-ml>=1.12", "azure-identity>=1.15"],
+        "tensorboard": ["tensorboard>=2.14"],
+        "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=2", "alembic>=1.12"],
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.5", "scikit-learn>=1.3"],
     },
     entry_points={"console_scripts": ["hvdazure=hvdazure.cli:main"]},

@@ -5,6 +5,8 @@ modules that need them (hvdazure.torch, hvdazure.tensorflow, hvdazure.azure), so
 """
 
 from hvdazure._version import __version__
+from hvdazure.core.callbacks import Callback
 from hvdazure.core.cluster import ClusterInfo, detect_cluster
+from hvdazure.core.config import ConfigError, TrainConfig
 
-__all__ = ["ClusterInfo", "__version__", "detect_cluster"]
+__all__ = ["Callback", "ClusterInfo", "ConfigError", "TrainConfig", "__version__", "detect_cluster"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -92,7 +93,16 @@ class TrainConfig:
 
     @classmethod
     def from_cli(cls, argv: Sequence[str] | None = None, **defaults: Any) -> TrainConfig:
-        """`defaults`, then `--config cfg.yaml`, then `--set field=value` overrides (repeatable)."""
+        """`defaults`, then `--config cfg.yaml`, then `--set field=value` overrides (repeatable).
+        A bad value exits with status 2 and one line naming it (on every rank: each parses its own CLI)."""
+        try:
+            return cls._from_cli(argv, defaults)
+        except ConfigError as exc:
+            sys.stderr.write(f"hvdazure: error: {exc}\n")
+            raise SystemExit(2) from None
+
+    @classmethod
+    def _from_cli(cls, argv: Sequence[str] | None, defaults: dict[str, Any]) -> TrainConfig:
         import yaml
 
         parser = argparse.ArgumentParser(description="hvdazure training script")

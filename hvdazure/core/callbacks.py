@@ -1,0 +1,147 @@
+"""Callbacks: features of the training loop written against its named events.
+
+Events, in order: on_train_start, then per epoch on_epoch_start, per optimizer step on_step_begin and
+on_step_end, then on_eval_end (when an evaluation ran) and on_epoch_end, and finally on_train_end.
+A callback reads `trainer.state` (a TrainState) and `trainer.config`; decisions that affect every rank
+are made from reduced values (identical on all ranks) or through `state.request_stop`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from hvdazure.core.lr import LRSchedule
+
+if TYPE_CHECKING:
+    from hvdazure.core.trainer import Trainer
+
+
+class Callback:
+    """Override the events you need. `main_only` callbacks run on rank 0 only (loggers)."""
+
+    main_only = False
+
+    def on_train_start(self, trainer: Trainer) -> None: ...
+    def on_epoch_start(self, trainer: Trainer) -> None: ...
+    def on_step_begin(self, trainer: Trainer) -> None: ...
+    def on_step_end(self, trainer: Trainer) -> None: ...
+    def on_eval_end(self, trainer: Trainer) -> None: ...
+    def on_epoch_end(self, trainer: Trainer) -> None: ...
+    def on_train_end(self, trainer: Trainer) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this callback needs to resume exactly (e.g. early stopping's best value)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class LRScheduleCallback(Callback):
+    """Sets the LR of every optimizer step: warmup, then the configured schedule (core/lr.py)."""
+
+    def __init__(self, schedule: LRSchedule) -> None:
+        self.schedule = schedule
+
+    def on_step_begin(self, trainer: Trainer) -> None:
+        lr = self.schedule.lr_at(trainer.state.step)
+        trainer.state.lr = lr
+        trainer.set_lr(lr)
+
+
+class EarlyStopping(Callback):
+    """Stops when `monitor` has not improved by `min_delta` for `patience` evaluations."""
+
+    def __init__(self, monitor: str, mode: str = "min", patience: int = 3, min_delta: float = 0.0) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"EarlyStopping mode must be 'min' or 'max', got {mode!r}")
+        self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, min_delta
+        self.best: float | None = None
+        self.bad_evaluations = 0
+
+    def on_eval_end(self, trainer: Trainer) -> None:
+        metrics = {**{f"eval_{k}": v for k, v in trainer.state.eval_metrics.items()},
+                   **{f"train_{k}": v for k, v in trainer.state.train_metrics.items()}}
+        if self.monitor not in metrics:
+            raise KeyError(f"early stopping monitors {self.monitor!r}, but the metrics are "
+                           f"{', '.join(sorted(metrics))}")
+        value = metrics[self.monitor]
+        if self.best is None or self._improved(value):
+            self.best, self.bad_evaluations = value, 0
+            return
+        self.bad_evaluations += 1
+        if self.bad_evaluations >= self.patience:
+            trainer.state.request_stop(f"early stopping: {self.monitor} did not improve for "
+                                       f"{self.patience} evaluations (best {self.best:.6g})")
+
+    def _improved(self, value: float) -> bool:
+        assert self.best is not None
+        if math.isnan(value):
+            return False
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "bad_evaluations": self.bad_evaluations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.bad_evaluations = state["best"], state["bad_evaluations"]
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """`name value` pairs for a log line: counts as integers, everything else to 4 significant digits."""
+    return " ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4g}" for k, v in metrics.items())
+
+
+class ProgressLogger(Callback):
+    """Rank 0's progress: a tqdm bar on a terminal, a line per log interval otherwise (logs, pipes)."""
+
+    main_only = True
+
+    def __init__(self, use_bar: bool | None = None) -> None:
+        self.use_bar = sys.stderr.isatty() if use_bar is None else use_bar
+        self.bar: Any = None
+        self._mark: tuple[float, int] = (0.0, 0)
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self._mark = (time.perf_counter(), trainer.state.samples_seen)
+        trainer.log(f"training on {trainer.world_size} rank(s): global batch {trainer.global_batch_size}, "
+                    f"{trainer.steps_per_epoch} steps per epoch, peak lr {trainer.schedule.peak_lr:.6g}")
+
+    def on_epoch_start(self, trainer: Trainer) -> None:
+        if self.use_bar:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=trainer.steps_per_epoch, initial=trainer.state.step_in_epoch,
+                            desc=f"epoch {trainer.state.epoch + 1}/{trainer.config.epochs}", file=sys.stderr,
+                            dynamic_ncols=True)
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        s = trainer.state
+        if self.bar is not None:
+            self.bar.update(1)
+        if not s.synced:
+            return
+        now, samples = time.perf_counter(), s.samples_seen
+        rate = (samples - self._mark[1]) / max(now - self._mark[0], 1e-9)
+        self._mark = (now, samples)
+        fields = {**s.train_metrics, "lr": s.lr, "samples/s": rate}
+        if self.bar is not None:
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in fields.items()}, refresh=False)
+        else:
+            trainer.log(f"epoch {s.epoch + 1} step {s.step_in_epoch}/{trainer.steps_per_epoch} "
+                        f"{format_metrics(fields)}")
+
+    def on_epoch_end(self, trainer: Trainer) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        record = dict(trainer.state.history[-1])
+        trainer.log(f"epoch {record.pop('epoch') + 1} done: {format_metrics(record)}")
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if trainer.state.stop_reason:
+            trainer.log(f"stopped: {trainer.state.stop_reason}")

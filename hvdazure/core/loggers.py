@@ -1,0 +1,94 @@
+"""Experiment loggers as rank-0 callbacks: TensorBoard event files and MLflow runs.
+
+Both log the reduced (all-rank) metrics, so what they record does not depend on which rank writes it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hvdazure.core.callbacks import Callback
+
+if TYPE_CHECKING:
+    from hvdazure.core.trainer import Trainer
+
+
+class TensorBoardLogger(Callback):
+    """Scalars under `<output_dir>/tensorboard`: train metrics per log interval, eval per evaluation."""
+
+    main_only = True
+
+    def __init__(self, log_dir: str | Path) -> None:
+        self.log_dir = Path(log_dir)
+        self.writer: Any = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        from tensorboard.summary import Writer  # framework-agnostic writer; no torch/tf import
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = Writer(str(self.log_dir))
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        s = trainer.state
+        if s.synced:
+            for name, value in {**s.train_metrics, "lr": s.lr}.items():
+                self.writer.add_scalar(f"train/{name}", value, step=s.step)
+
+    def on_eval_end(self, trainer: Trainer) -> None:
+        for name, value in trainer.state.eval_metrics.items():
+            self.writer.add_scalar(f"eval/{name}", value, step=trainer.state.step)
+        self.writer.flush()
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        self.writer.close()
+
+
+def default_mlflow_uri(output_dir: str | Path) -> str:
+    """Azure ML's tracking URI inside Azure ML (it sets MLFLOW_TRACKING_URI), else a local SQLite store."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}"
+
+
+class MLflowLogger(Callback):
+    """One MLflow run per training: the config as params, metrics by optimizer step."""
+
+    main_only = True
+
+    def __init__(self, tracking_uri: str, experiment: str = "hvdazure") -> None:
+        self.tracking_uri, self.experiment = tracking_uri, experiment
+        self.run: Any = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        import mlflow
+
+        if self.tracking_uri.startswith("sqlite:///"):
+            Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(self.tracking_uri)
+        if not os.environ.get("MLFLOW_RUN_ID"):  # inside Azure ML the job's run is already active
+            mlflow.set_experiment(self.experiment)
+        self.run = mlflow.start_run()
+        params = {k: v for k, v in trainer.config.to_dict().items() if k != "extra"}
+        params.update({f"extra.{k}": v for k, v in trainer.config.extra.items()})
+        params.update(world_size=trainer.world_size, global_batch_size=trainer.global_batch_size,
+                      scaled_lr=trainer.schedule.peak_lr)
+        mlflow.log_params({k: str(v) for k, v in params.items()})
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        import mlflow
+
+        s = trainer.state
+        if s.synced:
+            metrics = {f"train_{k}": v for k, v in s.train_metrics.items()}
+            mlflow.log_metrics({**metrics, "lr": s.lr}, step=s.step)
+
+    def on_eval_end(self, trainer: Trainer) -> None:
+        import mlflow
+
+        s = trainer.state
+        mlflow.log_metrics({f"eval_{k}": v for k, v in s.eval_metrics.items()}, step=s.step)
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        import mlflow
+
+        mlflow.end_run()

@@ -1,0 +1,27 @@
+"""TrainState: where training is, in the user's words; identical on every rank after each sync."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # the current epoch, 0-based
+    step: int = 0  # optimizer steps completed, over all epochs
+    step_in_epoch: int = 0  # optimizer steps completed in the current epoch
+    samples_seen: int = 0  # samples consumed by all ranks together
+    lr: float = 0.0  # the LR of the latest optimizer step
+    synced: bool = False  # whether train_metrics were reduced at this step (log_every)
+    train_metrics: dict[str, float] = field(default_factory=dict)  # latest log interval, all ranks
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # latest evaluation, all ranks
+    history: list[dict[str, Any]] = field(default_factory=list)  # one record per epoch
+    stop_requested: bool = False  # this rank wants to stop; see Trainer._sync
+    should_stop: bool = False  # every rank agreed to stop
+    stop_reason: str | None = None
+
+    def request_stop(self, reason: str) -> None:
+        """Ask to stop training. Safe from one rank only: all ranks stop together at the next sync point."""
+        self.stop_requested = True
+        self.stop_reason = self.stop_reason or reason

@@ -1,0 +1,187 @@
+"""TorchTrainer: the training loop of core/trainer.py on PyTorch and Horovod.
+
+What Horovod's examples make users write by hand, done here: hvd.init and device pinning, thread limits on
+CPU, DistributedOptimizer (compression, accumulation, op, predivide), broadcast of parameters and optimizer
+state from rank 0, sharded and re-seeded data per epoch, exact loss weighting for uneven last steps,
+gradient clipping after the allreduce, and autocast mixed precision (bf16; fp16 with GradScaler on CUDA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import default_collate as _default_collate
+
+from hvdazure.core.config import ConfigError
+from hvdazure.core.metrics import MetricAccumulator
+from hvdazure.core.sharding import MicroBatch
+from hvdazure.core.trainer import Trainer
+from hvdazure.torch.data import STAND_IN, eval_batches, to_device, train_loader
+
+_OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
+_COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TorchTrainer(Trainer):
+    """Subclass and implement build_model, build_optimizer, train_dataset and training_step;
+    eval_dataset and validation_step for evaluation. Then `fit()`."""
+
+    # --- the user's hooks ----------------------------------------------------------------------------------
+    def build_model(self) -> torch.nn.Module:
+        raise NotImplementedError("implement build_model() -> torch.nn.Module")
+
+    def build_optimizer(self, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+        """`lr` is already scaled for the global batch; warmup and schedule are applied on top."""
+        raise NotImplementedError("implement build_optimizer(params, lr) -> torch.optim.Optimizer")
+
+    def train_dataset(self) -> Dataset:
+        """The full, unsharded map-style dataset: hvdazure gives each rank its part."""
+        raise NotImplementedError("implement train_dataset() -> torch.utils.data.Dataset")
+
+    def eval_dataset(self) -> Dataset | None:
+        return None
+
+    def training_step(self, model: torch.nn.Module, batch: Any) -> torch.Tensor | Mapping[str, Any]:
+        """The mean loss over the batch, or a dict with "loss" and other scalar metrics (batch means)."""
+        raise NotImplementedError("implement training_step(model, batch) -> loss")
+
+    def validation_step(self, model: torch.nn.Module, batch: Any) -> Mapping[str, Any]:
+        """A dict of scalar metrics, each the mean over the batch; hvdazure weights them by batch size."""
+        raise NotImplementedError("implement validation_step(model, batch) -> dict (or no eval_dataset)")
+
+    def collate(self, samples: list[Any]) -> Any:
+        return _default_collate(samples)
+
+    # --- the binding -------------------------------------------------------------------------------------
+    def _init_distributed(self) -> tuple[int, int, int]:
+        hvd.init()
+        if torch.cuda.is_available():
+            torch.cuda.set_device(hvd.local_rank())
+            self.device = torch.device("cuda", hvd.local_rank())
+        else:
+            self.device = torch.device("cpu")
+            if "OMP_NUM_THREADS" not in os.environ:  # ranks on one node share its cores
+                torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // hvd.local_size()))
+        return hvd.rank(), hvd.size(), hvd.local_rank()
+
+    def _load_datasets(self) -> int:
+        self._train_data = self.train_dataset()
+        self._eval_data = self.eval_dataset()
+        return len(self._train_data)
+
+    def _build(self, peak_lr: float) -> None:
+        c = self.config
+        if c.precision == "fp16" and self.device.type != "cuda":
+            raise ConfigError("config field 'precision': 'fp16' needs CUDA (GradScaler); use 'bf16' on CPU")
+        torch.manual_seed(c.seed)
+        self.model = self.build_model().to(self.device)
+        optimizer = self.build_optimizer(self.model.parameters(), peak_lr)
+        # Per-group LR multipliers the user set survive warmup/schedule updates.
+        self._lr_factors = [group["lr"] / peak_lr for group in optimizer.param_groups]
+        self.optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=self.model.named_parameters(),
+            compression=_COMPRESSION[c.compression], backward_passes_per_step=c.grad_accum_steps,
+            op=_OPS[c.reduce_op], gradient_predivide_factor=c.gradient_predivide_factor)
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        self.scaler = torch.amp.GradScaler("cuda") if c.precision == "fp16" else None
+        # Average divides the summed gradients by the world size; the loss weights are shares of the whole
+        # step, so multiply that division back out.
+        self._rank_factor = 1.0 if c.reduce_op == "sum" else float(self.world_size)
+        self._batches: Iterator[Any] | None = None
+        self._batches_at: tuple[int, int] | None = None
+
+    def set_lr(self, lr: float) -> None:
+        for group, factor in zip(self.optimizer.param_groups, self._lr_factors, strict=True):
+            group["lr"] = lr * factor
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        precision = self.config.precision
+        if precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=_AMP_DTYPES[precision])
+
+    def _next_batch(self) -> Any:
+        """The next micro-batch of this rank, from a loader made afresh for each epoch (or resume point)."""
+        s = self.state
+        if self._batches_at != (s.epoch, s.step_in_epoch) or self._batches is None:
+            loader = train_loader(self._train_data, self.plan, s.epoch, s.step_in_epoch, self.collate,
+                                  self.config.num_workers, pin_memory=self.device.type == "cuda")
+            self._batches = iter(loader)
+        batch = next(self._batches)
+        return to_device(batch, self.device)
+
+    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator) -> None:
+        self.model.train()
+        for micro_batch in micro_batches:
+            batch = self._next_batch()
+            with self._autocast():
+                loss, metrics = _loss_and_metrics(self.training_step(self.model, batch))
+            weight = micro_batch.weight * self._rank_factor  # 0 for an empty (stand-in) micro-batch
+            scaled = loss * weight
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            meter.add({"loss": loss.detach(), **metrics}, len(micro_batch.indices))
+        self._optimizer_step()
+        self._batches_at = (self.state.epoch, self.state.step_in_epoch + 1)
+
+    def _optimizer_step(self) -> None:
+        opt, clip = self.optimizer, self.config.grad_clip_norm
+        if clip is None and self.scaler is None:
+            opt.step()
+        else:
+            opt.synchronize()  # gradients are averaged across ranks before they are unscaled or clipped
+            if self.scaler is not None:
+                self.scaler.unscale_(opt)
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            with opt.skip_synchronize():
+                if self.scaler is not None:
+                    self.scaler.step(opt)
+                else:
+                    opt.step()
+            if self.scaler is not None:
+                self.scaler.update()
+        opt.zero_grad()
+
+    def _evaluate(self, meter: MetricAccumulator) -> bool:
+        if self._eval_data is None:
+            return False
+        batches = eval_batches(len(self._eval_data), self.config.batch_size, self.world_size, self.rank)
+        # A rank with no evaluation samples runs one stand-in batch counted 0 times, so that every rank
+        # reduces the same metric names.
+        plan = batches or [STAND_IN]
+        loader = DataLoader(self._eval_data, batch_sampler=plan, collate_fn=self.collate,
+                            num_workers=self.config.num_workers)
+        self.model.eval()
+        with torch.no_grad(), self._autocast():
+            for indices, batch in zip(plan, loader, strict=True):
+                metrics = self.validation_step(self.model, to_device(batch, self.device))
+                if not isinstance(metrics, Mapping):
+                    raise TypeError("validation_step must return a dict of metrics, got "
+                                    f"{type(metrics).__name__}")
+                meter.add(dict(metrics), len(indices) if batches else 0)
+        return True
+
+    def _allreduce_sum(self, values: Sequence[Any]) -> list[float]:
+        vector = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.device).detach().reshape(())
+                              for v in values])
+        return hvd.allreduce(vector, op=hvd.Sum, name=f"hvdazure.metrics.{len(values)}").tolist()
+
+
+def _loss_and_metrics(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Split training_step's output into the loss to differentiate and the metrics to report."""
+    if isinstance(output, torch.Tensor):
+        return output, {}
+    if isinstance(output, Mapping) and "loss" in output:
+        metrics = {k: v.detach() if isinstance(v, torch.Tensor) else v
+                   for k, v in output.items() if k != "loss"}
+        return output["loss"], metrics
+    raise TypeError("training_step must return a loss tensor or a dict with 'loss', got "
+                    f"{type(output).__name__}")
