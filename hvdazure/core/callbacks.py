@@ -68,7 +68,7 @@ class EarlyStopping(Callback):
             raise KeyError(f"early stopping monitors {self.monitor!r}, but the metrics are "
                            f"{', '.join(sorted(metrics))}")
         value = metrics[self.monitor]
-        if self.best is None or self._improved(value):
+        if not math.isnan(value) and (self.best is None or self._improved(value)):
             self.best, self.bad_evaluations = value, 0
             return
         self.bad_evaluations += 1
@@ -78,8 +78,6 @@ class EarlyStopping(Callback):
 
     def _improved(self, value: float) -> bool:
         assert self.best is not None
-        if math.isnan(value):
-            return False
         if self.mode == "min":
             return value < self.best - self.min_delta
         return value > self.best + self.min_delta

@@ -103,9 +103,7 @@ class TrainConfig:
 
     @classmethod
     def _from_cli(cls, argv: Sequence[str] | None, defaults: dict[str, Any]) -> TrainConfig:
-        import yaml
-
-        parser = argparse.ArgumentParser(description="hvdazure training script")
+        parser = _OneLineErrorParser(description="hvdazure training script")
         parser.add_argument("--config", help="YAML file of TrainConfig fields")
         parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                             help="override one field, e.g. --set epochs=5 --set extra.hidden=64")
@@ -117,9 +115,12 @@ class TrainConfig:
             name, sep, raw = item.partition("=")
             if not sep or not name:
                 raise ConfigError(f"--set expects FIELD=VALUE, got {item!r}")
-            value = yaml.safe_load(raw) if raw else ""
+            value = _parse_yaml(raw, f"--set {name}={raw!r}") if raw else ""
             if name.startswith("extra."):
-                data["extra"] = {**data.get("extra", {}), name.removeprefix("extra."): value}
+                extra = data.get("extra", {})
+                if not isinstance(extra, dict):
+                    raise ConfigError(f"config field 'extra': {extra!r} is not a mapping")
+                data["extra"] = {**extra, name.removeprefix("extra."): value}
             else:
                 data[name] = value
         return cls.from_dict(data)
@@ -131,15 +132,46 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse prints usage and exits on a bad argument; we want the one-line ConfigError instead."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
+# YAML 1.1 (PyYAML) reads 1e-3 as a string; YAML 1.2 and every user read it as a number.
+_YAML12_FLOAT = r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"
+
+
+def _yaml_loader() -> type:
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_YAML12_FLOAT),
+                                 list("-+0123456789."))
+    # ints keep their own resolver, which is tried first for digits-only text
+    return Loader
+
+
+def _parse_yaml(text: str, where: str) -> Any:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        return yaml.load(text, Loader=_yaml_loader())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML ({str(exc).splitlines()[0]})") from None
+
+
+def _read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = _parse_yaml(text, f"config file {path}") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of field: value")
     return data
@@ -215,6 +247,9 @@ def _check_values(c: TrainConfig) -> None:
     require(c.grad_accum_steps >= 1, "grad_accum_steps", "must be at least 1")
     require(math.isfinite(c.lr) and c.lr > 0, "lr", "must be a positive number")
     require(c.base_batch_size is None or c.base_batch_size >= 1, "base_batch_size", "must be at least 1")
+    for f in fields(c):
+        value = getattr(c, f.name)
+        require(not isinstance(value, float) or math.isfinite(value), f.name, "must be a finite number")
     require(c.warmup_epochs >= 0, "warmup_epochs", "must not be negative")
     require(c.warmup_steps >= 0, "warmup_steps", "must not be negative")
     if c.warmup_epochs and c.warmup_steps:
@@ -233,4 +268,5 @@ def _check_values(c: TrainConfig) -> None:
             "must be at least 1 (or null)")
     require(c.early_stopping_min_delta >= 0, "early_stopping_min_delta", "must not be negative")
     if c.reduce_op == "adasum" and c.gradient_predivide_factor != 1.0:
-        raise ConfigError("config field 'gradient_predivide_factor': must be 1.0 with reduce_op 'adasum'")
+        raise ConfigError(f"config field 'gradient_predivide_factor': {c.gradient_predivide_factor!r} "
+                          "must be 1.0 with reduce_op 'adasum'")

@@ -1,7 +1,8 @@
 """Learning-rate math: scaling for the global batch, Goyal et al. (2017) warmup, and the schedule after it.
 
-Everything is counted in optimizer steps (not micro-batches, not per process), so the LR at step t is the
-same whatever the world size or accumulation, for the same global batch.
+Everything is counted in optimizer steps (not micro-batches, not per process). The scaled LR depends only on
+the global batch and base_batch_size: with an explicit base_batch_size, the same global batch gets the same
+LR whatever the world size; the default base (the per-worker batch_size) gives Horovod's `lr x size`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class LRSchedule:
         total = config.epochs * steps_per_epoch
         if config.max_steps is not None:
             total = min(total, config.max_steps)
-        warmup = config.warmup_steps or round(config.warmup_epochs * steps_per_epoch)
+        warmup = config.warmup_steps or math.ceil(config.warmup_epochs * steps_per_epoch)  # never 0 if asked
         return cls(start_lr=config.lr, peak_lr=peak, warmup_steps=warmup, total_steps=total,
                    steps_per_epoch=steps_per_epoch, schedule=config.schedule,
                    min_lr=config.min_lr * peak / config.lr, step_size_epochs=config.step_size_epochs,

@@ -25,7 +25,10 @@ class MetricAccumulator:
         """Add one batch's metrics (means over its `count` samples). A count of 0 registers the names only,
         so that every rank reduces the same list even when it had no samples."""
         for name, value in metrics.items():
-            self._sums[name] = self._sums.get(name, 0.0) + value * count
+            if count:
+                self._sums[name] = self._sums.get(name, 0.0) + value * count
+            else:  # a stand-in batch's value must not reach the sum, not even as nan * 0
+                self._sums.setdefault(name, 0.0)
         self._count += count
 
     @property

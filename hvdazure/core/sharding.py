@@ -58,6 +58,9 @@ class ShardPlan:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("batch_size", "world_size", "grad_accum_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.num_samples < 1:
             raise ValueError(f"the training dataset is empty (num_samples={self.num_samples})")
         if not 0 <= self.rank < self.world_size:
@@ -74,6 +77,8 @@ class ShardPlan:
 
     def step(self, epoch: int, step: int, order: np.ndarray | None = None) -> list[MicroBatch]:
         """This rank's micro-batches for optimizer step `step` of `epoch`."""
+        if not 0 <= step < self.steps_per_epoch:
+            raise ValueError(f"step {step} is not in 0..{self.steps_per_epoch - 1}")
         order = epoch_permutation(self.num_samples, self.seed, epoch) if order is None else order
         start = step * self.global_batch_size
         chunk = order[start : start + self.global_batch_size]
@@ -101,6 +106,8 @@ def _even_split(total: int, parts: int) -> list[int]:
 
 def eval_range(num_samples: int, world_size: int, rank: int) -> range:
     """This rank's contiguous slice of the evaluation set (sizes differ by at most one; none padded)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
     sizes = _even_split(num_samples, world_size)
     start = sum(sizes[:rank])
     return range(start, start + sizes[rank])

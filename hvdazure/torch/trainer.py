@@ -95,6 +95,7 @@ class TorchTrainer(Trainer):
         # Average divides the summed gradients by the world size; the loss weights are shares of the whole
         # step, so multiply that division back out.
         self._rank_factor = 1.0 if c.reduce_op == "sum" else float(self.world_size)
+        self.micro_batch: MicroBatch | None = None  # being trained on: its sample indices and loss weight
         self._batches: Iterator[Any] | None = None
         self._batches_at: tuple[int, int] | None = None
 
@@ -108,20 +109,22 @@ class TorchTrainer(Trainer):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=_AMP_DTYPES[precision])
 
-    def _next_batch(self) -> Any:
-        """The next micro-batch of this rank, from a loader made afresh for each epoch (or resume point)."""
+    def _step_batches(self, count: int) -> Iterator[Any]:
+        """This rank's `count` micro-batches of the current step, on the device. The loader is made afresh
+        when training is not where the previous step left it: a new epoch, or a resume point."""
         s = self.state
-        if self._batches_at != (s.epoch, s.step_in_epoch) or self._batches is None:
+        if self._batches is None or self._batches_at != (s.epoch, s.step_in_epoch):
             loader = train_loader(self._train_data, self.plan, s.epoch, s.step_in_epoch, self.collate,
                                   self.config.num_workers, pin_memory=self.device.type == "cuda")
             self._batches = iter(loader)
-        batch = next(self._batches)
-        return to_device(batch, self.device)
+        for _ in range(count):
+            yield to_device(next(self._batches), self.device)
+        self._batches_at = (s.epoch, s.step_in_epoch + 1)
 
     def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator) -> None:
         self.model.train()
-        for micro_batch in micro_batches:
-            batch = self._next_batch()
+        for micro_batch, batch in zip(micro_batches, self._step_batches(len(micro_batches)), strict=True):
+            self.micro_batch = micro_batch
             with self._autocast():
                 loss, metrics = _loss_and_metrics(self.training_step(self.model, batch))
             weight = micro_batch.weight * self._rank_factor  # 0 for an empty (stand-in) micro-batch
@@ -129,7 +132,6 @@ class TorchTrainer(Trainer):
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             meter.add({"loss": loss.detach(), **metrics}, len(micro_batch.indices))
         self._optimizer_step()
-        self._batches_at = (self.state.epoch, self.state.step_in_epoch + 1)
 
     def _optimizer_step(self) -> None:
         opt, clip = self.optimizer, self.config.grad_clip_norm

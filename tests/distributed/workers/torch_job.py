@@ -1,0 +1,94 @@
+"""A small, exactly reproducible TorchTrainer job: linear regression in float64 on synthetic data.
+
+Configured through TrainConfig's CLI (`--set batch_size=4 --set extra.n_train=37 ...`). Each rank reports
+its final parameters, the history, the sample indices it trained on per epoch (in order), and the LR of
+every optimizer step, for the tests to compare across ranks and runs.
+
+extra: n_train, n_eval, features, stop_rank + stop_step (that rank alone asks to stop after that step),
+       loss_metric_from_index (eval metric = mean index, to check exact evaluation)
+"""
+
+import hashlib
+
+import numpy as np
+import torch
+from _report import report_rank
+from torch.utils.data import Dataset
+
+from hvdazure import Callback, TrainConfig
+from hvdazure.torch import TorchTrainer
+
+
+class Regression(Dataset):
+    def __init__(self, n: int, features: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.x = torch.tensor(rng.normal(size=(n, features)), dtype=torch.float64)
+        w = torch.tensor(rng.normal(size=(features, 1)), dtype=torch.float64)
+        self.y = self.x @ w + 0.1 * torch.tensor(rng.normal(size=(n, 1)), dtype=torch.float64)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return torch.tensor(i), self.x[i], self.y[i]
+
+
+class Recorder(Callback):
+    """Records the LR the optimizer actually used at each step, and stops on one rank if asked."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_step_end(self, trainer) -> None:
+        self.lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        extra = trainer.config.extra
+        if trainer.rank == extra.get("stop_rank") and trainer.state.step == extra.get("stop_step"):
+            trainer.state.request_stop(f"rank {trainer.rank} asked at step {trainer.state.step}")
+
+
+class RegressionTrainer(TorchTrainer):
+    def __init__(self, config: TrainConfig) -> None:
+        self.recorder = Recorder()
+        super().__init__(config, callbacks=[self.recorder])
+        self.seen: dict[int, list[int]] = {}
+
+    def build_model(self):
+        return torch.nn.Linear(self.config.extra.get("features", 3), 1, dtype=torch.float64)
+
+    def build_optimizer(self, params, lr):
+        return torch.optim.SGD(params, lr=lr)
+
+    def train_dataset(self):
+        extra = self.config.extra
+        return Regression(extra.get("n_train", 37), extra.get("features", 3), seed=1)
+
+    def eval_dataset(self):
+        n_eval = self.config.extra.get("n_eval")
+        return Regression(n_eval, self.config.extra.get("features", 3), seed=2) if n_eval else None
+
+    def training_step(self, model, batch):
+        index, x, y = batch
+        if not self.micro_batch.is_empty:  # an empty share of an uneven last step runs a stand-in sample
+            self.seen.setdefault(self.state.epoch, []).extend(index.tolist())
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    def validation_step(self, model, batch):
+        index, x, y = batch
+        return {"mse": torch.nn.functional.mse_loss(model(x), y), "index": index.double().mean()}
+
+
+if __name__ == "__main__":
+    trainer = RegressionTrainer(TrainConfig.from_cli(log_every=1, progress_bar=False))
+    history = trainer.fit()
+    params = [p.detach().flatten().tolist() for p in trainer.model.parameters()]
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in trainer.model.parameters()))
+    report_rank(trainer.rank, {
+        "world_size": trainer.world_size,
+        "params": params,
+        "params_sha256": digest.hexdigest(),
+        "history": history,
+        "seen": {str(k): v for k, v in trainer.seen.items()},
+        "lrs": trainer.recorder.lrs,
+        "steps_per_epoch": trainer.steps_per_epoch,
+        "stop_reason": trainer.state.stop_reason,
+    })

@@ -1,0 +1,193 @@
+"""hvdazure.core.sharding: which samples each rank uses at each optimizer step, and the evaluation split."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from hvdazure.core.sharding import MicroBatch, ShardPlan, epoch_permutation, eval_range
+
+# (num_samples, batch_size, world_size, grad_accum_steps): full and partial last steps, steps with more
+# cells than samples (empty cells), and a dataset smaller than one micro-batch.
+GRID = list(itertools.product((1, 2, 7, 16, 33, 100), (1, 3, 4), (1, 2, 3, 4), (1, 2, 3)))
+
+
+def _plans(num_samples: int, batch_size: int, world_size: int, grad_accum_steps: int,
+           seed: int = 0) -> list[ShardPlan]:
+    return [ShardPlan(num_samples, batch_size, world_size, rank, grad_accum_steps, seed)
+            for rank in range(world_size)]
+
+
+def _steps(plans: list[ShardPlan], epoch: int = 0) -> list[list[MicroBatch]]:
+    """Every cell of every step, step by step, each step in (micro-batch, rank) order."""
+    per_rank = [list(plan.epoch(epoch)) for plan in plans]
+    return [[rank_steps[t][k] for k in range(plans[0].grad_accum_steps) for rank_steps in per_rank]
+            for t in range(plans[0].steps_per_epoch)]
+
+
+def test_every_sample_is_used_exactly_once_per_epoch() -> None:
+    for case in GRID:
+        used = [i for step in _steps(_plans(*case)) for cell in step for i in cell.indices]
+        assert sorted(used) == list(range(case[0])), case
+
+
+def test_every_rank_runs_the_same_steps_with_one_micro_batch_per_accumulation_step() -> None:
+    for case in GRID:
+        plans = _plans(*case)
+        assert len({plan.steps_per_epoch for plan in plans}) == 1, case
+        for plan in plans:
+            steps = list(plan.epoch(0))
+            assert len(steps) == plan.steps_per_epoch, case
+            assert all(len(step) == plan.grad_accum_steps for step in steps), case
+
+
+def test_steps_per_epoch_counts_a_partial_last_step() -> None:
+    for num_samples, batch_size, world_size, grad_accum_steps in GRID:
+        plan = ShardPlan(num_samples, batch_size, world_size, 0, grad_accum_steps)
+        global_batch = batch_size * world_size * grad_accum_steps
+        assert plan.global_batch_size == global_batch
+        assert plan.steps_per_epoch == (num_samples + global_batch - 1) // global_batch
+
+
+@pytest.mark.parametrize("num_samples", [1, 7, 8, 23, 64, 100])
+def test_the_samples_of_each_step_do_not_depend_on_world_size_for_a_fixed_global_batch(
+        num_samples: int) -> None:
+    # global batch 8 throughout: (batch_size, world_size, grad_accum_steps)
+    layouts = [(8, 1, 1), (4, 2, 1), (2, 4, 1), (2, 2, 2), (1, 2, 4), (2, 1, 4)]
+    sample_sets = [[sorted(i for cell in step for i in cell.indices)
+                    for step in _steps(_plans(num_samples, b, w, a, seed=3))] for b, w, a in layouts]
+    assert all(sets == sample_sets[0] for sets in sample_sets), sample_sets
+
+
+def test_cells_take_consecutive_positions_of_the_epoch_order_in_micro_batch_then_rank_order() -> None:
+    for case in GRID:
+        plans = _plans(*case, seed=5)
+        order = epoch_permutation(case[0], seed=5, epoch=2).tolist()
+        flattened = [i for step in _steps(plans, epoch=2) for cell in step for i in cell.indices]
+        assert flattened == order, case
+
+
+def test_a_full_step_gives_every_cell_exactly_batch_size_samples() -> None:
+    steps = _steps(_plans(num_samples=48, batch_size=4, world_size=3, grad_accum_steps=2))
+    assert len(steps) == 2
+    assert all(len(cell.indices) == 4 for step in steps for cell in step)
+
+
+def test_every_step_is_split_as_evenly_as_possible_over_ranks_and_micro_batches() -> None:
+    for case in GRID:
+        for step in _steps(_plans(*case)):
+            sizes = [len(cell.indices) for cell in step]
+            assert max(sizes) - min(sizes) <= 1, (case, sizes)
+
+
+def test_the_last_step_keeps_the_remainder_without_padding() -> None:
+    # 10 samples, global batch 8: one full step, then the 2 left over split 1 + 1 over the two ranks
+    steps = _steps(_plans(num_samples=10, batch_size=4, world_size=2, grad_accum_steps=1))
+    assert [[len(cell.indices) for cell in step] for step in steps] == [[4, 4], [1, 1]]
+    assert all(cell.step_samples == 2 for cell in steps[1])
+
+
+def test_step_weights_sum_to_one_over_all_ranks_and_micro_batches() -> None:
+    for case in GRID:
+        for step in _steps(_plans(*case)):
+            assert sum(cell.weight for cell in step) == pytest.approx(1.0), case
+
+
+def test_weight_is_the_cells_share_of_the_steps_samples() -> None:
+    assert MicroBatch(indices=[4, 9, 1], step_samples=12).weight == 0.25
+
+
+def test_a_rank_can_get_an_empty_cell_with_weight_zero() -> None:
+    # 3 samples over 4 ranks: rank 3 still runs the step, on nothing
+    cells = [plan.step(0, 0)[0] for plan in _plans(num_samples=3, batch_size=2, world_size=4,
+                                                   grad_accum_steps=1)]
+    assert [len(cell.indices) for cell in cells] == [1, 1, 1, 0]
+    assert cells[3].is_empty
+    assert cells[3].weight == 0.0
+    assert not cells[0].is_empty
+
+
+def test_the_same_seed_and_epoch_give_the_same_order() -> None:
+    assert epoch_permutation(50, seed=7, epoch=3).tolist() == epoch_permutation(50, seed=7, epoch=3).tolist()
+
+
+def test_each_epoch_has_its_own_order() -> None:
+    orders = {tuple(epoch_permutation(50, seed=7, epoch=epoch)) for epoch in range(5)}
+    assert len(orders) == 5
+
+
+def test_a_different_seed_gives_a_different_order() -> None:
+    assert epoch_permutation(50, seed=1, epoch=0).tolist() != epoch_permutation(50, seed=2, epoch=0).tolist()
+
+
+def test_the_epoch_order_is_a_permutation_of_the_dataset() -> None:
+    assert sorted(epoch_permutation(37, seed=0, epoch=0).tolist()) == list(range(37))
+
+
+def test_the_plan_follows_its_seed() -> None:
+    first = _steps(_plans(40, 2, 2, 1, seed=1))
+    assert first == _steps(_plans(40, 2, 2, 1, seed=1))
+    assert first != _steps(_plans(40, 2, 2, 1, seed=2))
+
+
+@pytest.mark.parametrize("start_step", [0, 1, 3, 6])
+def test_resuming_at_a_step_yields_the_rest_of_the_same_epoch(start_step: int) -> None:
+    plan = ShardPlan(num_samples=45, batch_size=2, world_size=2, rank=1, grad_accum_steps=2, seed=4)
+    assert plan.steps_per_epoch == 6
+    assert list(plan.epoch(2, start_step=start_step)) == list(plan.epoch(2))[start_step:]
+
+
+def test_one_step_is_the_same_as_that_step_of_the_epoch() -> None:
+    plan = ShardPlan(num_samples=45, batch_size=2, world_size=2, rank=1, grad_accum_steps=2, seed=4)
+    full = list(plan.epoch(1))
+    assert [plan.step(1, t) for t in range(plan.steps_per_epoch)] == full
+
+
+def test_eval_ranges_partition_the_dataset_contiguously_in_rank_order() -> None:
+    for num_samples, world_size in itertools.product(range(0, 30), range(1, 9)):
+        ranges = [eval_range(num_samples, world_size, rank) for rank in range(world_size)]
+        assert [i for r in ranges for i in r] == list(range(num_samples)), (num_samples, world_size)
+        assert all(r.step == 1 for r in ranges)
+
+
+def test_eval_range_sizes_differ_by_at_most_one() -> None:
+    for num_samples, world_size in itertools.product(range(0, 30), range(1, 9)):
+        sizes = [len(eval_range(num_samples, world_size, rank)) for rank in range(world_size)]
+        assert max(sizes) - min(sizes) <= 1, (num_samples, world_size, sizes)
+
+
+@pytest.mark.parametrize("num_samples", [0, -1])
+def test_an_empty_training_dataset_is_rejected(num_samples: int) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        ShardPlan(num_samples=num_samples, batch_size=4, world_size=1, rank=0)
+
+
+@pytest.mark.parametrize(("rank", "world_size"), [(-1, 2), (2, 2), (5, 2)])
+def test_a_rank_outside_the_world_is_rejected(rank: int, world_size: int) -> None:
+    with pytest.raises(ValueError, match=f"rank {rank}"):
+        ShardPlan(num_samples=10, batch_size=4, world_size=world_size, rank=rank)
+
+
+def test_an_empty_world_is_rejected() -> None:
+    with pytest.raises(ValueError, match="world_size must be at least 1, got 0"):
+        ShardPlan(num_samples=10, batch_size=4, world_size=0, rank=0)
+
+
+def test_a_step_past_the_end_of_the_epoch_is_rejected() -> None:
+    plan = ShardPlan(num_samples=10, batch_size=4, world_size=1, rank=0)
+    with pytest.raises(ValueError, match=r"step 3 is not in 0\.\.2"):
+        plan.step(epoch=0, step=3)
+
+
+@pytest.mark.parametrize(("batch_size", "grad_accum_steps"), [(0, 1), (-2, 1), (4, 0)])
+def test_a_batch_without_samples_is_rejected(batch_size: int, grad_accum_steps: int) -> None:
+    with pytest.raises(ValueError):
+        ShardPlan(num_samples=10, batch_size=batch_size, world_size=1, rank=0,
+                  grad_accum_steps=grad_accum_steps)
+
+
+@pytest.mark.parametrize("rank", [-1, 2])
+def test_eval_range_rejects_a_rank_outside_the_world(rank: int) -> None:
+    with pytest.raises(ValueError, match=f"rank {rank}"):
+        eval_range(10, world_size=2, rank=rank)
