@@ -1,10 +1,14 @@
 """TorchTrainer on real ranks: what every data-parallel user relies on, asserted across processes."""
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import CONTROLLERS, REPO, run_job
+from harness import CONTROLLERS, REPO, WORKERS, read_reports, run_job
 
 JOB = "torch_job.py"
 
@@ -138,3 +142,24 @@ def test_digits_sample_reaches_95_percent_on_two_ranks(tmp_path):
     assert len(final) == 1, job.stdout  # printed by rank 0 only
     accuracy = float(final[0].split("eval accuracy ")[1].split(",")[0])
     assert accuracy >= 0.95
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun", "python"])
+def test_the_same_script_runs_under_plain_mpirun_horovodrun_and_python(tmp_path, launcher):
+    script = [sys.executable, str(WORKERS / JOB), "--set", "batch_size=4", "--set", "extra.n_train=21"]
+    prefix = {
+        "mpirun": ["mpirun", "--allow-run-as-root", "-np", "2", "-bind-to", "none", "-map-by", "slot"],
+        "horovodrun": [str(Path(sys.executable).parent / "horovodrun"), "-np", "2", "-H", "localhost:2"],
+        "python": [],
+    }[launcher]
+    out = tmp_path / launcher
+    out.mkdir()
+    proc = subprocess.run([*prefix, *script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HVDAZURE_TEST_OUT": str(out)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    reports = read_reports(out)
+    expected_size = 1 if launcher == "python" else 2
+    assert sorted(reports) == list(range(expected_size))
+    reference = train(tmp_path, "batch_size=4", "extra.n_train=21", np=expected_size, name="reference")
+    assert {r["params_sha256"] for r in reports.values()} == {reference[0]["params_sha256"]}

@@ -5,10 +5,11 @@ its final parameters, the history, the sample indices it trained on per epoch (i
 every optimizer step, for the tests to compare across ranks and runs.
 
 extra: n_train, n_eval, features, stop_rank + stop_step (that rank alone asks to stop after that step),
-       loss_metric_from_index (eval metric = mean index, to check exact evaluation)
+       warn (every rank warns at every step)
 """
 
 import hashlib
+import warnings
 
 import numpy as np
 import torch
@@ -68,6 +69,8 @@ class RegressionTrainer(TorchTrainer):
 
     def training_step(self, model, batch):
         index, x, y = batch
+        if self.config.extra.get("warn"):
+            warnings.warn("a warning raised on every rank", UserWarning, stacklevel=1)
         if not self.micro_batch.is_empty:  # an empty share of an uneven last step runs a stand-in sample
             self.seen.setdefault(self.state.epoch, []).extend(index.tolist())
         return torch.nn.functional.mse_loss(model(x), y)

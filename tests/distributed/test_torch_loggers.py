@@ -1,0 +1,47 @@
+"""Rank 0 alone writes TensorBoard and MLflow records of the all-rank metrics; other ranks stay quiet."""
+
+import pytest
+from harness import run_job
+
+
+def test_tensorboard_mlflow_and_quiet_ranks(tmp_path):
+    out = tmp_path / "outputs"
+    reports_dir = tmp_path / "reports"
+    reports_dir.mkdir()
+    settings = ["epochs=2", "batch_size=4", "extra.n_eval=6", "tensorboard=true", "mlflow=true",
+                f"output_dir={out}", "extra.warn=true", "compression=fp16", "precision=bf16"]
+    job = run_job("torch_job.py", *[a for s in settings for a in ("--set", s)], out_dir=reports_dir,
+                  env={"MLFLOW_TRACKING_URI": ""})
+
+    assert job.returncode == 0, job.output
+    reports = job.reports
+    steps = 2 * reports[0]["steps_per_epoch"]
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    event_files = list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(event_files) == 1  # one writer: rank 0
+    events = EventAccumulator(str(event_files[0]))
+    events.Reload()
+    assert [e.step for e in events.Tensors("train/loss")] == list(range(1, steps + 1))
+    assert [e.step for e in events.Tensors("eval/mse")] == [steps // 2, steps]
+    last_eval = make_ndarray(events.Tensors("eval/mse")[-1].tensor_proto).item()
+    assert last_eval == pytest.approx(reports[0]["history"][-1]["eval_mse"], rel=1e-6)  # stored as float32
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{out / 'mlflow.db'}")
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.data.params["world_size"] == "2"
+    assert run.data.params["global_batch_size"] == "8"
+    assert run.data.metrics["eval_mse"] == reports[0]["history"][-1]["eval_mse"]
+    assert {"train_loss", "lr"} <= set(run.data.metrics)
+
+    # a warning raised on every rank is shown once, by rank 0; rank 1 prints no progress either
+    assert job.stderr.count("UserWarning: a warning raised on every rank") == 1
+    assert "[1]<stderr>:" not in "".join(line for line in job.stderr.splitlines(True) if "warning" in line)
+    assert "[1]<stderr>:hvdazure:" not in job.stderr
+    assert "[0]<stderr>:hvdazure: epoch 2 done" in job.stderr
