@@ -20,7 +20,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     try:
-        return run_job(spec, timeout_s=args.timeout).exit_code
+        return run_job(spec, timeout_s=args.timeout, grace_s=args.grace).exit_code
     except FileNotFoundError as exc:
         return _fail(str(exc))
 
@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="MPI controller via mpirun")
     run.add_argument("--timeout", type=_positive_float, metavar="S",
                      help="stop every rank and exit 124 after S seconds")
+    run.add_argument("--grace", type=_positive_float, default=30.0, metavar="S",
+                     help="seconds ranks get after SIGTERM (timeout, Ctrl-C, preemption) to save a final "
+                          "checkpoint before they are killed (default: 30)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or -- COMMAND [args]")
     run.set_defaults(func=_run, controller="gloo")
 

@@ -46,7 +46,7 @@ class LRScheduleCallback(Callback):
         self.schedule = schedule
 
     def on_step_begin(self, trainer: Trainer) -> None:
-        lr = self.schedule.lr_at(trainer.state.step)
+        lr = self.schedule.lr_at(trainer.schedule_step)
         trainer.state.lr = lr
         trainer.set_lr(lr)
 

@@ -58,6 +58,13 @@ class TrainConfig:
     early_stopping_patience: int | None = None  # evaluations without improvement before stopping
     early_stopping_min_delta: float = 0.0
     output_dir: str = "outputs"  # Azure ML uploads ./outputs
+    # checkpoints: on when checkpoint_dir is set (inside Azure ML it defaults to ./outputs/checkpoints)
+    checkpoint_dir: str | None = None  # a local path or an fsspec URL (abfs://, memory://, ...)
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_epochs: int | None = 1
+    keep_last: int = 3  # newest checkpoints kept
+    keep_best: int = 0  # best checkpoints kept by `monitor`, in addition
+    resume: str | None = None  # "auto": newest valid checkpoint in checkpoint_dir, if any; or a path
     tensorboard: bool = False
     mlflow: bool = False
     mlflow_tracking_uri: str | None = None  # default: Azure ML's when inside it, else ./outputs/mlruns
@@ -267,6 +274,14 @@ def _check_values(c: TrainConfig) -> None:
     require(c.early_stopping_patience is None or c.early_stopping_patience >= 1, "early_stopping_patience",
             "must be at least 1 (or null)")
     require(c.early_stopping_min_delta >= 0, "early_stopping_min_delta", "must not be negative")
+    require(c.checkpoint_every_steps is None or c.checkpoint_every_steps >= 1, "checkpoint_every_steps",
+            "must be at least 1 (or null)")
+    require(c.checkpoint_every_epochs is None or c.checkpoint_every_epochs >= 1, "checkpoint_every_epochs",
+            "must be at least 1 (or null)")
+    require(c.keep_last >= 1, "keep_last", "must be at least 1")
+    require(c.keep_best >= 0, "keep_best", "must not be negative")
+    require(c.checkpoint_dir is None or bool(c.checkpoint_dir), "checkpoint_dir", "must be a path or URL")
+    require(c.resume is None or bool(c.resume), "resume", "must be 'auto', a checkpoint path, or null")
     if c.reduce_op == "adasum" and c.gradient_predivide_factor != 1.0:
         raise ConfigError(f"config field 'gradient_predivide_factor': {c.gradient_predivide_factor!r} "
                           "must be 1.0 with reduce_op 'adasum'")

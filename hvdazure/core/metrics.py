@@ -61,3 +61,9 @@ class RunningMean:
 
     def means(self) -> dict[str, float]:
         return {n: s / self._count for n, s in self._sums.items()} if self._count else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sums": dict(self._sums), "count": self._count}
+
+    def load_dict(self, data: Mapping[str, Any]) -> None:
+        self._sums, self._count = dict(data["sums"]), int(data["count"])

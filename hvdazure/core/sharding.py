@@ -75,27 +75,33 @@ class ShardPlan:
         """Optimizer steps per epoch; the last one may be partial (never dropped)."""
         return -(-self.num_samples // self.global_batch_size)
 
-    def step(self, epoch: int, step: int, order: np.ndarray | None = None) -> list[MicroBatch]:
-        """This rank's micro-batches for optimizer step `step` of `epoch`."""
+    def step(self, epoch: int, step: int) -> list[MicroBatch]:
+        """This rank's micro-batches for optimizer step `step` of `epoch` (a run that never changed size)."""
         if not 0 <= step < self.steps_per_epoch:
             raise ValueError(f"step {step} is not in 0..{self.steps_per_epoch - 1}")
-        order = epoch_permutation(self.num_samples, self.seed, epoch) if order is None else order
-        start = step * self.global_batch_size
-        chunk = order[start : start + self.global_batch_size]
-        cells = self.world_size * self.grad_accum_steps
-        sizes = _even_split(len(chunk), cells)
-        offsets = np.concatenate([[0], np.cumsum(sizes)])
-        result = []
-        for k in range(self.grad_accum_steps):
-            cell = k * self.world_size + self.rank
-            result.append(MicroBatch(chunk[offsets[cell] : offsets[cell + 1]].tolist(), len(chunk)))
-        return result
-
-    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[list[MicroBatch]]:
-        """This rank's micro-batches, step by step, from `start_step` to the end of `epoch`."""
         order = epoch_permutation(self.num_samples, self.seed, epoch)
-        for step in range(start_step, self.steps_per_epoch):
-            yield self.step(epoch, step, order)
+        return self._micro_batches(order, step * self.global_batch_size)
+
+    def epoch(self, epoch: int, start_sample: int = 0) -> Iterator[list[MicroBatch]]:
+        """This rank's micro-batches, step by step, from position `start_sample` of the epoch's order to its
+        end. A resumed run passes the samples already consumed, which need not be a multiple of the global
+        batch when the world size changed: each remaining sample is still used exactly once."""
+        if not 0 <= start_sample <= self.num_samples:
+            raise ValueError(f"start_sample {start_sample} is not in 0..{self.num_samples}")
+        order = epoch_permutation(self.num_samples, self.seed, epoch)
+        for start in range(start_sample, self.num_samples, self.global_batch_size):
+            yield self._micro_batches(order, start)
+
+    def steps_left(self, start_sample: int) -> int:
+        """Optimizer steps from position `start_sample` to the end of the epoch."""
+        return -(-(self.num_samples - start_sample) // self.global_batch_size)
+
+    def _micro_batches(self, order: np.ndarray, start: int) -> list[MicroBatch]:
+        chunk = order[start : start + self.global_batch_size]
+        sizes = _even_split(len(chunk), self.world_size * self.grad_accum_steps)
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        cells = (k * self.world_size + self.rank for k in range(self.grad_accum_steps))
+        return [MicroBatch(chunk[offsets[c] : offsets[c + 1]].tolist(), len(chunk)) for c in cells]
 
 
 def _even_split(total: int, parts: int) -> list[int]:

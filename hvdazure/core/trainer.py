@@ -1,20 +1,26 @@
 """The framework-agnostic training loop. Bindings (hvdazure.torch, hvdazure.tensorflow) subclass Trainer and
 supply the framework operations; users subclass a binding and supply the model, data and steps.
 
-The loop emits named events (core/callbacks.py); logging, LR warmup and early stopping are callbacks.
-Every collective in the loop is entered by all ranks at the same point: step counts per epoch are equal
-on every rank by construction (core/sharding.py) and every decision comes from reduced values.
+The loop emits named events (core/callbacks.py); logging, LR warmup, early stopping and periodic
+checkpoints are callbacks. Every collective in the loop is entered by all ranks at the same point: step
+counts per epoch are equal on every rank by construction (core/sharding.py) and every decision comes from
+reduced values.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
-from hvdazure.core.config import TrainConfig
+from hvdazure.core.checkpoint import CheckpointError
+from hvdazure.core.checkpointing import CheckpointCallback, TrainerCheckpoints, default_checkpoint_dir
+from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import MetricAccumulator, RunningMean
@@ -22,9 +28,13 @@ from hvdazure.core.rank_logging import configure_logging, logger
 from hvdazure.core.sharding import MicroBatch, ShardPlan
 from hvdazure.core.state import TrainState
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
 
 class Trainer(ABC):
     """Runs `fit()`: epochs of sharded optimizer steps, periodic metric reduction, evaluation, events."""
+
+    framework_name = "none"
 
     def __init__(self, config: TrainConfig | None = None, callbacks: Sequence[Callback] = ()) -> None:
         self.config = config if config is not None else TrainConfig()
@@ -34,6 +44,8 @@ class Trainer(ABC):
         self.plan: ShardPlan
         self.schedule: LRSchedule
         self.callbacks: list[Callback] = []
+        self._checkpoints: TrainerCheckpoints | None = None
+        self._signal: int | None = None  # a stop signal this rank received
 
     # --- what a binding provides -----------------------------------------------------------------------
     @abstractmethod
@@ -46,7 +58,11 @@ class Trainer(ABC):
 
     @abstractmethod
     def _build(self, peak_lr: float) -> None:
-        """Build model and optimizer (with the scaled LR) and make every rank start from rank 0's state."""
+        """Build model and optimizer (with the scaled LR); seed this rank's RNGs."""
+
+    @abstractmethod
+    def _broadcast_model_and_optimizer(self) -> None:
+        """Make every rank's model and optimizer equal to rank 0's."""
 
     @abstractmethod
     def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator) -> None:
@@ -57,12 +73,51 @@ class Trainer(ABC):
         """Add this rank's evaluation metrics to `meter`; False if there is no evaluation dataset."""
 
     @abstractmethod
-    def _allreduce_sum(self, values: Sequence[Any]) -> list[float]:
-        """Elementwise sum across ranks, in one collective."""
+    def _allreduce_sum_async(self, values: Sequence[Any], name: str) -> Callable[[], list[float]]:
+        """Start an elementwise sum across ranks in one collective named `name` (unique among those in
+        flight); the returned function waits for it and returns the sums."""
+
+    @abstractmethod
+    def _broadcast_bytes(self, data: bytes | None) -> bytes:
+        """Rank 0's `data`, on every rank."""
+
+    @abstractmethod
+    def _allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's `data`, in rank order, on every rank."""
 
     @abstractmethod
     def set_lr(self, lr: float) -> None:
         """Set the optimizer's learning rate."""
+
+    # checkpoint content: tensors in files, everything else as JSON
+    @abstractmethod
+    def _state_writers(self) -> dict[str, Callable[[BinaryIO], None]]:
+        """Writers of the tensor files of a checkpoint (model, optimizer), called on rank 0."""
+
+    @abstractmethod
+    def _load_state_files(self, files: dict[str, bytes]) -> None:
+        """Load the tensor files of a checkpoint into model and optimizer, on rank 0."""
+
+    @abstractmethod
+    def _framework_state(self) -> dict[str, Any]:
+        """JSON-ready framework state beyond model and optimizer (e.g. the AMP loss scaler)."""
+
+    @abstractmethod
+    def _framework_load_state(self, state: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def _framework_rng_state(self) -> dict[str, Any]:
+        """This rank's framework RNG states, JSON-ready."""
+
+    @abstractmethod
+    def _set_framework_rng_state(self, state: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def _seed_everything(self, seed: int) -> None:
+        """Seed Python, NumPy and the framework on this rank."""
+
+    def framework_versions(self) -> dict[str, str]:
+        return {}
 
     # --- derived facts -----------------------------------------------------------------------------------
     @property
@@ -77,47 +132,83 @@ class Trainer(ABC):
     def steps_per_epoch(self) -> int:
         return self.plan.steps_per_epoch
 
+    @property
+    def schedule_step(self) -> int:
+        """The optimizer step the LR schedule is at: by epochs and steps of the current world size."""
+        return self.state.epoch * self.steps_per_epoch + self.state.step_in_epoch
+
     def log(self, message: str) -> None:
         """Log on rank 0 only."""
         logger.info(message)
+
+    def stateful_callbacks(self) -> dict[str, Callback]:
+        """Callbacks whose state a checkpoint keeps, by a key stable across runs (class name and index)."""
+        keyed: dict[str, Callback] = {}
+        for callback in self.callbacks:
+            if not callback.main_only:
+                name = type(callback).__name__
+                keyed[f"{name}#{sum(k.startswith(name + '#') for k in keyed)}"] = callback
+        return keyed
+
+    def save_checkpoint(self, reason: str = "manual") -> str:
+        """Write a checkpoint now; every rank must call this at the same step. Returns its name."""
+        if self._checkpoints is None:
+            raise CheckpointError("checkpointing is off: set checkpoint_dir")
+        self._sync()  # the interval's metrics go into the epoch's means, which the checkpoint keeps
+        return self._checkpoints.save(reason)
 
     # --- the loop ------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
         """Train; return the per-epoch history of train and eval metrics, identical on every rank."""
         self._prepare()
-        self._emit("on_train_start")
-        while not self._finished():
-            self._train_epoch()
-        self._emit("on_train_end")
+        with self._stop_signals_caught():
+            try:
+                self._emit("on_train_start")
+                while not self._finished():
+                    self._train_epoch()
+            except (ConfigError, CheckpointError, SystemExit, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                if self._checkpoints is not None:  # peers may be gone: rank 0 saves alone, if it can
+                    self._checkpoints.save_emergency(f"error: {type(exc).__name__}")
+                raise
+            if self._checkpoints is not None and self._checkpoints.last_saved_step != self.state.step:
+                self.save_checkpoint("final")
+            self._emit("on_train_end")
         return self.state.history
 
     def _train_epoch(self) -> None:
         s = self.state
         self._emit("on_epoch_start")
-        for micro_batches in self.plan.epoch(s.epoch, start_step=s.step_in_epoch):
+        for micro_batches in self.plan.epoch(s.epoch, start_sample=s.samples_in_epoch):
             self._emit("on_step_begin")
+            signal_votes = self._vote_on_signal()
             self._run_step(micro_batches, self._meter)
             s.step += 1
             s.step_in_epoch += 1
+            s.samples_in_epoch += micro_batches[0].step_samples
             s.samples_seen += micro_batches[0].step_samples
             s.synced = s.step % self.config.log_every == 0
             if s.synced:
                 self._sync()
             self._emit("on_step_end")
+            if signal_votes is not None and signal_votes()[0] > 0:
+                self._stop_for_signal()
             if s.should_stop or s.step >= self.schedule.total_steps:
                 break
         self._sync()  # the epoch's last, partial log interval
-        epoch_done = s.step_in_epoch == self.steps_per_epoch
+        epoch_done = s.samples_in_epoch == self.plan.num_samples
         train = {f"train_{k}": v for k, v in self._epoch_train.means().items()}
         record = {"epoch": s.epoch, "step": s.step, "samples_seen": s.samples_seen, "lr": s.lr, **train}
         if self._eval_due(epoch_done) and self._run_evaluation():
             record.update({f"eval_{k}": v for k, v in s.eval_metrics.items()})
             self._emit("on_eval_end")
         s.history.append(record)
+        if epoch_done:
+            s.epoch, s.step_in_epoch, s.samples_in_epoch = s.epoch + 1, 0, 0
+            self._epoch_train = RunningMean()
         self._emit("on_epoch_end")
         self._sync()  # agree on stops requested during evaluation or by epoch-end callbacks
-        if epoch_done:
-            s.epoch, s.step_in_epoch, self._epoch_train = s.epoch + 1, 0, RunningMean()
 
     # --- pieces of the loop --------------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -127,11 +218,20 @@ class Trainer(ABC):
         self.plan = ShardPlan(self._load_datasets(), c.batch_size, self.world_size, self.rank,
                               c.grad_accum_steps, c.seed)
         self.schedule = LRSchedule.from_config(c, self.world_size, self.plan.steps_per_epoch)
+        checkpoint_dir = default_checkpoint_dir(c.checkpoint_dir)
+        if c.resume == "auto" and checkpoint_dir is None:
+            raise ConfigError("config field 'resume': 'auto' needs checkpoint_dir")
         self._build(self.schedule.peak_lr)
-        self.state.lr = self.schedule.lr_at(self.state.step)
+        self._broadcast_model_and_optimizer()
+        self._meter, self._epoch_train = MetricAccumulator(), RunningMean()
+        if checkpoint_dir is not None:
+            self._checkpoints = TrainerCheckpoints(self, checkpoint_dir)
         self.callbacks = [cb for cb in self._default_callbacks() + self.user_callbacks
                           if self.is_main or not cb.main_only]
-        self._meter, self._epoch_train = MetricAccumulator(), RunningMean()
+        if c.resume is not None:
+            source = self._checkpoints or TrainerCheckpoints(self, str(Path(c.resume).parent))
+            source.resume(c.resume)
+        self.state.lr = self.schedule.lr_at(self.schedule_step)
 
     def _default_callbacks(self) -> list[Callback]:
         c = self.config
@@ -144,11 +244,17 @@ class Trainer(ABC):
             callbacks.append(TensorBoardLogger(Path(c.output_dir) / "tensorboard"))
         if c.mlflow:
             callbacks.append(MLflowLogger(c.mlflow_tracking_uri or default_mlflow_uri(c.output_dir)))
+        if self._checkpoints is not None:
+            callbacks.append(CheckpointCallback(self._checkpoints, c.checkpoint_every_steps,
+                                                c.checkpoint_every_epochs))
         return callbacks
 
     def _emit(self, event: str) -> None:
         for callback in self.callbacks:
             getattr(callback, event)(self)
+
+    def _allreduce_sum(self, values: Sequence[Any]) -> list[float]:
+        return self._allreduce_sum_async(values, "metrics")()
 
     def _sync(self) -> None:
         """One fused allreduce: the interval's metric sums, its sample count, and the ranks' stop votes."""
@@ -177,3 +283,34 @@ class Trainer(ABC):
     def _finished(self) -> bool:
         s = self.state
         return s.should_stop or s.step >= self.schedule.total_steps or s.epoch >= self.config.epochs
+
+    # --- stop signals (SIGTERM on preemption, SIGINT) ------------------------------------------------------
+    @contextlib.contextmanager
+    def _stop_signals_caught(self) -> Iterator[None]:
+        """While checkpointing, SIGTERM/SIGINT only set a flag: all ranks agree on it at the next step,
+        save a final checkpoint together, and exit with 128 + the signal number."""
+        if self._checkpoints is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def catch(signum: int, _frame: object) -> None:
+            self._signal = self._signal or signum
+
+        previous = {sig: signal.signal(sig, catch) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _vote_on_signal(self) -> Callable[[], list[float]] | None:
+        """Start a one-number allreduce of "this rank got a stop signal"; it completes during the step."""
+        if self._checkpoints is None:
+            return None
+        return self._allreduce_sum_async([float(self._signal is not None)], "stop_vote")
+
+    def _stop_for_signal(self) -> None:
+        name = signal.Signals(self._signal).name if self._signal else "a stop signal on another rank"
+        saved = self.save_checkpoint(f"signal: {name}")
+        logger.warning(f"received {name}: saved checkpoint {saved}; exiting")
+        raise SystemExit(128 + (self._signal or signal.SIGTERM))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CONTROLLERS = ("gloo", "mpi")
+RANK_WRAPPER_MODULE = "hvdazure.launch.rank_wrapper"
 
 # Variables forwarded to every rank by mpirun (-x). Local ranks inherit mpirun's environment anyway; this
 # list is what remote nodes need. horovodrun forwards the whole environment itself.
@@ -71,7 +72,7 @@ def resolve_user_command(command: Sequence[str], python: str = sys.executable) -
 
 def rank_wrapper_command(command: Sequence[str], python: str = sys.executable) -> list[str]:
     """Wrap a rank's command so that its failure is reported with its rank (see launch/rank_wrapper.py)."""
-    return [python, "-m", "hvdazure.launch.rank_wrapper", "--", *command]
+    return [python, "-m", RANK_WRAPPER_MODULE, "--", *command]
 
 
 def _executable(name: str) -> str:

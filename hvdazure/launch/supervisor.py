@@ -1,8 +1,10 @@
 """Runs a launcher process (mpirun/horovodrun), streams rank-tagged output, and stops the whole job promptly.
 
-A job ends when the launcher exits. Three things end it early, each by stopping every rank (SIGTERM to the
-launcher and all its descendants, then SIGKILL after a grace period): a rank reporting failure (ranks left
-waiting in a collective would otherwise hang), the --timeout, and SIGINT/SIGTERM to `hvdazure run` itself.
+A job ends when the launcher exits. Three things end it early, each by stopping every rank: a rank reporting
+failure (ranks left waiting in a collective would otherwise hang), the --timeout, and SIGINT/SIGTERM to
+`hvdazure run` itself. Stopping sends SIGTERM to the ranks first and gives them a grace period to save a
+checkpoint (the launcher is left alone meanwhile: horovodrun would kill them after 5 s), then SIGTERM to
+the launcher and what is left, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from typing import TextIO
 
 import psutil
 
-from hvdazure.launch.command import LaunchSpec, build_command
+from hvdazure.launch.command import RANK_WRAPPER_MODULE, LaunchSpec, build_command
 from hvdazure.launch.exit_status import RankFailure, exit_code_of
 
 TIMEOUT_EXIT_CODE = 124  # as coreutils' timeout(1)
+_LAUNCHER_GRACE_S = 5.0
 _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:")
 _HOROVODRUN_TAG = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:")
 
@@ -50,8 +53,7 @@ def normalize_line(line: str) -> tuple[str, bool]:
 class _Job:
     """One running launcher process and everything it started."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], grace_s: float) -> None:
-        self.grace_s = grace_s
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
         self.proc = subprocess.Popen(
             list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1, errors="replace",
@@ -60,6 +62,7 @@ class _Job:
         self.failed_at: float | None = None  # when the first failure line arrived (monotonic clock)
         self.stop_requested = threading.Event()
         self.stopped_by_signal: int | None = None  # SIGINT/SIGTERM received by `hvdazure run` itself
+        self.stopping = False  # we stop the job (signal, timeout): the launcher's complaints are noise
 
     def on_signal(self, signum: int, _frame: object) -> None:
         self.stopped_by_signal = signum
@@ -69,6 +72,8 @@ class _Job:
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:
             line, is_err = normalize_line(raw)
+            if self.stopping and not _HOROVODRUN_TAG.match(line):
+                continue  # e.g. horovodrun's traceback about ranks that exited non-zero as told
             (err if is_err else out).write(line)
             (err if is_err else out).flush()
             failure = RankFailure.parse(line)
@@ -78,36 +83,53 @@ class _Job:
                     self.failed_at = time.monotonic()
                     self.stop_requested.set()
 
-    def stop(self) -> None:
-        """SIGTERM the launcher and all its descendants (ranks may save state), SIGKILL what is left."""
+    def stop(self, grace_s: float) -> None:
+        """Stop every local process of the job; ranks get `grace_s` seconds after SIGTERM."""
         try:
             procs = [psutil.Process(self.proc.pid)]
             procs += procs[0].children(recursive=True)
         except psutil.NoSuchProcess:
             return
-        for p in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.send_signal(signal.SIGTERM)
-        _, alive = psutil.wait_procs(procs, timeout=self.grace_s)
-        for p in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
+        self.stopping = self.failed_at is None  # a failure's launcher output may help; keep it
+        ranks = [p for p in procs if _is_rank_wrapper(p)]
+        _signal_all(ranks, signal.SIGTERM)
+        psutil.wait_procs(ranks, timeout=grace_s)
+        _signal_all(procs, signal.SIGTERM)
+        _, alive = psutil.wait_procs(procs, timeout=_LAUNCHER_GRACE_S)
+        _signal_all(alive, signal.SIGKILL)
+
+
+def _is_rank_wrapper(proc: psutil.Process) -> bool:
+    try:
+        return RANK_WRAPPER_MODULE in proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _signal_all(procs: Sequence[psutil.Process], sig: int) -> None:
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(sig)
 
 
 def run_job(
     spec: LaunchSpec,
     timeout_s: float | None = None,
-    grace_s: float = 10.0,
+    grace_s: float = 30.0,
     failure_grace_s: float = 3.0,
     out: TextIO | None = None,
     err: TextIO | None = None,
     env: Mapping[str, str] | None = None,
 ) -> JobResult:
-    """Run a job to completion and return how it ended; never leaves ranks running behind."""
+    """Run a job to completion and return how it ended; never leaves ranks running behind.
+
+    `grace_s`: how long ranks may take to exit after SIGTERM on a timeout or a signal (a final checkpoint).
+    `failure_grace_s`: after a rank failed, how long the launcher gets to stop the others by itself, and
+    then how long they get after SIGTERM (they cannot save anything useful with a peer gone)."""
     out, err = out or sys.stdout, err or sys.stderr
     argv, job_env = build_command(spec, env)
     start = time.monotonic()
-    job = _Job(argv, job_env, grace_s)
+    job = _Job(argv, job_env)
     pump = threading.Thread(target=job.pump_output, args=(out, err), daemon=True)
     pump.start()
 
@@ -126,18 +148,18 @@ def run_job(
                     remaining = failure_grace_s - (time.monotonic() - job.failed_at)
                     if remaining > 0 and _wait(job.proc, remaining):
                         break
-                job.stop()
+                job.stop(grace_s if job.failed_at is None else failure_grace_s)
                 break
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 timed_out = True
-                job.stop()
+                job.stop(grace_s)
                 break
         job.proc.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if job.proc.poll() is None:
-            job.stop()
+            job.stop(grace_s)
     pump.join(timeout=5)
 
     duration = time.monotonic() - start

@@ -14,25 +14,25 @@ STAND_IN = [0]  # the sample a rank with an empty micro-batch runs with loss wei
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
-    """This rank's micro-batches for one epoch, from `start_step` on. A new one is made every epoch, so
-    the order changes with the epoch without anyone calling set_epoch()."""
+    """This rank's micro-batches for one epoch, from sample position `start_sample` on. A new one is made
+    every epoch, so the order changes with the epoch without anyone calling set_epoch()."""
 
-    def __init__(self, plan: ShardPlan, epoch: int, start_step: int = 0) -> None:
-        self.plan, self.epoch, self.start_step = plan, epoch, start_step
+    def __init__(self, plan: ShardPlan, epoch: int, start_sample: int = 0) -> None:
+        self.plan, self.epoch, self.start_sample = plan, epoch, start_sample
 
     def __iter__(self) -> Iterator[list[int]]:
-        for step in self.plan.epoch(self.epoch, self.start_step):
+        for step in self.plan.epoch(self.epoch, self.start_sample):
             for micro_batch in step:
                 yield micro_batch.indices or STAND_IN
 
     def __len__(self) -> int:
-        return (self.plan.steps_per_epoch - self.start_step) * self.plan.grad_accum_steps
+        return self.plan.steps_left(self.start_sample) * self.plan.grad_accum_steps
 
 
-def train_loader(dataset: Dataset, plan: ShardPlan, epoch: int, start_step: int, collate_fn: Callable,
+def train_loader(dataset: Dataset, plan: ShardPlan, epoch: int, start_sample: int, collate_fn: Callable,
                  num_workers: int, pin_memory: bool) -> DataLoader:
     """Batches for this rank's micro-batches of `epoch`, in plan order."""
-    return DataLoader(dataset, batch_sampler=ShardedBatchSampler(plan, epoch, start_step),
+    return DataLoader(dataset, batch_sampler=ShardedBatchSampler(plan, epoch, start_sample),
                       collate_fn=collate_fn, num_workers=num_workers, pin_memory=pin_memory)
 
 

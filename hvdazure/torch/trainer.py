@@ -8,12 +8,17 @@ gradient clipping after the allreduce, and autocast mixed precision (bf16; fp16 
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import io
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO
 
+import horovod
 import horovod.torch as hvd
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data import default_collate as _default_collate
@@ -32,6 +37,8 @@ _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 class TorchTrainer(Trainer):
     """Subclass and implement build_model, build_optimizer, train_dataset and training_step;
     eval_dataset and validation_step for evaluation. Then `fit()`."""
+
+    framework_name = "torch"
 
     # --- the user's hooks ----------------------------------------------------------------------------------
     def build_model(self) -> torch.nn.Module:
@@ -80,17 +87,16 @@ class TorchTrainer(Trainer):
         c = self.config
         if c.precision == "fp16" and self.device.type != "cuda":
             raise ConfigError("config field 'precision': 'fp16' needs CUDA (GradScaler); use 'bf16' on CPU")
-        torch.manual_seed(c.seed)
+        torch.manual_seed(c.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
         self.model = self.build_model().to(self.device)
         optimizer = self.build_optimizer(self.model.parameters(), peak_lr)
+        self._seed_everything(c.seed * 1_000_003 + self.rank)  # dropout etc. differ between ranks
         # Per-group LR multipliers the user set survive warmup/schedule updates.
         self._lr_factors = [group["lr"] / peak_lr for group in optimizer.param_groups]
         self.optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=self.model.named_parameters(),
             compression=_COMPRESSION[c.compression], backward_passes_per_step=c.grad_accum_steps,
             op=_OPS[c.reduce_op], gradient_predivide_factor=c.gradient_predivide_factor)
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
         self.scaler = torch.amp.GradScaler("cuda") if c.precision == "fp16" else None
         # Average divides the summed gradients by the world size; the loss weights are shares of the whole
         # step, so multiply that division back out.
@@ -98,6 +104,20 @@ class TorchTrainer(Trainer):
         self.micro_batch: MicroBatch | None = None  # being trained on: its sample indices and loss weight
         self._batches: Iterator[Any] | None = None
         self._batches_at: tuple[int, int] | None = None
+
+    def _broadcast_model_and_optimizer(self) -> None:
+        if hvd.broadcast_object(bool(self.optimizer.state), root_rank=0, name="hvdazure.has_state"):
+            # Horovod's broadcast_optimizer_state initialises an empty state with a zero-gradient step, which
+            # can move parameters (weight decay): the parameter broadcast after it puts them back.
+            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        else:
+            # A fresh optimizer has no state to send, only its settings; skipping Horovod's zero-gradient
+            # step keeps the first real step exact (Adam's step count, decoupled weight decay).
+            settings = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+            for group, chosen in zip(self.optimizer.param_groups, hvd.broadcast_object(
+                    settings, root_rank=0, name="hvdazure.optimizer_settings"), strict=True):
+                group.update(chosen)
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
 
     def set_lr(self, lr: float) -> None:
         for group, factor in zip(self.optimizer.param_groups, self._lr_factors, strict=True):
@@ -114,7 +134,7 @@ class TorchTrainer(Trainer):
         when training is not where the previous step left it: a new epoch, or a resume point."""
         s = self.state
         if self._batches is None or self._batches_at != (s.epoch, s.step_in_epoch):
-            loader = train_loader(self._train_data, self.plan, s.epoch, s.step_in_epoch, self.collate,
+            loader = train_loader(self._train_data, self.plan, s.epoch, s.samples_in_epoch, self.collate,
                                   self.config.num_workers, pin_memory=self.device.type == "cuda")
             self._batches = iter(loader)
         for _ in range(count):
@@ -171,10 +191,68 @@ class TorchTrainer(Trainer):
                 meter.add(dict(metrics), len(indices) if batches else 0)
         return True
 
-    def _allreduce_sum(self, values: Sequence[Any]) -> list[float]:
+    def _allreduce_sum_async(self, values: Sequence[Any], name: str) -> Callable[[], list[float]]:
         vector = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.device).detach().reshape(())
                               for v in values])
-        return hvd.allreduce(vector, op=hvd.Sum, name=f"hvdazure.metrics.{len(values)}").tolist()
+        handle = hvd.allreduce_async(vector, op=hvd.Sum, name=f"hvdazure.{name}.{len(values)}")
+        return lambda: hvd.synchronize(handle).tolist()
+
+    def _broadcast_bytes(self, data: bytes | None) -> bytes:
+        size = hvd.broadcast(torch.tensor([len(data) if data is not None else 0]), 0, name="hvdazure.bytes.n")
+        if int(size) == 0:
+            return b""
+        buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data is not None
+                  else torch.empty(int(size), dtype=torch.uint8))
+        return hvd.broadcast(buffer, 0, name="hvdazure.bytes").numpy().tobytes()
+
+    def _allgather_bytes(self, data: bytes) -> list[bytes]:
+        sizes = hvd.allgather(torch.tensor([len(data)]), name="hvdazure.gather.n").tolist()
+        joined = hvd.allgather(torch.frombuffer(bytearray(data), dtype=torch.uint8), name="hvdazure.gather")
+        blob = joined.numpy().tobytes()
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        return [blob[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
+
+    # --- checkpoint content -------------------------------------------------------------------------------
+    def _state_writers(self) -> dict[str, Callable[[BinaryIO], None]]:
+        return {"model.pt": lambda file: torch.save(self.model.state_dict(), file),
+                "optimizer.pt": lambda file: torch.save(self.optimizer.state_dict(), file)}
+
+    def _load_state_files(self, files: dict[str, bytes]) -> None:
+        # weights_only: tensors and plain containers only, never arbitrary pickled objects
+        self.model.load_state_dict(torch.load(io.BytesIO(files["model.pt"]), map_location=self.device,
+                                              weights_only=True))
+        self.optimizer.load_state_dict(torch.load(io.BytesIO(files["optimizer.pt"]), map_location=self.device,
+                                                  weights_only=True))
+
+    def _framework_state(self) -> dict[str, Any]:
+        return {"grad_scaler": self.scaler.state_dict() if self.scaler is not None else None}
+
+    def _framework_load_state(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state.get("grad_scaler"):
+            self.scaler.load_state_dict(state["grad_scaler"])
+
+    def _framework_rng_state(self) -> dict[str, Any]:
+        def encode(t: torch.Tensor) -> str:
+            return base64.b64encode(t.numpy().tobytes()).decode()
+
+        cuda = [encode(t) for t in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else []
+        return {"torch": encode(torch.get_rng_state()), "cuda": cuda}
+
+    def _set_framework_rng_state(self, state: dict[str, Any]) -> None:
+        def decode(text: str) -> torch.Tensor:
+            return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+        torch.set_rng_state(decode(state["torch"]))
+        if state["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([decode(s) for s in state["cuda"]])
+
+    def _seed_everything(self, seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def framework_versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__, "horovod": horovod.__version__}
 
 
 def _loss_and_metrics(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:

@@ -36,11 +36,12 @@ def test_malformed_arguments_are_rejected_by_the_parser(capsys, argv, message):
 def test_command_after_double_dash_is_taken_verbatim(monkeypatch):
     seen = {}
 
-    def fake_run_job(spec, timeout_s):  # the launcher itself is covered by tests/distributed
-        seen["spec"], seen["timeout"] = spec, timeout_s
+    def fake_run_job(spec, timeout_s, grace_s):  # the launcher itself is covered by tests/distributed
+        seen["spec"], seen["timeout"], seen["grace"] = spec, timeout_s, grace_s
         return type("Result", (), {"exit_code": 7})()
 
     monkeypatch.setattr("hvdazure.launch.supervisor.run_job", fake_run_job)
     assert main(["run", "-np", "3", "--mpi", "--timeout", "5", "--", "python", "-c", "pass"]) == 7
     assert seen["spec"].command == ["python", "-c", "pass"]
-    assert (seen["spec"].num_proc, seen["spec"].controller, seen["timeout"]) == (3, "mpi", 5.0)
+    assert (seen["spec"].num_proc, seen["spec"].controller) == (3, "mpi")
+    assert (seen["timeout"], seen["grace"]) == (5.0, 30.0)

@@ -132,10 +132,31 @@ def test_the_plan_follows_its_seed() -> None:
 
 
 @pytest.mark.parametrize("start_step", [0, 1, 3, 6])
-def test_resuming_at_a_step_yields_the_rest_of_the_same_epoch(start_step: int) -> None:
+def test_resuming_at_a_step_boundary_yields_the_rest_of_the_same_epoch(start_step: int) -> None:
     plan = ShardPlan(num_samples=45, batch_size=2, world_size=2, rank=1, grad_accum_steps=2, seed=4)
     assert plan.steps_per_epoch == 6
-    assert list(plan.epoch(2, start_step=start_step)) == list(plan.epoch(2))[start_step:]
+    start_sample = min(start_step * plan.global_batch_size, plan.num_samples)  # the end of the epoch is n
+    assert list(plan.epoch(2, start_sample=start_sample)) == list(plan.epoch(2))[start_step:]
+    assert plan.steps_left(start_sample) == plan.steps_per_epoch - start_step
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 3), (4, 2)])
+def test_resuming_with_another_world_size_uses_each_remaining_sample_exactly_once(before: int,
+                                                                                  after: int) -> None:
+    n, batch = 45, 2
+    first = [ShardPlan(n, batch, before, r, seed=3) for r in range(before)]
+    consumed_steps = 3
+    used = {i for plan in first for step in list(plan.epoch(5))[:consumed_steps] for mb in step
+            for i in mb.indices}
+    position = consumed_steps * first[0].global_batch_size
+    assert used == set(epoch_permutation(n, 3, 5)[:position].tolist())
+
+    second = [ShardPlan(n, batch, after, r, seed=3) for r in range(after)]
+    rest = [i for plan in second for step in plan.epoch(5, start_sample=position) for mb in step
+            for i in mb.indices]
+    assert sorted(rest) == sorted(set(range(n)) - used)
+    assert len({len(list(plan.epoch(5, start_sample=position))) for plan in second}) == 1
+    assert second[0].steps_left(position) == len(list(second[0].epoch(5, start_sample=position)))
 
 
 def test_one_step_is_the_same_as_that_step_of_the_epoch() -> None:

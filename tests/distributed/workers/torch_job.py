@@ -5,11 +5,16 @@ its final parameters, the history, the sample indices it trained on per epoch (i
 every optimizer step, for the tests to compare across ranks and runs.
 
 extra: n_train, n_eval, features, stop_rank + stop_step (that rank alone asks to stop after that step),
-       warn (every rank warns at every step)
+       warn (every rank warns at every step), step_sleep (seconds per step, to make a job slow enough to
+       interrupt), big_mb (a large buffer in the model, to make checkpoints slow to write).
+Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts.
 """
 
 import hashlib
+import os
+import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,7 +45,11 @@ class Recorder(Callback):
     def __init__(self) -> None:
         self.lrs: list[float] = []
 
+    def on_train_start(self, trainer) -> None:
+        (Path(os.environ["HVDAZURE_TEST_OUT"]) / f"pid-{trainer.rank}").write_text(str(os.getpid()))
+
     def on_step_end(self, trainer) -> None:
+        time.sleep(trainer.config.extra.get("step_sleep", 0))
         self.lrs.append(trainer.optimizer.param_groups[0]["lr"])
         extra = trainer.config.extra
         if trainer.rank == extra.get("stop_rank") and trainer.state.step == extra.get("stop_step"):
@@ -54,7 +63,10 @@ class RegressionTrainer(TorchTrainer):
         self.seen: dict[int, list[int]] = {}
 
     def build_model(self):
-        return torch.nn.Linear(self.config.extra.get("features", 3), 1, dtype=torch.float64)
+        model = torch.nn.Linear(self.config.extra.get("features", 3), 1, dtype=torch.float64)
+        if self.config.extra.get("big_mb"):
+            model.register_buffer("ballast", torch.rand(self.config.extra["big_mb"] * 2**20 // 4))
+        return model
 
     def build_optimizer(self, params, lr):
         return torch.optim.SGD(params, lr=lr)

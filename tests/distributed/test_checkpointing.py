@@ -1,0 +1,198 @@
+"""Checkpoints on real ranks: exact resume after a kill, a crash mid-write, corruption, another world size,
+SIGTERM, and retention."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from harness import WORKERS, processes_running, read_reports, run_job
+
+from hvdazure.core.checkpoint import CheckpointManager
+
+JOB = "torch_job.py"
+# 37 samples, batch 4 on 2 ranks: 5 steps per epoch with an uneven last step; checkpoints every 3 steps
+BASE = ("epochs=3", "batch_size=4", "extra.n_train=37", "lr=0.05", "checkpoint_every_steps=3",
+        "checkpoint_every_epochs=null")
+
+
+def _args(settings):
+    return [a for s in settings for a in ("--set", s)]
+
+
+def train(tmp_path, name, *settings, np=2, expect=0):
+    out = tmp_path / name
+    out.mkdir()
+    job = run_job(JOB, *_args(settings), out_dir=out, np=np, timeout=180)
+    assert job.returncode == expect, job.output
+    return job
+
+
+def start(tmp_path, name, *settings, np=2):
+    """Start a job in the background: (process, its report folder)."""
+    out = tmp_path / name
+    out.mkdir()
+    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", str(np), str(WORKERS / JOB), *_args(settings)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    return proc, out
+
+
+def wait_for(predicate, what, timeout=90):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def finish(proc, timeout=90):
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("job hung") from None
+    return output
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference: the same training, never interrupted (with the same checkpoint schedule)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    return train(tmp, "run", *BASE, f"checkpoint_dir={tmp / 'ckpt'}").reports[0]
+
+
+def test_sigkill_of_a_rank_mid_epoch_ends_the_job_and_resume_is_exact(tmp_path, uninterrupted):
+    ckpt = tmp_path / "ckpt"
+    proc, out = start(tmp_path, "killed", *BASE, f"checkpoint_dir={ckpt}", "extra.step_sleep=0.3")
+    wait_for(lambda: (ckpt / "step-00000006").exists(), "the checkpoint of step 6")  # in epoch 2
+    os.kill(int((out / "pid-1").read_text()), signal.SIGKILL)
+    killed_at = time.monotonic()
+    output = finish(proc)
+
+    assert proc.returncode == 128 + signal.SIGKILL, output
+    assert "rank 1 failed first, with exit code 137 (killed by SIGKILL)" in output
+    assert time.monotonic() - killed_at < 30  # promptly, not after a collective's timeout
+    assert not processes_running(str(WORKERS / JOB))
+
+    resumed = train(tmp_path, "resumed", *BASE, f"checkpoint_dir={ckpt}", "resume=auto")
+    assert "hvdazure: resumed from step-0000000" in resumed.stderr
+    assert resumed.reports[0]["params_sha256"] == uninterrupted["params_sha256"]
+    assert resumed.reports[0]["history"] == uninterrupted["history"]
+
+
+def test_killing_rank0_while_it_writes_a_checkpoint_leaves_latest_valid(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    # a 64 MB buffer makes each save take long enough to be caught in the middle
+    settings = (*BASE, f"checkpoint_dir={ckpt}", "extra.big_mb=64", "checkpoint_every_steps=2")
+    proc, out = start(tmp_path, "killed", *settings)
+    def writing() -> bool:
+        return (ckpt / "latest").exists() and any(p.name.startswith(".tmp-step") for p in ckpt.iterdir())
+
+    wait_for(writing, "a checkpoint being written")
+    os.kill(int((out / "pid-0").read_text()), signal.SIGKILL)
+    output = finish(proc)
+    assert proc.returncode == 128 + signal.SIGKILL, output
+
+    manager = CheckpointManager(str(ckpt))
+    named = (ckpt / "latest").read_text().strip()
+    latest = next(c for c in manager.checkpoints() if c.name == named)
+    manager.verify(latest)  # raises if `latest` named a half-written checkpoint
+
+    resumed = train(tmp_path, "resumed", *settings, "resume=auto")
+    assert f"resumed from {named}" in resumed.stderr
+    assert not any(p.name.startswith(".tmp-") for p in ckpt.iterdir())  # leftovers cleaned on resume
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_bit"])
+def test_a_damaged_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, damage):
+    ckpt = tmp_path / "ckpt"
+    train(tmp_path, "first", *BASE, f"checkpoint_dir={ckpt}")
+    latest = (ckpt / "latest").read_text().strip()
+    previous = sorted(p.name for p in ckpt.glob("step-*") if p.name < latest)[-1]
+    target = ckpt / latest / "model.pt"
+    data = bytearray(target.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+
+    resumed = train(tmp_path, "resumed", *BASE, f"checkpoint_dir={ckpt}", "resume=auto", "epochs=4")
+    warning = next(line for line in resumed.stderr.splitlines() if "skipping invalid" in line)
+    assert latest in warning and "model.pt" in warning
+    assert f"resumed from {previous}" in resumed.stderr
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_resume_with_another_world_size_continues_the_epoch_exactly_once_with_the_lr_rescaled(
+        tmp_path, before, after):
+    ckpt = tmp_path / "ckpt"
+    # stops at step 7: mid-epoch (epoch 2 for 2 ranks x batch 4; epoch 1 for 1 rank)
+    first = train(tmp_path, "first", *BASE, f"checkpoint_dir={ckpt}", "max_steps=7", np=before)
+    manifest = json.loads((ckpt / "step-00000007" / "manifest.json").read_text())
+    second = train(tmp_path, "second", *BASE, f"checkpoint_dir={ckpt}", "resume=auto", np=after)
+
+    epoch = str(manifest["epoch"])
+    used = [i for r in first.reports.values() for i in r["seen"].get(epoch, [])]
+    used += [i for r in second.reports.values() for i in r["seen"].get(epoch, [])]
+    assert sorted(used) == list(range(37))  # the interrupted epoch: every sample once, across both runs
+
+    old_lr, new_lr = 0.05 * before, 0.05 * after  # linear scaling with the default base batch
+    assert (f"world size {before} -> {after}, global batch {4 * before} -> {4 * after}: LR rescaled "
+            f"{old_lr:g} -> {new_lr:g}") in second.stderr
+    assert second.reports[0]["lrs"] == pytest.approx([new_lr] * len(second.reports[0]["lrs"]))
+    final = CheckpointManager(str(ckpt)).latest_valid()[0]
+    assert final.manifest["world_size"] == after
+    assert final.manifest["world_size_history"] == [{"step": 7, "world_size": after,
+                                                     "global_batch_size": 4 * after}]
+
+
+def test_sigterm_saves_a_final_checkpoint_and_exits_cleanly(tmp_path, uninterrupted):
+    ckpt = tmp_path / "ckpt"
+    proc, out = start(tmp_path, "stopped", *BASE, f"checkpoint_dir={ckpt}", "extra.step_sleep=0.3")
+    wait_for(lambda: (ckpt / "step-00000003").exists(), "training to be under way")
+    proc.send_signal(signal.SIGTERM)  # to `hvdazure run`, as a scheduler or Ctrl-C would
+    output = finish(proc)
+
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert "Traceback" not in output
+    assert "received SIGTERM: saved checkpoint step-" in output
+    final = CheckpointManager(str(ckpt)).latest_valid()[0]
+    assert final.manifest["reason"] == "signal: SIGTERM"
+    assert not processes_running(str(WORKERS / JOB))
+    assert not read_reports(out)  # no rank ran to the end
+
+    resumed = train(tmp_path, "resumed", *BASE, f"checkpoint_dir={ckpt}", "resume=auto")
+    assert resumed.reports[0]["params_sha256"] == uninterrupted["params_sha256"]
+
+
+def test_keep_last_and_keep_best_leave_exactly_the_right_checkpoints(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    # a large LR: eval_mse first falls, then rises, so the best checkpoint is not among the last
+    job = train(tmp_path, "run", "epochs=6", "batch_size=4", "extra.n_train=37", "extra.n_eval=8", "lr=0.35",
+                "lr_scaling=none", f"checkpoint_dir={ckpt}", "checkpoint_every_epochs=1", "keep_last=2",
+                "keep_best=1", "monitor=eval_mse")
+    history = job.reports[0]["history"]
+    best = min(history, key=lambda record: record["eval_mse"])
+    expected = {f"step-{record['step']:08d}" for record in history[-2:]} | {f"step-{best['step']:08d}"}
+
+    assert {p.name for p in ckpt.iterdir() if p.is_dir()} == expected
+    assert best not in history[-2:], "the run did not exercise keep_best; adjust lr"
+
+    from hvdazure.torch import load_weights
+
+    weights = load_weights(str(ckpt), "latest")
+    assert [w.flatten().tolist() for w in weights.values()] == job.reports[0]["params"]
+    best_weights = load_weights(str(ckpt), "best")
+    assert set(best_weights) == {"weight", "bias"}
+
+
+def test_resuming_from_a_missing_path_fails_on_every_rank_without_hanging(tmp_path):
+    job = run_job(JOB, *_args(("resume=/no/such/checkpoint",)), out_dir=tmp_path, timeout=60)
+
+    assert job.returncode != 0, job.output
+    assert "/no/such/checkpoint" in job.stderr
+    assert not job.reports

@@ -1,0 +1,341 @@
+"""hvdazure.core.checkpoint: atomic, verified checkpoints on local paths and fsspec URLs, and their retention.
+
+Every storage test runs twice: on a local directory and on a memory:// URL (fsspec's in-process object store).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import posixpath
+import subprocess
+import sys
+import uuid
+import zipfile
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import fsspec
+import pytest
+
+from hvdazure.core.checkpoint import FORMAT_VERSION, CheckpointError, CheckpointManager
+
+
+@pytest.fixture(params=["local", "memory"])
+def root(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
+    if request.param == "local":
+        yield str(tmp_path / "checkpoints")
+        return
+    url = f"memory://ckpt-{uuid.uuid4().hex}"
+    yield url
+    fs, path = fsspec.core.url_to_fs(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def _weights(step: int) -> bytes:
+    return bytes(range(256)) * 8 + f"step {step}".encode()
+
+
+def _save(manager: CheckpointManager, step: int, **metrics: float) -> Any:
+    files = {"model.bin": lambda f: f.write(_weights(step)),
+             "state.json": lambda f: f.write(json.dumps({"step": step}).encode())}
+    return manager.save(step, files, {"metrics": metrics, "framework": "test"})
+
+
+def _listing(url: str) -> set[str]:
+    fs, path = fsspec.core.url_to_fs(url)
+    return {posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
+
+
+def _cat(url: str) -> bytes:
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs.cat_file(path)
+
+
+def _pipe(url: str, data: bytes) -> None:
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    fs.pipe_file(path, data)
+
+
+def _rm(url: str) -> None:
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.rm(path)
+
+
+def _flip_a_bit(url: str) -> None:
+    data = bytearray(_cat(url))
+    data[100] ^= 1
+    _pipe(url, bytes(data))
+
+
+# Each damages the checkpoint directory it is given; the string is what the error must name.
+CORRUPTIONS: dict[str, tuple[Callable[[str], None], str]] = {
+    "truncated file": (lambda d: _pipe(f"{d}/model.bin", _cat(f"{d}/model.bin")[:1000]), "model.bin"),
+    "flipped bit": (lambda d: _flip_a_bit(f"{d}/model.bin"), "model.bin"),
+    "missing file": (lambda d: _rm(f"{d}/model.bin"), "model.bin"),
+    "missing manifest (half-written)": (lambda d: _rm(f"{d}/manifest.json"), "manifest.json"),
+    "garbage manifest": (lambda d: _pipe(f"{d}/manifest.json", b'{"step": 2, "fil'), "manifest.json"),
+}
+
+
+# --- saving ----------------------------------------------------------------------------------------------
+def test_save_then_read_files_returns_the_written_bytes(root: str) -> None:
+    manager = CheckpointManager(root)
+    checkpoint = _save(manager, 120)
+
+    assert checkpoint.name == "step-00000120"
+    assert checkpoint.url == f"{root}/step-00000120"
+    assert manager.read_files(checkpoint) == {"model.bin": _weights(120), "state.json": b'{"step": 120}'}
+
+
+def test_manifest_records_format_version_step_created_and_each_files_sha256_and_size(root: str) -> None:
+    checkpoint = _save(CheckpointManager(root), 7, eval_loss=0.25)
+    manifest = json.loads(_cat(f"{root}/step-00000007/manifest.json"))
+
+    assert manifest == checkpoint.manifest
+    assert manifest["format_version"] == FORMAT_VERSION
+    assert manifest["step"] == checkpoint.step == 7
+    assert manifest["metrics"] == {"eval_loss": 0.25} and manifest["framework"] == "test"
+    created = datetime.fromisoformat(manifest["created"])
+    assert created.utcoffset() == timedelta(0)
+    assert abs(datetime.now(timezone.utc) - created) < timedelta(minutes=1)
+    state = b'{"step": 7}'
+    assert manifest["files"] == {
+        "model.bin": {"sha256": hashlib.sha256(_weights(7)).hexdigest(), "bytes": len(_weights(7))},
+        "state.json": {"sha256": hashlib.sha256(state).hexdigest(), "bytes": len(state)},
+    }
+
+
+def test_latest_names_the_newest_checkpoint(root: str) -> None:
+    manager = CheckpointManager(root)
+    _save(manager, 10)
+    _save(manager, 20)
+
+    assert _cat(f"{root}/latest").decode().strip() == "step-00000020"
+    checkpoint, warnings = manager.latest_valid()
+    assert (checkpoint.name, warnings) == ("step-00000020", [])
+
+
+def test_a_writer_that_writes_through_zipfile_produces_a_valid_file(root: str) -> None:
+    # torch.save and numpy write archives like this: through tell() and write() on a non-seekable stream
+    def write_zip(f: Any) -> None:
+        with zipfile.ZipFile(f, "w") as archive:
+            archive.writestr("tensor", b"\x00" * 5000)
+
+    manager = CheckpointManager(root)
+    checkpoint = manager.save(1, {"model.zip": write_zip}, {})
+
+    data = manager.read_files(manager.open(checkpoint.url))["model.zip"]
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        assert archive.read("tensor") == b"\x00" * 5000
+
+
+def test_resaving_a_step_replaces_it(root: str) -> None:
+    manager = CheckpointManager(root)
+    _save(manager, 5)
+    checkpoint = manager.save(5, {"model.bin": lambda f: f.write(b"new weights")}, {"reason": "again"})
+
+    assert _listing(root) == {"step-00000005", "latest"}
+    assert manager.read_files(checkpoint) == {"model.bin": b"new weights"}
+    assert [c.manifest["reason"] for c in manager.checkpoints()] == ["again"]
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_checkpoint_latest(root: str) -> None:
+    manager = CheckpointManager(root)
+    _save(manager, 1)
+
+    def crash(f: Any) -> None:
+        f.write(b"half a model")
+        raise RuntimeError("out of disk")
+
+    with pytest.raises(RuntimeError, match="out of disk"):
+        manager.save(2, {"model.bin": crash}, {})
+    assert _listing(root) == {"step-00000001", "latest"}
+    assert manager.latest_valid()[0].name == "step-00000001"
+
+
+@pytest.mark.parametrize(("manifest", "files", "match"), [
+    ({"step": 3}, {"a": lambda f: None}, "'step'"),
+    ({}, {"sub/a.bin": lambda f: None}, "'sub/a.bin'"),
+    ({}, {"manifest.json": lambda f: None}, "'manifest.json'"),
+    ({"when": datetime.now()}, {}, "not JSON"),
+])
+def test_save_rejects_reserved_keys_path_like_names_and_non_json_metadata(
+        root: str, manifest: dict[str, Any], files: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        CheckpointManager(root).save(3, files, manifest)
+
+
+# --- finding and verifying -------------------------------------------------------------------------------
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_latest_valid_skips_an_invalid_checkpoint_with_a_warning_and_returns_the_previous(
+        root: str, corruption: str) -> None:
+    manager = CheckpointManager(root)
+    _save(manager, 1)
+    _save(manager, 2)
+    damage, _ = CORRUPTIONS[corruption]
+    damage(f"{root}/step-00000002")
+
+    checkpoint, warnings = manager.latest_valid()
+
+    assert checkpoint.name == "step-00000001"
+    assert len(warnings) == 1 and "step-00000002" in warnings[0]
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_open_of_a_corrupt_checkpoint_raises_naming_it_and_the_file(root: str, corruption: str) -> None:
+    manager = CheckpointManager(root)
+    _save(manager, 2)
+    damage, culprit = CORRUPTIONS[corruption]
+    damage(f"{root}/step-00000002")
+
+    with pytest.raises(CheckpointError, match=culprit) as error:
+        manager.open(f"{root}/step-00000002")
+    assert "step-00000002" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_read_files_rejects_bytes_that_do_not_match_the_manifest(root: str) -> None:
+    manager = CheckpointManager(root)
+    checkpoint = _save(manager, 2)
+    _flip_a_bit(f"{root}/step-00000002/model.bin")
+
+    with pytest.raises(CheckpointError, match=r"'model\.bin'.*sha256"):
+        manager.read_files(checkpoint)
+
+
+def test_an_unknown_format_version_does_not_verify(root: str) -> None:
+    manager = CheckpointManager(root)
+    manifest = _save(manager, 2).manifest
+    _pipe(f"{root}/step-00000002/manifest.json", json.dumps({**manifest, "format_version": 99}).encode())
+
+    with pytest.raises(CheckpointError, match="format_version 99"):
+        manager.open(f"{root}/step-00000002")
+
+
+def test_a_latest_pointer_naming_no_checkpoint_falls_back_to_the_newest_with_a_warning(root: str) -> None:
+    manager = CheckpointManager(root)
+    _save(manager, 1)
+    _save(manager, 2)
+    _pipe(f"{root}/latest", b"../elsewhere")
+
+    checkpoint, warnings = manager.latest_valid()
+
+    assert checkpoint.name == "step-00000002"
+    assert len(warnings) == 1 and "'../elsewhere'" in warnings[0]
+
+
+def test_a_leftover_temporary_directory_is_ignored_then_removed(root: str) -> None:
+    manager = CheckpointManager(root)
+    _save(manager, 1)
+    leftover = ".tmp-step-00000002-0123abcd"  # what a writer killed mid-save leaves
+    _pipe(f"{root}/{leftover}/model.bin", b"half")
+    _pipe(f"{root}/{leftover}/manifest.json", _cat(f"{root}/step-00000001/manifest.json"))
+
+    assert [c.name for c in manager.checkpoints()] == ["step-00000001"]
+    assert manager.latest_valid() == (manager.checkpoints()[0], [])
+    assert manager.cleanup_temporaries() == [leftover]
+    assert _listing(root) == {"step-00000001", "latest"}
+
+
+def test_an_empty_directory_has_no_checkpoints(root: str) -> None:
+    manager = CheckpointManager(root)
+
+    assert manager.checkpoints() == []
+    assert manager.latest_valid() == (None, [])
+    with pytest.raises(CheckpointError, match="no valid checkpoint"):
+        manager.resolve("latest")
+
+
+# --- retention -------------------------------------------------------------------------------------------
+def test_keep_last_2_leaves_exactly_the_2_newest(root: str) -> None:
+    manager = CheckpointManager(root, keep_last=2)
+    for step in range(1, 6):
+        _save(manager, step)
+
+    assert _listing(root) == {"step-00000004", "step-00000005", "latest"}
+
+
+def test_keep_best_keeps_the_lowest_eval_loss_plus_the_last_k(root: str) -> None:
+    manager = CheckpointManager(root, keep_last=2, keep_best=1, monitor="eval_loss", mode="min")
+    for step, loss in enumerate([0.5, 0.2, 0.4, 0.3, 0.6], start=1):
+        _save(manager, step, eval_loss=loss)
+
+    assert _listing(root) == {"step-00000002", "step-00000004", "step-00000005", "latest"}
+    assert manager.best().name == "step-00000002"
+
+
+def test_mode_max_keeps_the_highest_metric(root: str) -> None:
+    manager = CheckpointManager(root, keep_last=1, keep_best=2, monitor="eval_accuracy", mode="max")
+    for step, accuracy in enumerate([0.5, 0.9, 0.4, 0.8, 0.6], start=1):
+        _save(manager, step, eval_accuracy=accuracy)
+
+    assert _listing(root) == {"step-00000002", "step-00000004", "step-00000005", "latest"}
+    assert manager.best().name == "step-00000002"
+
+
+def test_a_tie_on_the_metric_keeps_the_newer_checkpoint(root: str) -> None:
+    manager = CheckpointManager(root, keep_last=1, keep_best=1, monitor="eval_loss")
+    for step, loss in enumerate([0.2, 0.2, 0.5, 0.6], start=1):
+        _save(manager, step, eval_loss=loss)
+
+    assert _listing(root) == {"step-00000002", "step-00000004", "latest"}
+
+
+def test_checkpoints_without_the_metric_are_not_candidates_for_best(root: str) -> None:
+    manager = CheckpointManager(root, keep_last=1, keep_best=1, monitor="eval_loss")
+    _save(manager, 1, eval_loss=0.9)
+    _save(manager, 2, train_loss=0.1)
+    _save(manager, 3, eval_loss=float("nan"))
+
+    assert manager.best().name == "step-00000001"
+    assert _listing(root) == {"step-00000001", "step-00000003", "latest"}
+
+
+# --- resolving -------------------------------------------------------------------------------------------
+def test_resolve_finds_latest_best_and_an_explicit_path(root: str) -> None:
+    manager = CheckpointManager(root, keep_last=3, monitor="eval_loss")
+    for step, loss in enumerate([0.3, 0.1, 0.2], start=1):
+        _save(manager, step, eval_loss=loss)
+
+    assert manager.resolve("latest").name == "step-00000003"
+    assert manager.resolve("best").name == "step-00000002"
+    assert manager.resolve(f"{root}/step-00000001/").name == "step-00000001"
+    with pytest.raises(CheckpointError, match="step-00000009"):
+        manager.resolve(f"{root}/step-00000009")
+
+
+def test_resolve_best_skips_a_corrupt_best_and_needs_a_monitor(root: str) -> None:
+    manager = CheckpointManager(root, monitor="eval_loss")
+    _save(manager, 1, eval_loss=0.3)
+    _save(manager, 2, eval_loss=0.1)
+    _flip_a_bit(f"{root}/step-00000002/model.bin")
+
+    assert manager.resolve("best").name == "step-00000001"
+    with pytest.raises(CheckpointError, match="monitor"):
+        CheckpointManager(root).resolve("best")
+
+
+# --- construction and imports ----------------------------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "argument"), [
+    ({"keep_last": 0}, "keep_last"),
+    ({"keep_best": -1}, "keep_best"),
+    ({"keep_best": 1}, "monitor"),
+    ({"mode": "lowest"}, "mode"),
+])
+def test_invalid_constructor_arguments_raise_value_error_naming_the_argument(
+        tmp_path: Any, kwargs: dict[str, Any], argument: str) -> None:
+    with pytest.raises(ValueError, match=argument):
+        CheckpointManager(str(tmp_path), **kwargs)
+
+
+def test_importing_the_checkpoint_module_loads_no_framework_and_not_fsspec() -> None:
+    probe = ("import json, sys\nimport hvdazure.core.checkpoint\n"
+             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
+             "{'torch', 'tensorflow', 'keras', 'horovod', 'azure', 'fsspec'})))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
