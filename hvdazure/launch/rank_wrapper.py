@@ -69,13 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     for pump in pumps:
         pump.start()
 
-    stopping = False
+    forwarded: int | None = None  # the last signal passed on to the command (the launcher stopping the job)
 
     def forward(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        if child.poll() is None:  # a signal after the command ended must not hide how it ended
-            stopping = True  # the launcher is stopping the job: this rank is not the one that failed
-            child.send_signal(signum)
+        nonlocal forwarded
+        forwarded = signum
+        child.send_signal(signum)  # harmless if the command has just exited
 
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, forward)
@@ -84,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     for pump in pumps:
         pump.join(timeout=5)
     code, detail = exit_code_of(returncode)
-    if code != 0 and not stopping:
+    # An exit the forwarded signal explains (killed by it, or exiting 128 + it after saving) is the
+    # launcher's doing, not a failure of this rank. Anything else is reported, signal or not.
+    if code != 0 and not (forwarded is not None and code == 128 + forwarded):
         follow_on = any(pump.saw_peer_shutdown for pump in pumps)
         _say(RankFailure(follow_on, exited_at, rank, code, detail).line())
     return code
