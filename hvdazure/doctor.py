@@ -13,9 +13,9 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
-from pathlib import Path
 
 from hvdazure._version import __version__
+from hvdazure.launch.command import find_executable
 
 SETUP_HINT = "run `make setup` (scripts/setup_env.sh) from the hvdazure repository"
 
@@ -75,14 +75,9 @@ def parse_check_build(text: str) -> HorovodBuild:
     return build
 
 
-def _horovodrun() -> str | None:
-    beside = Path(sys.executable).parent / "horovodrun"
-    return str(beside) if beside.exists() else shutil.which("horovodrun")
-
-
 def horovod_build() -> tuple[HorovodBuild | None, str | None]:
     """Horovod's compiled features, or None and the reason it could not be read."""
-    exe = _horovodrun()
+    exe = find_executable("horovodrun")
     if exe is None:
         return None, f"horovod is not installed; {SETUP_HINT}"
     try:

@@ -75,15 +75,26 @@ def rank_wrapper_command(command: Sequence[str], python: str = sys.executable) -
     return [python, "-m", RANK_WRAPPER_MODULE, "--", *command]
 
 
-def _executable(name: str) -> str:
-    """Prefer the tool next to this interpreter (the venv's horovodrun) over whatever PATH finds first."""
+def find_executable(name: str) -> str | None:
+    """The tool next to this interpreter (the venv's horovodrun) if there is one, else the one on PATH."""
     beside = Path(sys.executable).parent / name
-    if beside.exists():
-        return str(beside)
-    found = shutil.which(name)
+    return str(beside) if beside.exists() else shutil.which(name)
+
+
+def _executable(name: str) -> str:
+    found = find_executable(name)
     if found is None:
         raise FileNotFoundError(f"{name} not found on PATH; run `hvdazure doctor` for how to install it")
     return found
+
+
+def _host_args(spec: LaunchSpec) -> list[str]:
+    """Where the ranks go: the given hosts or hostfile, else all on this machine."""
+    if spec.hosts:
+        return ["-H", spec.hosts]
+    if spec.hostfile:
+        return ["--hostfile", spec.hostfile]
+    return ["-H", f"localhost:{spec.num_proc}"]
 
 
 def mpirun_command(spec: LaunchSpec, env: Mapping[str, str], is_root: bool) -> list[str]:
@@ -92,12 +103,7 @@ def mpirun_command(spec: LaunchSpec, env: Mapping[str, str], is_root: bool) -> l
     if is_root:
         cmd.append("--allow-run-as-root")  # containers (Docker, Azure ML) commonly run as root
     cmd += ["-np", str(spec.num_proc), "-bind-to", "none", "-map-by", "slot", "--tag-output"]
-    if spec.hosts:
-        cmd += ["-H", spec.hosts]
-    elif spec.hostfile:
-        cmd += ["--hostfile", spec.hostfile]
-    else:
-        cmd += ["-H", f"localhost:{spec.num_proc}"]
+    cmd += _host_args(spec)
     for name in sorted(env):
         if name in FORWARDED_VARS or name.startswith(FORWARDED_PREFIXES):
             cmd += ["-x", name]
@@ -106,14 +112,7 @@ def mpirun_command(spec: LaunchSpec, env: Mapping[str, str], is_root: bool) -> l
 
 def horovodrun_command(spec: LaunchSpec) -> list[str]:
     """The horovodrun command line for the Gloo controller."""
-    cmd = [_executable("horovodrun"), "--gloo", "-np", str(spec.num_proc)]
-    if spec.hosts:
-        cmd += ["-H", spec.hosts]
-    elif spec.hostfile:
-        cmd += ["--hostfile", spec.hostfile]
-    else:
-        cmd += ["-H", f"localhost:{spec.num_proc}"]
-    return cmd
+    return [_executable("horovodrun"), "--gloo", "-np", str(spec.num_proc), *_host_args(spec)]
 
 
 def build_command(spec: LaunchSpec, env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
