@@ -44,6 +44,18 @@ patch_text "$src/horovod/tensorflow/mpi_ops.cc" "status.error_message()" "std::s
 # TensorFlow 2.21 renamed DeviceBase::tensorflow_gpu_device_info() to tensorflow_accelerator_device_info().
 patch_text "$src/horovod/tensorflow/mpi_ops.cc" "tensorflow_gpu_device_info()" "tensorflow_accelerator_device_info()" \
   "TF 2.21 renamed tensorflow_gpu_device_info()"
+# GPU builds only (both texts sit under #if HAVE_GPU): TF 2.21 no longer exports
+# stream_executor::gpu::AsGpuStreamValue(), so define it from Stream::platform_specific_handle(). Compiled
+# against TF 2.21's headers; not yet run on a GPU.
+patch_text "$src/horovod/tensorflow/mpi_ops.cc" "GpuStreamHandle AsGpuStreamValue(Stream* stream);" "" \
+  "TF 2.21 dropped AsGpuStreamValue() (GPU builds only)"
+patch_text "$src/horovod/tensorflow/mpi_ops.cc" '#include "tensorflow/compiler/xla/stream_executor/stream.h"' \
+'#include "tensorflow/compiler/xla/stream_executor/stream.h"
+namespace stream_executor { namespace gpu {
+inline GpuStreamHandle AsGpuStreamValue(Stream* stream) {
+  return static_cast<GpuStreamHandle>(stream->platform_specific_handle().stream);
+}
+}}  // namespace stream_executor::gpu' "GPU stream from Stream::platform_specific_handle() (TF 2.21)"
 # TF 2.21 moved the XLA headers these ops include; XLA ops are an optional GPU-only feature we don't use.
 patch_text "$src/horovod/tensorflow/CMakeLists.txt" \
   'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")' "" \

@@ -44,11 +44,14 @@ class LRScheduleCallback(Callback):
 
     def __init__(self, schedule: LRSchedule) -> None:
         self.schedule = schedule
+        self._applied: float | None = None
 
     def on_step_begin(self, trainer: Trainer) -> None:
         lr = self.schedule.lr_at(trainer.schedule_step)
+        if lr != self._applied:  # a constant LR is set once, not every step
+            trainer.set_lr(lr)
+            self._applied = lr
         trainer.state.lr = lr
-        trainer.set_lr(lr)
 
 
 class EarlyStopping(Callback):

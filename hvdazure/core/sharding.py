@@ -98,10 +98,14 @@ class ShardPlan:
 
     def _micro_batches(self, order: np.ndarray, start: int) -> list[MicroBatch]:
         chunk = order[start : start + self.global_batch_size]
-        sizes = _even_split(len(chunk), self.world_size * self.grad_accum_steps)
-        offsets = np.concatenate([[0], np.cumsum(sizes)])
-        cells = (k * self.world_size + self.rank for k in range(self.grad_accum_steps))
-        return [MicroBatch(chunk[offsets[c] : offsets[c + 1]].tolist(), len(chunk)) for c in cells]
+        base, extra = divmod(len(chunk), self.world_size * self.grad_accum_steps)  # as _even_split
+        batches = []
+        for k in range(self.grad_accum_steps):
+            cell = k * self.world_size + self.rank
+            begin = cell * base + min(cell, extra)
+            end = begin + base + (1 if cell < extra else 0)
+            batches.append(MicroBatch(chunk[begin:end].tolist(), len(chunk)))
+        return batches
 
 
 def _even_split(total: int, parts: int) -> list[int]:

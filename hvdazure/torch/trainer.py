@@ -142,7 +142,8 @@ class TorchTrainer(Trainer):
         self._batches_at = (s.epoch, s.step_in_epoch + 1)
 
     def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator) -> None:
-        self.model.train()
+        if not self.model.training:  # after an evaluation (a recursive call; not needed every step)
+            self.model.train()
         for micro_batch, batch in zip(micro_batches, self._step_batches(len(micro_batches)), strict=True):
             self.micro_batch = micro_batch
             with self._autocast():

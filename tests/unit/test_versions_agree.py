@@ -1,0 +1,159 @@
+"""versions.env is the one place every pinned version lives: the Dockerfiles, the local setup script,
+requirements/ and setup.py must agree with it, so CI exercises the recipe the images are built from."""
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILES = {"cpu": ROOT / "docker/cpu/Dockerfile", "gpu": ROOT / "docker/gpu/Dockerfile"}
+# The versions.env keys each image is built from (the CPU image has no CUDA or NCCL).
+IMAGE_PINS = {
+    "cpu": {"PYTHON_VERSION", "TORCH_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION", "OPENMPI_VERSION"},
+    "gpu": {"PYTHON_VERSION", "TORCH_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION", "OPENMPI_VERSION",
+            "CUDA_VERSION", "NCCL_VERSION"},
+}
+REQUIREMENT_FILES = [ROOT / "requirements/base.txt", ROOT / "requirements/dev.txt",
+                     ROOT / "docker/requirements-image.txt"]
+
+
+def read_versions_env() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "versions.env").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            pins[key.strip()] = value.strip()
+    return pins
+
+
+def global_arg_defaults(dockerfile: Path) -> dict[str, str]:
+    """`ARG NAME=default` lines before the first FROM, with ${NAME} references to earlier ones expanded."""
+    args: dict[str, str] = {}
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("FROM "):
+            break
+        if match := re.match(r"ARG (\w+)=(\S+)$", line):
+            name, default = match.groups()
+            args[name] = re.sub(r"\$\{(\w+)\}", lambda ref: args[ref.group(1)], default)
+    return args
+
+
+def requirement_pins(path: Path) -> dict[str, str]:
+    """name -> pinned version, following `-r other.txt` includes."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-r"):
+            pins |= requirement_pins(path.parent / line[2:].strip())
+        elif line:
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier
+            pins[requirement.name.lower()] = spec.version
+    return pins
+
+
+def setup_py_requirements(group: str) -> list[Requirement]:
+    """install_requires for "install", else that extra's requirements."""
+    arguments = setup_py_arguments()
+    specs = arguments["install_requires"] if group == "install" else arguments["extras_require"][group]
+    return [Requirement(spec) for spec in specs]
+
+
+def setup_py_arguments() -> dict:
+    """The literal arguments of setup.py's setup(...) call, read without running it."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    call = next(node for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup")
+    arguments = {}
+    for keyword in call.keywords:
+        try:
+            arguments[keyword.arg] = ast.literal_eval(keyword.value)
+        except ValueError:
+            continue  # computed arguments (version, long_description) say nothing about pins
+    return arguments
+
+
+PINS = read_versions_env()
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_dockerfile_arg_defaults_equal_versions_env(image):
+    defaults = global_arg_defaults(DOCKERFILES[image])
+    keys = IMAGE_PINS[image]
+
+    assert {key: defaults.get(key) for key in keys} == {key: PINS[key] for key in keys}
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_dockerfiles_install_the_frameworks_from_the_pins_not_from_literals(image):
+    text = DOCKERFILES[image].read_text()
+    tensorflow = "tensorflow" if image == "gpu" else "tensorflow-cpu"
+
+    assert "torch==${TORCH_VERSION}+" in text
+    assert f"{tensorflow}==${{TENSORFLOW_VERSION}}" in text
+    assert '"openmpi-bin=${OPENMPI_VERSION}.*"' in text
+    assert "bash /opt/hvdazure/scripts/build_horovod.sh" in text
+    for key in ("TORCH_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION"):
+        assert text.count(PINS[key]) == 1, f"{PINS[key]} ({key}) written outside its ARG default"
+
+
+def test_cpu_image_is_based_on_the_pinned_python():
+    base = global_arg_defaults(DOCKERFILES["cpu"])["BASE_IMAGE"]
+
+    assert base.startswith(f"python:{PINS['PYTHON_VERSION']}-")
+
+
+def test_gpu_image_build_and_runtime_bases_are_the_pinned_cuda():
+    defaults = global_arg_defaults(DOCKERFILES["gpu"])
+    text = DOCKERFILES["gpu"].read_text()
+
+    for stage in ("BUILD_IMAGE", "RUNTIME_IMAGE"):
+        assert defaults[stage].startswith(f"nvidia/cuda:{PINS['CUDA_VERSION']}."), stage
+    assert defaults["BUILD_IMAGE"].replace("-devel-", "-runtime-") == defaults["RUNTIME_IMAGE"]
+    assert '"libnccl-dev=${NCCL_VERSION}.*+cuda${CUDA_VERSION}"' in text
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in text
+
+
+def test_local_setup_reads_the_same_pins():
+    setup_env = (ROOT / "scripts/setup_env.sh").read_text()
+
+    assert ". ./versions.env" in setup_env
+    assert '"torch==${TORCH_VERSION}" "tensorflow-cpu==${TENSORFLOW_VERSION}"' in setup_env
+    assert "scripts/build_horovod.sh" in setup_env
+    for key in ("TORCH_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION"):
+        assert PINS[key] not in setup_env
+
+
+@pytest.mark.parametrize("path", REQUIREMENT_FILES, ids=lambda path: path.name)
+def test_requirement_files_pin_exact_versions(path):
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-r"):
+            assert re.fullmatch(r"[\w.\-\[\]]+==[\w.]+", line), f"{path.name}: not an exact pin: {line}"
+
+
+def test_setup_py_admits_the_pinned_python():
+    python_requires = SpecifierSet(setup_py_arguments()["python_requires"])
+
+    assert python_requires.contains(PINS["PYTHON_VERSION"] + ".0")
+
+
+@pytest.mark.parametrize(("extra", "key"), [("torch", "TORCH_VERSION"), ("tensorflow", "TENSORFLOW_VERSION")])
+def test_setup_py_framework_extras_admit_the_pinned_framework(extra, key):
+    (framework,) = [r for r in setup_py_requirements(extra) if r.name == extra]
+
+    assert framework.specifier.contains(PINS[key]), f"{framework} does not admit {PINS[key]}"
+
+
+@pytest.mark.parametrize(("group", "requirements"), [("install", "base.txt"), ("dev", "dev.txt")])
+def test_setup_py_ranges_admit_the_requirement_pins(group, requirements):
+    pins = requirement_pins(ROOT / "requirements" / requirements)
+
+    for requirement in setup_py_requirements(group):
+        pinned = pins.get(requirement.name.lower())
+        if pinned:  # a range without a pin (none today) is left to the resolver
+            assert requirement.specifier.contains(pinned), f"{requirement} does not admit {pinned}"
