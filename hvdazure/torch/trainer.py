@@ -149,7 +149,7 @@ class TorchTrainer(Trainer):
             with self._autocast():
                 loss, metrics = _loss_and_metrics(self.training_step(self.model, batch))
             weight = micro_batch.weight * self._rank_factor  # 0 for an empty (stand-in) micro-batch
-            scaled = loss * weight
+            scaled = loss if weight == 1.0 else loss * weight  # 1.0: a full step without accumulation
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             meter.add({"loss": loss.detach(), **metrics}, len(micro_batch.indices))
         self._optimizer_step()
