@@ -58,7 +58,7 @@ def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
                 os.fsync(f.fileno())
 
     def managed_load() -> None:
-        files = manager.read_files(manager.latest_valid()[0])
+        _, files, _ = manager.read_latest_valid()  # what a resume does: each file read and hashed once
         torch.load(io.BytesIO(files["model.pt"]), weights_only=True)
         torch.load(io.BytesIO(files["optimizer.pt"]), weights_only=True)
 

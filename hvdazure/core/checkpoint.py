@@ -32,6 +32,7 @@ import math
 import os
 import posixpath
 import re
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -342,6 +343,9 @@ class CheckpointManager:
         return f"{self.directory}/{name}"
 
 
+_PARALLEL_HASH_BYTES = 1 << 20
+
+
 class _HashingWriter(io.RawIOBase):
     """The binary stream a file callback writes to: passes bytes on to storage, hashing them on the way."""
 
@@ -356,8 +360,16 @@ class _HashingWriter(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self._raw.write(view)
-        self.sha256.update(view)
+        if view.nbytes < _PARALLEL_HASH_BYTES:
+            self._raw.write(view)
+            self.sha256.update(view)
+        else:  # hash while the bytes are written: both release the GIL, and the buffer does not change
+            hashing = threading.Thread(target=self.sha256.update, args=(view,))
+            hashing.start()
+            try:
+                self._raw.write(view)
+            finally:
+                hashing.join()
         self.bytes += view.nbytes
         return view.nbytes
 

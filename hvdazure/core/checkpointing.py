@@ -10,10 +10,12 @@ ranks never need access to the files (multi-node without shared storage).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import platform
 import random
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -68,47 +70,74 @@ class TrainerCheckpoints:
         self.manager = CheckpointManager(directory, keep_last=c.keep_last, keep_best=c.keep_best,
                                          monitor=c.monitor, mode=c.monitor_mode) if trainer.is_main else None
         self.last_saved_step: int | None = None
+        self._pending: threading.Thread | None = None  # rank 0's write in progress
+        self._outcome: dict[str, Any] = {}  # rank 0: how the last write ended
 
     # --- saving ------------------------------------------------------------------------------------------
-    def save(self, reason: str) -> str:
-        """Write a checkpoint of the current step; called by all ranks together. Returns its name."""
+    def save(self, reason: str, wait: bool = True) -> str | None:
+        """Checkpoint the current step; called by all ranks together. Rank 0 snapshots the state in memory
+        and writes it, in a background thread when `wait` is False (training goes on meanwhile; the outcome
+        is collected, on every rank, at the next save or `finish_pending`). Returns the name once written."""
         t = self.trainer
+        self.finish_pending()
         rngs = [json.loads(b) for b in t._allgather_bytes(json.dumps(self._rng_state()).encode())]
-        outcome: dict[str, Any] = {}
         if t.is_main:
             try:
-                outcome["name"] = self._write(reason, rngs)
-            except Exception as exc:  # reported on every rank below, never a hang
-                outcome["error"] = f"saving a checkpoint to {self.directory} failed: {exc}"
-        outcome = json.loads(t._broadcast_bytes(json.dumps(outcome).encode() if t.is_main else None))
+                step, files, manifest = self._snapshot(reason, rngs)
+                self._pending = threading.Thread(target=self._write, args=(step, files, manifest, reason),
+                                                 name="hvdazure-checkpoint", daemon=True)
+                self._pending.start()
+            except Exception as exc:  # reported on every rank by finish_pending, never a hang
+                self._outcome = {"error": f"saving a checkpoint to {self.directory} failed: {exc}"}
+        self.last_saved_step = t.state.step
+        return self.finish_pending() if wait else None
+
+    def finish_pending(self) -> str | None:
+        """Wait for rank 0's write in progress (if any) and share its outcome; every rank calls this at
+        the same point. Raises CheckpointError on every rank if the write failed."""
+        t = self.trainer
+        if t.is_main:
+            self._join()
+        outcome = json.loads(t._broadcast_bytes(json.dumps(self._outcome).encode() if t.is_main else None))
+        self._outcome = {}
         if "error" in outcome:
             raise CheckpointError(outcome["error"])
-        self.last_saved_step = t.state.step
-        return outcome["name"]
+        return outcome.get("name")
 
     def save_emergency(self, reason: str) -> str | None:
         """Rank 0 alone, no collectives (peers may be gone): best effort after an error in the loop."""
-        if not self.trainer.is_main or self.last_saved_step == self.trainer.state.step:
+        if not self.trainer.is_main:
+            return None
+        self._join()
+        if self.last_saved_step == self.trainer.state.step and "error" not in self._outcome:
             return None
         try:
-            return self._write(reason, [self._rng_state()])
+            step, files, manifest = self._snapshot(reason, [self._rng_state()])
+            self._write(step, files, manifest, reason)
         except Exception as exc:
             logger.error(f"could not save a checkpoint after the error: {exc}")
-            return None
+        return self._outcome.get("name")
 
-    def _write(self, reason: str, rngs: list[dict[str, Any]]) -> str:
+    def _join(self) -> None:
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+
+    def _snapshot(self, reason: str,
+                  rngs: list[dict[str, Any]]) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        """Everything a checkpoint holds, copied now: the model may change while it is written."""
         t, s = self.trainer, self.trainer.state
-        assert self.manager is not None
         state = {
             "state": s.to_dict(),
             "epoch_train": t._epoch_train.to_dict(),
             "callbacks": {key: cb.state_dict() for key, cb in t.stateful_callbacks().items()},
             "framework": t._framework_state(),
         }
-        files = {**t._state_writers(), STATE_FILE: _json_writer(state), RNG_FILE: _json_writer(rngs)}
+        files = {**t._state_writers(), STATE_FILE: _json_writer(copy.deepcopy(state)),
+                 RNG_FILE: _json_writer(rngs)}
         metrics = {**{f"train_{k}": v for k, v in s.train_metrics.items()},
                    **{f"eval_{k}": v for k, v in s.eval_metrics.items()}}
-        manifest = {
+        manifest = copy.deepcopy({
             "framework": t.framework_name, "reason": reason, "epoch": s.epoch,
             "step_in_epoch": s.step_in_epoch, "samples_in_epoch": s.samples_in_epoch,
             "samples_seen": s.samples_seen, "world_size": t.world_size,
@@ -116,10 +145,18 @@ class TrainerCheckpoints:
             "metrics": metrics, "config": t.config.to_dict(), "world_size_history": s.world_size_history,
             "versions": {"hvdazure": __version__, "python": platform.python_version(),
                          **t.framework_versions()},
-        }
-        checkpoint = self.manager.save(s.step, files, manifest)
-        logger.info(f"saved checkpoint {checkpoint.name} ({reason})")
-        return checkpoint.name
+        })
+        return s.step, files, manifest
+
+    def _write(self, step: int, files: dict[str, Any], manifest: dict[str, Any], reason: str) -> None:
+        """Rank 0's storage work (no collectives): its outcome is kept for finish_pending."""
+        assert self.manager is not None
+        try:
+            checkpoint = self.manager.save(step, files, manifest)
+            logger.info(f"saved checkpoint {checkpoint.name} ({reason})")
+            self._outcome = {"name": checkpoint.name}
+        except Exception as exc:
+            self._outcome = {"error": f"saving a checkpoint to {self.directory} failed: {exc}"}
 
     def _rng_state(self) -> dict[str, Any]:
         return {**python_rng_state(), "framework": self.trainer._framework_rng_state()}
@@ -206,11 +243,11 @@ class CheckpointCallback(Callback):
 
     def on_step_end(self, trainer: Trainer) -> None:
         if self.every_steps and trainer.state.step % self.every_steps == 0:
-            trainer.save_checkpoint("every_steps")
+            trainer.save_checkpoint("every_steps", wait=not trainer.config.checkpoint_async)
 
     def on_epoch_end(self, trainer: Trainer) -> None:
         completed = trainer.state.history[-1]["epoch"] + 1
         already = self.checkpoints.last_saved_step == trainer.state.step  # e.g. by every_steps, this step
         if self.every_epochs and completed % self.every_epochs == 0 and trainer.state.samples_in_epoch == 0 \
                 and not already:
-            trainer.save_checkpoint("every_epochs")
+            trainer.save_checkpoint("every_epochs", wait=not trainer.config.checkpoint_async)

@@ -64,6 +64,7 @@ class TrainConfig:
     checkpoint_every_epochs: int | None = 1
     keep_last: int = 3  # newest checkpoints kept
     keep_best: int = 0  # best checkpoints kept by `monitor`, in addition
+    checkpoint_async: bool = True  # rank 0 writes in the background after an in-memory copy
     resume: str | None = None  # "auto": newest valid checkpoint in checkpoint_dir, if any; or a path
     tensorboard: bool = False
     mlflow: bool = False

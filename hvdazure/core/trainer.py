@@ -150,12 +150,13 @@ class Trainer(ABC):
                 keyed[f"{name}#{sum(k.startswith(name + '#') for k in keyed)}"] = callback
         return keyed
 
-    def save_checkpoint(self, reason: str = "manual") -> str:
-        """Write a checkpoint now; every rank must call this at the same step. Returns its name."""
+    def save_checkpoint(self, reason: str = "manual", wait: bool = True) -> str | None:
+        """Checkpoint now; every rank must call this at the same step. With wait=False rank 0 writes in the
+        background and training goes on; the name is returned once written (wait=True)."""
         if self._checkpoints is None:
             raise CheckpointError("checkpointing is off: set checkpoint_dir")
         self._sync()  # the interval's metrics go into the epoch's means, which the checkpoint keeps
-        return self._checkpoints.save(reason)
+        return self._checkpoints.save(reason, wait=wait)
 
     # --- the loop ------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
@@ -172,8 +173,10 @@ class Trainer(ABC):
                 if self._checkpoints is not None:  # peers may be gone: rank 0 saves alone, if it can
                     self._checkpoints.save_emergency(f"error: {type(exc).__name__}")
                 raise
-            if self._checkpoints is not None and self._checkpoints.last_saved_step != self.state.step:
-                self.save_checkpoint("final")
+            if self._checkpoints is not None:
+                if self._checkpoints.last_saved_step != self.state.step:
+                    self.save_checkpoint("final")
+                self._checkpoints.finish_pending()  # a background write of this very step
             self._emit("on_train_end")
         return self.state.history
 

@@ -215,8 +215,11 @@ class TorchTrainer(Trainer):
 
     # --- checkpoint content -------------------------------------------------------------------------------
     def _state_writers(self) -> dict[str, Callable[[BinaryIO], None]]:
-        return {"model.pt": lambda file: torch.save(self.model.state_dict(), file),
-                "optimizer.pt": lambda file: torch.save(self.optimizer.state_dict(), file)}
+        # copies taken now, on the CPU: training may go on while a background thread writes them
+        model_state = _cpu_copy(self.model.state_dict())
+        optimizer_state = _cpu_copy(self.optimizer.state_dict())
+        return {"model.pt": lambda file: torch.save(model_state, file),
+                "optimizer.pt": lambda file: torch.save(optimizer_state, file)}
 
     def _load_state_files(self, files: dict[str, bytes]) -> None:
         # weights_only: tensors and plain containers only, never arbitrary pickled objects
@@ -266,3 +269,14 @@ def _loss_and_metrics(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         return output["loss"], metrics
     raise TypeError("training_step must return a loss tensor or a dict with 'loss', got "
                     f"{type(output).__name__}")
+
+
+def _cpu_copy(value: Any) -> Any:
+    """A copy of a (nested) state dict whose tensors are fresh CPU tensors."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _cpu_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_cpu_copy(v) for v in value)
+    return value

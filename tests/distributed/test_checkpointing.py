@@ -196,3 +196,16 @@ def test_resuming_from_a_missing_path_fails_on_every_rank_without_hanging(tmp_pa
     assert job.returncode != 0, job.output
     assert "/no/such/checkpoint" in job.stderr
     assert not job.reports
+
+
+@pytest.mark.parametrize("mode", ["checkpoint_async=true", "checkpoint_async=false"])
+def test_a_failing_save_on_rank0_is_an_error_on_every_rank_not_a_hang(tmp_path, mode):
+    unwritable = "/proc/hvdazure-cannot-write-here"  # not even root can create a directory in /proc
+    job = run_job(JOB, *_args((*BASE, f"checkpoint_dir={unwritable}", mode)), out_dir=tmp_path, timeout=90)
+
+    assert job.returncode != 0, job.output
+    message = f"saving a checkpoint to {unwritable} failed"
+    for rank in (0, 1):
+        lines = [line for line in job.stderr.splitlines() if line.startswith(f"[{rank}]<stderr>:")]
+        assert any(message in line for line in lines), job.stderr
+    assert not job.reports

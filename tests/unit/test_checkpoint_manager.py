@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import posixpath
 import subprocess
 import sys
@@ -108,6 +109,20 @@ def test_manifest_records_format_version_step_created_and_each_files_sha256_and_
         "model.bin": {"sha256": hashlib.sha256(_weights(7)).hexdigest(), "bytes": len(_weights(7))},
         "state.json": {"sha256": hashlib.sha256(state).hexdigest(), "bytes": len(state)},
     }
+
+
+def test_large_writes_hashed_alongside_the_write_give_the_right_sha256(root: str) -> None:
+    chunks = [os.urandom(3 << 20), b"small", os.urandom(2 << 20)]  # big writes take the parallel path
+
+    def write(file: Any) -> None:
+        for chunk in chunks:
+            file.write(chunk)
+
+    checkpoint = CheckpointManager(root).save(1, {"big.bin": write}, {})
+    data = b"".join(chunks)
+    assert checkpoint.manifest["files"]["big.bin"] == {"sha256": hashlib.sha256(data).hexdigest(),
+                                                       "bytes": len(data)}
+    assert CheckpointManager(root).read_files(checkpoint)["big.bin"] == data
 
 
 def test_latest_names_the_newest_checkpoint(root: str) -> None:
