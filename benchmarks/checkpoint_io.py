@@ -24,9 +24,10 @@ from pathlib import Path
 
 import horovod.torch as hvd
 import torch
+from step_clock import StepClock
 from torch.utils.data import TensorDataset
 
-from hvdazure import Callback, TrainConfig
+from hvdazure import TrainConfig
 from hvdazure.core.checkpoint import CheckpointManager
 from hvdazure.torch import TorchTrainer
 
@@ -73,17 +74,6 @@ def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
     return times
 
 
-class StepTimer(Callback):
-    def __init__(self) -> None:
-        self.durations: list[float] = []
-
-    def on_step_begin(self, trainer) -> None:
-        self.start = time.perf_counter()
-
-    def on_step_end(self, trainer) -> None:  # runs after the checkpoint callback (user callbacks come last)
-        self.durations.append(time.perf_counter() - self.start)
-
-
 class StallTrainer(TorchTrainer):
     def build_model(self):
         return big_model(self.config.extra["mb"])
@@ -101,7 +91,7 @@ class StallTrainer(TorchTrainer):
 
 
 def stall(mb: int, every: int, root: Path) -> dict[str, float]:
-    timer = StepTimer()
+    timer = StepClock()
     config = TrainConfig(epochs=1, batch_size=32, lr=1e-6, progress_bar=False, log_every=1000,
                          checkpoint_dir=str(root / "stall"), checkpoint_every_steps=every,
                          checkpoint_every_epochs=None, keep_last=1, extra={"mb": mb})

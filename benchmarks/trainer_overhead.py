@@ -20,10 +20,11 @@ from pathlib import Path
 
 import horovod.torch as hvd
 import torch
+from step_clock import StepClock
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from hvdazure import Callback, TrainConfig
+from hvdazure import TrainConfig
 from hvdazure.torch import TorchTrainer
 
 FEATURES, HIDDEN, CLASSES, SAMPLES = 256, 512, 10, 8192
@@ -74,21 +75,6 @@ def hand_written(epochs: int, batch_size: int, lr: float, log_every: int) -> lis
             durations.append(now - mark)
             mark = now
     return durations
-
-
-class StepClock(Callback):
-    """Wall time from one step's start to the next's: the loop, data loading and callbacks included."""
-
-    def __init__(self) -> None:
-        self.durations: list[float] = []
-
-    def on_epoch_start(self, trainer) -> None:
-        self.mark = time.perf_counter()
-
-    def on_step_end(self, trainer) -> None:
-        now = time.perf_counter()
-        self.durations.append(now - self.mark)
-        self.mark = now
 
 
 class BenchTrainer(TorchTrainer):
