@@ -226,12 +226,14 @@ class CheckpointManager:
         ranked = self._by_metric(self.checkpoints())
         return ranked[0] if ranked else None
 
-    def open(self, path: str) -> Checkpoint:
-        """The checkpoint in directory `path` (a path or URL), verified; CheckpointError if it is invalid."""
+    def open(self, path: str, verify: bool = True) -> Checkpoint:
+        """The checkpoint in directory `path` (a path or URL), verified unless `verify` is False (for a
+        caller about to read_files, which verifies as it reads); CheckpointError if it is invalid."""
         fs, root = _url_to_fs(path)
         url = path.rstrip("/")
         checkpoint = Checkpoint(posixpath.basename(root.rstrip("/")), url, _read_manifest(fs, root, url))
-        self.verify(checkpoint)
+        if verify:
+            self.verify(checkpoint)
         return checkpoint
 
     def resolve(self, which: str) -> Checkpoint:

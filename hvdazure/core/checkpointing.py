@@ -195,8 +195,8 @@ class TrainerCheckpoints:
             if checkpoint is None:
                 return {"name": None, "warnings": warnings}, {}
         else:
-            checkpoint = self.manager.open(which)
-            files = self.manager.read_files(checkpoint)
+            checkpoint = self.manager.open(which, verify=False)
+            files = self.manager.read_files(checkpoint)  # verifies each file as it reads it, once
         decision = {"name": checkpoint.name, "manifest": checkpoint.manifest, "warnings": warnings,
                     "state": json.loads(files[STATE_FILE]), "rng": json.loads(files[RNG_FILE])}
         return decision, files

@@ -209,3 +209,14 @@ def test_a_failing_save_on_rank0_is_an_error_on_every_rank_not_a_hang(tmp_path, 
         lines = [line for line in job.stderr.splitlines() if line.startswith(f"[{rank}]<stderr>:")]
         assert any(message in line for line in lines), job.stderr
     assert not job.reports
+
+
+def test_resume_from_an_explicit_checkpoint_path_without_a_checkpoint_dir(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    train(tmp_path, "first", *BASE, f"checkpoint_dir={ckpt}", "max_steps=7")
+    chosen = ckpt / "step-00000006"
+
+    resumed = train(tmp_path, "resumed", *BASE, f"resume={chosen}")
+
+    assert "resumed from step-00000006 at epoch 2, step 6" in resumed.stderr
+    assert resumed.reports[0]["lrs"] and len(resumed.reports[0]["lrs"]) == 15 - 6
