@@ -98,26 +98,24 @@ class ShardPlan:
 
     def _micro_batches(self, order: np.ndarray, start: int) -> list[MicroBatch]:
         chunk = order[start : start + self.global_batch_size]
-        base, extra = divmod(len(chunk), self.world_size * self.grad_accum_steps)  # as _even_split
+        cells = self.world_size * self.grad_accum_steps
         batches = []
         for k in range(self.grad_accum_steps):
-            cell = k * self.world_size + self.rank
-            begin = cell * base + min(cell, extra)
-            end = begin + base + (1 if cell < extra else 0)
+            begin, end = _piece(len(chunk), cells, k * self.world_size + self.rank)
             batches.append(MicroBatch(chunk[begin:end].tolist(), len(chunk)))
         return batches
 
 
-def _even_split(total: int, parts: int) -> list[int]:
-    """Sizes of `parts` consecutive pieces of `total`, full-size first: a full step splits exactly evenly."""
+def _piece(total: int, parts: int, index: int) -> tuple[int, int]:
+    """Bounds of piece `index` when `total` is cut into `parts` consecutive pieces whose sizes differ by at
+    most one, larger first: a total that divides evenly is split exactly evenly."""
     base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
+    begin = index * base + min(index, extra)
+    return begin, begin + base + (1 if index < extra else 0)
 
 
 def eval_range(num_samples: int, world_size: int, rank: int) -> range:
     """This rank's contiguous slice of the evaluation set (sizes differ by at most one; none padded)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
-    sizes = _even_split(num_samples, world_size)
-    start = sum(sizes[:rank])
-    return range(start, start + sizes[rank])
+    return range(*_piece(num_samples, world_size, rank))
