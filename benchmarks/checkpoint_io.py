@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import statistics
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import horovod.torch as hvd
 import torch
-from step_clock import StepClock
+from common import StepClock, write_result
 from torch.utils.data import TensorDataset
 
 from hvdazure import TrainConfig
@@ -134,9 +133,7 @@ def main() -> int:
         print(f"training, {hvd.size()} ranks, checkpoint every {s['every_steps']} steps: step "
               f"{s['median_step_s'] * 1e3:.1f} ms, checkpoint step "
               f"{s['median_checkpoint_step_s'] * 1e3:.1f} ms, stall {s['stall_s'] * 1e3:.1f} ms")
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
+        write_result(args.json, result)
     return 0
 
 

@@ -10,7 +10,6 @@ output re-emitted line by line) and the supervisor; it is paid once per job, not
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -18,6 +17,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import write_result
 
 JOB = """
 import horovod.torch as hvd, torch
@@ -73,9 +74,7 @@ def main() -> int:
     for row in rows:
         print(f"{row['controller']:<11}{row['bare_median_s']:>10.2f}{row['hvdazure_median_s']:>14.2f}"
               f"{row['overhead_s']:>14.2f}{row['ratio']:>8.2f}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"benchmark": "launch_overhead", "rows": rows, "raw_s": times}, indent=2))
-    print(f"wrote {args.json}")
+    write_result(args.json, {"benchmark": "launch_overhead", "rows": rows, "raw_s": times})
     return 0
 
 

@@ -12,7 +12,6 @@ prints a table and writes JSON. Target: the trainer's time per step within 2% of
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import horovod.torch as hvd
 import torch
-from step_clock import StepClock
+from common import StepClock, write_result
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -138,9 +137,7 @@ def main() -> int:
             "median_ms_per_step": {"hand-written": hand, "TorchTrainer": ours},
             "ratio": ours / hand,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.json}")
+        write_result(args.json, result)
     return 0
 
 

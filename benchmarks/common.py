@@ -1,8 +1,10 @@
-"""A callback that times every training step, for the benchmarks."""
+"""What the benchmarks share: a step timer and the JSON report."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 from hvdazure import Callback
 
@@ -21,3 +23,10 @@ class StepClock(Callback):
         now = time.perf_counter()
         self.durations.append(now - self.mark)
         self.mark = now
+
+
+def write_result(path: Path, result: dict) -> None:
+    """Write a benchmark's result as JSON (creating its folder) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
