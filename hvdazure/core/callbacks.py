@@ -13,8 +13,6 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from hvdazure.core.lr import LRSchedule
-
 if TYPE_CHECKING:
     from hvdazure.core.trainer import Trainer
 
@@ -40,14 +38,13 @@ class Callback:
 
 
 class LRScheduleCallback(Callback):
-    """Sets the LR of every optimizer step: warmup, then the configured schedule (core/lr.py)."""
+    """Sets the LR of every optimizer step from `trainer.schedule`: warmup, then the configured schedule."""
 
-    def __init__(self, schedule: LRSchedule) -> None:
-        self.schedule = schedule
+    def __init__(self) -> None:
         self._applied: float | None = None
 
     def on_step_begin(self, trainer: Trainer) -> None:
-        lr = self.schedule.lr_at(trainer.schedule_step)
+        lr = trainer.schedule.lr_at(trainer.schedule_step)
         if lr != self._applied:  # a constant LR is set once, not every step
             trainer.set_lr(lr)
             self._applied = lr

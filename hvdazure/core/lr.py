@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from hvdazure.core.config import TrainConfig
 
@@ -23,6 +24,14 @@ def scaled_lr(lr: float, global_batch_size: int, base_batch_size: int, scaling: 
     if scaling == "none":
         return lr
     raise ValueError(f"lr_scaling must be none, linear or sqrt, got {scaling!r}")
+
+
+def warmup_epochs_to_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
+    """Optimizer steps covering `warmup_epochs` epochs, rounded up (never 0 when warmup is asked for).
+
+    The product is taken on the decimal value the user wrote (1.1, not 1.100000000000000088...): in binary
+    floating point 1.1 x 50 is 55.000000000000007, which would round up to 56."""
+    return math.ceil(Fraction(repr(warmup_epochs)) * steps_per_epoch)
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,7 @@ class LRSchedule:
         total = config.epochs * steps_per_epoch
         if config.max_steps is not None:
             total = min(total, config.max_steps)
-        warmup = config.warmup_steps or math.ceil(config.warmup_epochs * steps_per_epoch)  # never 0 if asked
+        warmup = config.warmup_steps or warmup_epochs_to_steps(config.warmup_epochs, steps_per_epoch)
         return cls(start_lr=config.lr, peak_lr=peak, warmup_steps=warmup, total_steps=total,
                    steps_per_epoch=steps_per_epoch, schedule=config.schedule,
                    min_lr=config.min_lr * peak / config.lr, step_size_epochs=config.step_size_epochs,

@@ -1,69 +1,147 @@
-"""Metric accumulation across steps and ranks, with one fused allreduce per reduction.
+"""Metric accumulation across steps and ranks, with one fused collective per reduction.
 
 Each rank adds per-batch means with their sample counts (values may stay device tensors: nothing is
-synchronised until `reduce`). `reduce` sends every sum, the sample count and any extra flags in a single
-allreduce(sum), so the result is the exact mean over all samples on all ranks, identical on every rank.
+synchronised until `reduce`), summed in float64 whatever the batch's dtype. `reduce` sends every rank's
+sums, per-metric sample counts, total sample count and any extra flags in a single allgather, and every
+rank adds the rows up in rank order: the result is the exact mean over all samples on all ranks, identical
+on every rank.
+
+Ranks need not report the same metrics (a metric logged on some batches only, a rank left without samples):
+each row carries a fingerprint of its metric names, and when the rows disagree the ranks exchange the names
+(a second collective, entered by all ranks since all see the same rows) and average each metric over the
+samples that reported it. Values are matched by name, never by position, so two different sets of metrics
+are never summed together and no rank waits on a collective the others do not enter.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-# Sums a list of numbers (floats or framework scalars) elementwise across ranks, returning floats.
-AllreduceSum = Callable[[Sequence[Any]], list[float]]
+from hvdazure.core.rank_logging import logger
+
+# Every rank's row of numbers (floats or framework scalars), on every rank, in rank order.
+GatherRows = Callable[[Sequence[Any]], list[list[float]]]
+# Every rank's list of metric names, on every rank, in rank order.
+GatherNames = Callable[[list[str]], list[list[str]]]
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """The outcome of a reduction, identical on every rank."""
+
+    means: dict[str, float]  # each metric's mean over the samples, on all ranks, that reported it
+    counts: dict[str, int]  # how many samples reported each metric
+    count: int  # samples added on all ranks
+    flags: list[float]  # each flag summed over ranks
+
+
+def names_fingerprint(names: Sequence[str]) -> float:
+    """48 bits of a hash of the metric names, exact as a float64 (a row is a vector of float64)."""
+    digest = hashlib.sha256("\0".join(names).encode()).digest()
+    return float(int.from_bytes(digest[:6], "big"))
 
 
 class MetricAccumulator:
-    """Sample-weighted sums of named metrics since the last `reduce`."""
+    """Sample-weighted sums of named metrics since the last `reduce`.
 
-    def __init__(self) -> None:
+    `to_float64` converts one value to float64 without leaving its device (the binding's cast): a bf16 loss
+    summed over thousands of batches in bf16 would lose all but 3 significant digits."""
+
+    def __init__(self, to_float64: Callable[[Any], Any] = float) -> None:
+        self._to_float64 = to_float64
         self._sums: dict[str, Any] = {}
-        self._count = 0
+        self._counts: dict[str, int] = {}
+        self._samples = 0
 
     def add(self, metrics: Mapping[str, Any], count: int) -> None:
-        """Add one batch's metrics (means over its `count` samples). A count of 0 registers the names only,
-        so that every rank reduces the same list even when it had no samples."""
-        for name, value in metrics.items():
-            if count:
-                self._sums[name] = self._sums.get(name, 0.0) + value * count
-            else:  # a stand-in batch's value must not reach the sum, not even as nan * 0
-                self._sums.setdefault(name, 0.0)
-        self._count += count
+        """Add one batch's metrics (means over its `count` samples). A batch of no samples adds nothing."""
+        if count:
+            for name, value in metrics.items():
+                self._sums[name] = self._sums.get(name, 0.0) + self._to_float64(value) * count
+                self._counts[name] = self._counts.get(name, 0) + count
+        self._samples += count
 
     @property
     def names(self) -> list[str]:
         return sorted(self._sums)
 
-    def reduce(self, allreduce_sum: AllreduceSum, flags: Sequence[float] = ()) -> tuple[dict[str, float], int,
-                                                                                         list[float]]:
-        """(global means, global sample count, summed flags) in one collective; then start afresh.
-        Every rank must call this at the same point with the same metric names."""
+    def row(self, flags: Sequence[float] = ()) -> list[Any]:
+        """What this rank contributes: fingerprint, sample count, flags, then each metric's sum and count."""
         names = self.names
-        totals = allreduce_sum([*(self._sums[n] for n in names), float(self._count), *flags])
-        count = round(totals[len(names)])
-        means = {n: totals[i] / count if count else float("nan") for i, n in enumerate(names)}
-        self._sums, self._count = {}, 0
-        return means, count, list(totals[len(names) + 1 :])
+        return [names_fingerprint(names), float(self._samples), *flags, *(self._sums[n] for n in names),
+                *(float(self._counts[n]) for n in names)]
+
+    def reduce(self, gather_rows: GatherRows, gather_names: GatherNames,
+               flags: Sequence[float] = ()) -> Reduced:
+        """Global means, sample count and summed flags; then start afresh. Every rank calls this at the same
+        point with the same number of flags."""
+        names = self.names
+        rows = gather_rows(self.row(flags))
+        self._sums, self._counts, self._samples = {}, {}, 0
+        return combine_rows(rows, names, len(flags), gather_names)
+
+
+def combine_rows(rows: list[list[float]], names: list[str], num_flags: int,
+                 gather_names: GatherNames) -> Reduced:
+    """Add up every rank's row (see MetricAccumulator.row), in rank order. `names` are this rank's."""
+    head = 2 + num_flags
+    if len({(row[0], len(row)) for row in rows}) == 1:  # every rank reports the same metrics
+        names_by_rank = [names] * len(rows)
+    else:
+        names_by_rank = gather_names(names)
+        _note_differing_metrics(names_by_rank)
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for row, rank_names in zip(rows, names_by_rank, strict=True):
+        n = len(rank_names)
+        for i, name in enumerate(rank_names):
+            sums[name] = sums.get(name, 0.0) + row[head + i]
+            counts[name] = counts.get(name, 0.0) + row[head + n + i]
+    reported = sorted(name for name in sums if counts[name])
+    flags = [sum(row[2 + i] for row in rows) for i in range(num_flags)]
+    return Reduced(means={name: sums[name] / counts[name] for name in reported},
+                   counts={name: round(counts[name]) for name in reported},
+                   count=round(sum(row[1] for row in rows)), flags=flags)
+
+
+_noted: set[tuple[tuple[str, ...], ...]] = set()
+
+
+def _note_differing_metrics(names_by_rank: list[list[str]]) -> None:
+    """Say once (rank 0) that ranks report different metrics: often a metric returned on some batches only."""
+    distinct = tuple(sorted({tuple(names) for names in names_by_rank if names}))
+    if len(distinct) > 1 and distinct not in _noted:
+        _noted.add(distinct)
+        described = "; ".join(f"rank {rank}: {', '.join(names) or '(none)'}"
+                              for rank, names in enumerate(names_by_rank))
+        logger.info(f"ranks report different metrics ({described}); each metric is averaged over the "
+                    "samples that reported it")
 
 
 class RunningMean:
-    """Means over many reduced intervals (already global), weighted by their sample counts."""
+    """Means over many reduced intervals (already global), each metric weighted by its sample counts."""
 
     def __init__(self) -> None:
         self._sums: dict[str, float] = {}
-        self._count = 0
+        self._counts: dict[str, int] = {}
 
-    def add(self, means: Mapping[str, float], count: int) -> None:
-        for name, value in means.items():
+    def add(self, reduced: Reduced) -> None:
+        for name, value in reduced.means.items():
+            count = reduced.counts[name]
             self._sums[name] = self._sums.get(name, 0.0) + value * count
-        self._count += count
+            self._counts[name] = self._counts.get(name, 0) + count
 
     def means(self) -> dict[str, float]:
-        return {n: s / self._count for n, s in self._sums.items()} if self._count else {}
+        return {n: s / self._counts[n] for n, s in self._sums.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sums": dict(self._sums), "count": self._count}
+        return {"sums": dict(self._sums), "counts": dict(self._counts)}
 
     def load_dict(self, data: Mapping[str, Any]) -> None:
-        self._sums, self._count = dict(data["sums"]), int(data["count"])
+        self._sums = dict(data["sums"])
+        counts = data.get("counts")  # checkpoints before per-metric counts kept one count for all
+        self._counts = {n: int(counts[n]) for n in self._sums} if counts is not None else \
+            dict.fromkeys(self._sums, int(data["count"]))

@@ -8,9 +8,12 @@ rank r is the next `batch_size` positions in (k, r) order.
 
 The remainder is neither dropped nor padded: the last step holds the N mod G samples left, split as evenly
 as possible over micro-batches and ranks, so every sample is used exactly once per epoch and none twice.
-A (rank, micro-batch) cell can be left empty; such a rank still runs the step on a stand-in sample whose
-loss weight is 0, so every rank runs the same number of steps and collectives (no hang), and each cell's
-`weight` (its share of the step's samples) makes the averaged gradient the exact mean over the step.
+A cell gets at least 2 samples whenever the step holds enough to allow it within `batch_size` (layers such
+as BatchNorm cannot train on one sample), so a short last step may use fewer cells. A (rank, micro-batch)
+cell can be left empty: that rank runs no forward pass for it but still takes part in the step's
+gradient allreduce (with zeros), so every rank runs the same number of steps and collectives (no hang),
+and each cell's `loss_weight` (its share of the step's samples) makes the averaged gradient the exact mean
+over the step.
 
 Evaluation is split into contiguous, nearly equal ranges per rank with no padding; metrics are summed with
 their sample counts and divided once, so the result equals the single-process one.
@@ -19,7 +22,7 @@ their sample counts and divided once, so the result equals the single-process on
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,10 +43,13 @@ class MicroBatch:
     def is_empty(self) -> bool:
         return not self.indices
 
-    @property
-    def weight(self) -> float:
-        """Factor for this micro-batch's mean loss so that averaging over ranks gives the step's mean."""
-        return len(self.indices) / self.step_samples
+    def loss_weight(self, ranks_averaged: int) -> float:
+        """Factor for this micro-batch's mean loss so that the gradient allreduce gives the step's mean.
+
+        `ranks_averaged` is what the allreduce divides by (the world size for an average, 1 for a sum).
+        One division of integers, so a full step without accumulation gets exactly 1.0 at any world size
+        (`len / step_samples * world_size` is not 1.0 for some sizes, e.g. 49)."""
+        return len(self.indices) * ranks_averaged / self.step_samples
 
 
 @dataclass(frozen=True)
@@ -96,12 +102,34 @@ class ShardPlan:
         """Optimizer steps from position `start_sample` to the end of the epoch."""
         return -(-(self.num_samples - start_sample) // self.global_batch_size)
 
+    def smallest_micro_batch(self, start_sample: int = 0) -> int:
+        """The fewest samples any non-empty micro-batch of any rank gets, from `start_sample` to the end of
+        the epoch (only the last step can be short)."""
+        last = (self.num_samples - start_sample) % self.global_batch_size or self.global_batch_size
+        return last // self._cells_used(last) if last < self.global_batch_size else self.batch_size
+
+    def nearest_batch_sizes(self, min_micro_batch: int, count: int = 2) -> list[int]:
+        """Up to `count` batch sizes nearest this one whose epochs give no micro-batch fewer than
+        `min_micro_batch` samples (for an error message's suggestion); ascending."""
+        candidates = sorted(range(min_micro_batch, 2 * self.batch_size + min_micro_batch + 1),
+                            key=lambda b: (abs(b - self.batch_size), b))
+        fits = [b for b in candidates if b != self.batch_size
+                and replace(self, batch_size=b).smallest_micro_batch() >= min_micro_batch]
+        return sorted(fits[:count])
+
+    def _cells_used(self, step_samples: int) -> int:
+        """How many cells of a step holding `step_samples` get samples: all of them for a full step; for a
+        short one as many as give each at least 2 samples, but never more than batch_size per cell."""
+        cells = self.world_size * self.grad_accum_steps
+        return max(1, -(-step_samples // self.batch_size), min(cells, step_samples // 2))
+
     def _micro_batches(self, order: np.ndarray, start: int) -> list[MicroBatch]:
         chunk = order[start : start + self.global_batch_size]
-        cells = self.world_size * self.grad_accum_steps
+        used = self._cells_used(len(chunk))
         batches = []
         for k in range(self.grad_accum_steps):
-            begin, end = _piece(len(chunk), cells, k * self.world_size + self.rank)
+            cell = k * self.world_size + self.rank
+            begin, end = _piece(len(chunk), used, cell) if cell < used else (0, 0)
             batches.append(MicroBatch(chunk[begin:end].tolist(), len(chunk)))
         return batches
 

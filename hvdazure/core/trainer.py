@@ -10,10 +10,12 @@ reduced values.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import signal
-import threading
+import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,8 +29,7 @@ from hvdazure.core.metrics import MetricAccumulator, RunningMean
 from hvdazure.core.rank_logging import configure_logging, logger
 from hvdazure.core.sharding import MicroBatch, ShardPlan
 from hvdazure.core.state import TrainState
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from hvdazure.core.stop_signals import stop_signals_caught
 
 
 class Trainer(ABC):
@@ -78,6 +79,11 @@ class Trainer(ABC):
         flight); the returned function waits for it and returns the sums."""
 
     @abstractmethod
+    def _allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
+        """Every rank's `values` (floats or framework scalars; the lengths may differ), as float64, on
+        every rank, in rank order; one collective."""
+
+    @abstractmethod
     def _broadcast_bytes(self, data: bytes | None) -> bytes:
         """Rank 0's `data`, on every rank."""
 
@@ -118,6 +124,14 @@ class Trainer(ABC):
 
     def framework_versions(self) -> dict[str, str]:
         return {}
+
+    def _metric_to_float64(self, value: Any) -> Any:
+        """A metric value as float64, on its device (no synchronisation); see MetricAccumulator."""
+        return float(value)
+
+    def _min_samples_per_micro_batch(self) -> tuple[int, str]:
+        """The fewest samples a training micro-batch may hold, and why (e.g. BatchNorm layers need 2)."""
+        return 1, ""
 
     # --- derived facts -----------------------------------------------------------------------------------
     @property
@@ -161,6 +175,7 @@ class Trainer(ABC):
     # --- the loop ------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
         """Train; return the per-epoch history of train and eval metrics, identical on every rank."""
+        _show_user_errors_in_one_line()
         self._prepare()
         with self._stop_signals_caught():
             try:
@@ -197,7 +212,7 @@ class Trainer(ABC):
             self._emit("on_step_end")
             if signal_votes is not None and signal_votes()[0] > 0:
                 self._stop_for_signal()
-            if s.should_stop or s.step >= self.schedule.total_steps:
+            if s.should_stop or self._max_steps_reached():
                 break
         self._sync()  # the epoch's last, partial log interval
         epoch_done = s.samples_in_epoch == self.plan.num_samples
@@ -226,7 +241,7 @@ class Trainer(ABC):
             raise ConfigError("config field 'resume': 'auto' needs checkpoint_dir")
         self._build(self.schedule.peak_lr)
         self._broadcast_model_and_optimizer()
-        self._meter, self._epoch_train = MetricAccumulator(), RunningMean()
+        self._meter, self._epoch_train = self._new_meter(), RunningMean()
         if checkpoint_dir is not None:
             self._checkpoints = TrainerCheckpoints(self, checkpoint_dir)
         self.callbacks = [cb for cb in self._default_callbacks() + self.user_callbacks
@@ -234,11 +249,32 @@ class Trainer(ABC):
         if c.resume is not None:
             source = self._checkpoints or TrainerCheckpoints(self, str(Path(c.resume).parent))
             source.resume(c.resume)
+        if c.max_steps is not None:  # a resume at another world size: max_steps counts the steps taken
+            end = self.schedule_step + max(0, c.max_steps - self.state.step)
+            total = min(self.schedule.total_steps, end)
+            self.schedule = dataclasses.replace(self.schedule, total_steps=total)
+        self._check_micro_batch_sizes()
         self.state.lr = self.schedule.lr_at(self.schedule_step)
+
+    def _check_micro_batch_sizes(self) -> None:
+        """A ConfigError on every rank, before training, if the plan gives some rank a micro-batch smaller
+        than the model can train on (the short last step of an epoch, e.g. 1 sample for BatchNorm)."""
+        need, why = self._min_samples_per_micro_batch()
+        smallest = min(self.plan.smallest_micro_batch(0), self.plan.smallest_micro_batch(
+            self.state.samples_in_epoch))
+        if smallest >= need:
+            return
+        c, plan = self.config, self.plan
+        fits = plan.nearest_batch_sizes(min_micro_batch=need)
+        raise ConfigError(
+            f"config field 'batch_size': {c.batch_size} leaves a micro-batch of {smallest} sample(s) in the "
+            f"last step of an epoch ({plan.num_samples} samples, global batch {plan.global_batch_size} = "
+            f"{c.batch_size} x {self.world_size} rank(s) x {c.grad_accum_steps} micro-batch(es)), and {why}; "
+            f"try batch_size {' or '.join(map(str, fits))}")
 
     def _default_callbacks(self) -> list[Callback]:
         c = self.config
-        callbacks: list[Callback] = [LRScheduleCallback(self.schedule)]
+        callbacks: list[Callback] = [LRScheduleCallback()]
         if c.early_stopping_patience is not None:
             callbacks.append(EarlyStopping(c.monitor, c.monitor_mode, c.early_stopping_patience,
                                            c.early_stopping_min_delta))
@@ -256,55 +292,58 @@ class Trainer(ABC):
         for callback in self.callbacks:
             getattr(callback, event)(self)
 
-    def _allreduce_sum(self, values: Sequence[Any]) -> list[float]:
-        return self._allreduce_sum_async(values, "metrics")()
+    def _gather_names(self, names: list[str]) -> list[list[str]]:
+        return [json.loads(b) for b in self._allgather_bytes(json.dumps(names).encode())]
+
+    def _new_meter(self) -> MetricAccumulator:
+        return MetricAccumulator(self._metric_to_float64)
 
     def _sync(self) -> None:
-        """One fused allreduce: the interval's metric sums, its sample count, and the ranks' stop votes."""
+        """One fused collective: the interval's metric sums and counts, and the ranks' stop votes."""
         s = self.state
-        means, count, (votes,) = self._meter.reduce(self._allreduce_sum, flags=[float(s.stop_requested)])
-        if count:
-            s.train_metrics = means
-            self._epoch_train.add(means, count)
-        if votes:
+        reduced = self._meter.reduce(self._allgather_floats, self._gather_names,
+                                     flags=[float(s.stop_requested)])
+        if reduced.count:
+            s.train_metrics = reduced.means
+            self._epoch_train.add(reduced)
+        if reduced.flags[0]:
             s.should_stop = True
             s.stop_reason = s.stop_reason or "stop requested by another rank"
 
     def _run_evaluation(self) -> bool:
-        meter = MetricAccumulator()
+        meter = self._new_meter()
         if not self._evaluate(meter):
             return False
-        self.state.eval_metrics, _, _ = meter.reduce(self._allreduce_sum)
+        self.state.eval_metrics = meter.reduce(self._allgather_floats, self._gather_names).means
         return True
 
     def _eval_due(self, epoch_done: bool) -> bool:
         s = self.state
-        last = s.should_stop or s.step >= self.schedule.total_steps or (
+        last = s.should_stop or self._max_steps_reached() or (
             epoch_done and s.epoch + 1 >= self.config.epochs)
         return last or (epoch_done and (s.epoch + 1) % self.config.eval_every == 0)
 
+    def _max_steps_reached(self) -> bool:
+        return self.config.max_steps is not None and self.state.step >= self.config.max_steps
+
     def _finished(self) -> bool:
+        """Training ends by epochs completed (counted in samples, so it holds across a resume at another
+        world size, where step numbers change meaning), by max_steps optimizer steps taken, or by a stop."""
         s = self.state
-        return s.should_stop or s.step >= self.schedule.total_steps or s.epoch >= self.config.epochs
+        return s.should_stop or self._max_steps_reached() or s.epoch >= self.config.epochs
 
     # --- stop signals (SIGTERM on preemption, SIGINT) ------------------------------------------------------
-    @contextlib.contextmanager
-    def _stop_signals_caught(self) -> Iterator[None]:
-        """While checkpointing, SIGTERM/SIGINT only set a flag: all ranks agree on it at the next step,
-        save a final checkpoint together, and exit with 128 + the signal number."""
-        if self._checkpoints is None or threading.current_thread() is not threading.main_thread():
-            yield
-            return
+    def _stop_signals_caught(self) -> contextlib.AbstractContextManager:
+        """While checkpointing, a first SIGTERM/SIGINT only sets a flag: all ranks agree on it at the next
+        step, save a final checkpoint together, and exit with 128 + the signal number. A second one exits
+        at once (core/stop_signals.py)."""
+        if self._checkpoints is None:
+            return contextlib.nullcontext()
 
-        def catch(signum: int, _frame: object) -> None:
+        def note(signum: int) -> None:
             self._signal = self._signal or signum
 
-        previous = {sig: signal.signal(sig, catch) for sig in _STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        return stop_signals_caught(note)
 
     def _vote_on_signal(self) -> Callable[[], list[float]] | None:
         """Start a one-number allreduce of "this rank got a stop signal"; it completes during the step."""
@@ -317,3 +356,23 @@ class Trainer(ABC):
         saved = self.save_checkpoint(f"signal: {name}")
         logger.warning(f"received {name}: saved checkpoint {saved}; exiting")
         raise SystemExit(128 + (self._signal or signal.SIGTERM))
+
+
+_USER_ERRORS = (ConfigError, CheckpointError)
+
+
+def _show_user_errors_in_one_line() -> None:
+    """A ConfigError or CheckpointError that ends the script prints as one line (`hvdazure: error: ...`),
+    not a traceback: its message already names the bad value. Code that catches them is unaffected."""
+    previous = sys.excepthook
+    if getattr(previous, "hvdazure", False):
+        return
+
+    def hook(kind: type[BaseException], error: BaseException, traceback: Any) -> None:
+        if issubclass(kind, _USER_ERRORS):
+            sys.stderr.write(f"hvdazure: error: {error}\n")
+        else:
+            previous(kind, error, traceback)
+
+    hook.hvdazure = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

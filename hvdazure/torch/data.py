@@ -10,12 +10,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hvdazure.core.sharding import ShardPlan, eval_range
 
-STAND_IN = [0]  # the sample a rank with an empty micro-batch runs with loss weight 0 (see ShardPlan)
-
 
 class ShardedBatchSampler(Sampler[list[int]]):
-    """This rank's micro-batches for one epoch, from sample position `start_sample` on. A new one is made
-    every epoch, so the order changes with the epoch without anyone calling set_epoch()."""
+    """This rank's non-empty micro-batches for one epoch, from sample position `start_sample` on. A new one
+    is made every epoch, so the order changes with the epoch without anyone calling set_epoch(). (An empty
+    micro-batch of a short last step has nothing to load: the trainer skips it, see ShardPlan.)"""
 
     def __init__(self, plan: ShardPlan, epoch: int, start_sample: int = 0) -> None:
         self.plan, self.epoch, self.start_sample = plan, epoch, start_sample
@@ -23,10 +22,11 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         for step in self.plan.epoch(self.epoch, self.start_sample):
             for micro_batch in step:
-                yield micro_batch.indices or STAND_IN
+                if not micro_batch.is_empty:
+                    yield micro_batch.indices
 
     def __len__(self) -> int:
-        return self.plan.steps_left(self.start_sample) * self.plan.grad_accum_steps
+        return sum(not mb.is_empty for step in self.plan.epoch(self.epoch, self.start_sample) for mb in step)
 
 
 def train_loader(dataset: Dataset, plan: ShardPlan, epoch: int, start_sample: int, collate_fn: Callable,

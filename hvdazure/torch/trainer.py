@@ -27,7 +27,7 @@ from hvdazure.core.config import ConfigError
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.sharding import MicroBatch
 from hvdazure.core.trainer import Trainer
-from hvdazure.torch.data import STAND_IN, eval_batches, to_device, train_loader
+from hvdazure.torch.data import eval_batches, to_device, train_loader
 
 _OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
 _COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
@@ -100,7 +100,7 @@ class TorchTrainer(Trainer):
         self.scaler = torch.amp.GradScaler("cuda") if c.precision == "fp16" else None
         # Average divides the summed gradients by the world size; the loss weights are shares of the whole
         # step, so multiply that division back out.
-        self._rank_factor = 1.0 if c.reduce_op == "sum" else float(self.world_size)
+        self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
         self.micro_batch: MicroBatch | None = None  # being trained on: its sample indices and loss weight
         self._batches: Iterator[Any] | None = None
         self._batches_at: tuple[int, int] | None = None
@@ -129,27 +129,32 @@ class TorchTrainer(Trainer):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=_AMP_DTYPES[precision])
 
-    def _step_batches(self, count: int) -> Iterator[Any]:
-        """This rank's `count` micro-batches of the current step, on the device. The loader is made afresh
-        when training is not where the previous step left it: a new epoch, or a resume point."""
+    def _step_batches(self, micro_batches: list[MicroBatch]) -> Iterator[Any]:
+        """This rank's batches of the current step, on the device (None for an empty micro-batch). The
+        loader is made afresh when training is not where the previous step left it: a new epoch, or a
+        resume point."""
         s = self.state
         if self._batches is None or self._batches_at != (s.epoch, s.step_in_epoch):
             loader = train_loader(self._train_data, self.plan, s.epoch, s.samples_in_epoch, self.collate,
                                   self.config.num_workers, pin_memory=self.device.type == "cuda")
             self._batches = iter(loader)
-        for _ in range(count):
-            yield to_device(next(self._batches), self.device)
+        for micro_batch in micro_batches:
+            yield None if micro_batch.is_empty else to_device(next(self._batches), self.device)
         self._batches_at = (s.epoch, s.step_in_epoch + 1)
 
     def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator) -> None:
         if not self.model.training:  # after an evaluation (a recursive call; not needed every step)
             self.model.train()
-        for micro_batch, batch in zip(micro_batches, self._step_batches(len(micro_batches)), strict=True):
+        for micro_batch, batch in zip(micro_batches, self._step_batches(micro_batches), strict=True):
+            if batch is None:
+                # Nothing to train on: no forward pass (BatchNorm statistics and gradients stay untouched);
+                # the optimizer step's synchronize() still allreduces zeros for this rank's gradients.
+                continue
             self.micro_batch = micro_batch
             with self._autocast():
                 loss, metrics = _loss_and_metrics(self.training_step(self.model, batch))
-            weight = micro_batch.weight * self._rank_factor  # 0 for an empty (stand-in) micro-batch
-            scaled = loss if weight == 1.0 else loss * weight  # 1.0: a full step without accumulation
+            weight = micro_batch.loss_weight(self._ranks_averaged)
+            scaled = loss if weight == 1.0 else loss * weight  # exactly 1.0 for a full step, no accumulation
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             meter.add({"loss": loss.detach(), **metrics}, len(micro_batch.indices))
         self._optimizer_step()
@@ -176,20 +181,18 @@ class TorchTrainer(Trainer):
     def _evaluate(self, meter: MetricAccumulator) -> bool:
         if self._eval_data is None:
             return False
+        # A rank with no evaluation samples (fewer samples than ranks) runs nothing and reports no metric.
         batches = eval_batches(len(self._eval_data), self.config.batch_size, self.world_size, self.rank)
-        # A rank with no evaluation samples runs one stand-in batch counted 0 times, so that every rank
-        # reduces the same metric names.
-        plan = batches or [STAND_IN]
-        loader = DataLoader(self._eval_data, batch_sampler=plan, collate_fn=self.collate,
+        loader = DataLoader(self._eval_data, batch_sampler=batches, collate_fn=self.collate,
                             num_workers=self.config.num_workers)
         self.model.eval()
         with torch.no_grad(), self._autocast():
-            for indices, batch in zip(plan, loader, strict=True):
+            for indices, batch in zip(batches, loader, strict=True):
                 metrics = self.validation_step(self.model, to_device(batch, self.device))
                 if not isinstance(metrics, Mapping):
                     raise TypeError("validation_step must return a dict of metrics, got "
                                     f"{type(metrics).__name__}")
-                meter.add(dict(metrics), len(indices) if batches else 0)
+                meter.add(dict(metrics), len(indices))
         return True
 
     def _allreduce_sum_async(self, values: Sequence[Any], name: str) -> Callable[[], list[float]]:
@@ -197,6 +200,32 @@ class TorchTrainer(Trainer):
                               for v in values])
         handle = hvd.allreduce_async(vector, op=hvd.Sum, name=f"hvdazure.{name}.{len(values)}")
         return lambda: hvd.synchronize(handle).tolist()
+
+    def _allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
+        # Each row travels with its length in front, so one allgather of rows of any lengths suffices.
+        row = torch.stack([torch.as_tensor(float(len(values)), dtype=torch.float64, device=self.device),
+                           *(torch.as_tensor(v, dtype=torch.float64, device=self.device).detach().reshape(())
+                             for v in values)])
+        joined = hvd.allgather(row, name="hvdazure.rows").tolist()
+        rows, at = [], 0
+        while at < len(joined):
+            length = int(joined[at])
+            rows.append(joined[at + 1 : at + 1 + length])
+            at += 1 + length
+        return rows
+
+    def _metric_to_float64(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.detach().to(torch.float64)
+        return float(value)
+
+    def _min_samples_per_micro_batch(self) -> tuple[int, str]:
+        # BatchNorm1d on (batch, features) inputs raises on a batch of 1 in training; 2d/3d layers have
+        # spatial positions to average over and train on one sample.
+        for name, module in self.model.named_modules():
+            if isinstance(module, torch.nn.BatchNorm1d):
+                return 2, f"the model's BatchNorm1d layer {name!r} cannot train on 1 sample"
+        return 1, ""
 
     def _broadcast_bytes(self, data: bytes | None) -> bytes:
         size = hvd.broadcast(torch.tensor([len(data) if data is not None else 0]), 0, name="hvdazure.bytes.n")

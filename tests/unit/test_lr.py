@@ -8,7 +8,7 @@ import math
 import pytest
 
 from hvdazure.core.config import TrainConfig
-from hvdazure.core.lr import LRSchedule, scaled_lr
+from hvdazure.core.lr import LRSchedule, scaled_lr, warmup_epochs_to_steps
 from hvdazure.core.sharding import ShardPlan
 
 LR = 0.1
@@ -170,3 +170,15 @@ def test_an_unknown_schedule_is_rejected() -> None:
                           schedule="exponential")
     with pytest.raises(ValueError, match="'exponential'"):
         schedule.lr_at(0)
+
+
+@pytest.mark.parametrize(("warmup_epochs", "steps_per_epoch", "steps"), [
+    (1.1, 50, 55),   # was 56: 1.1 x 50 is 55.000000000000007 in binary floating point
+    (0.3, 10, 3),    # 0.3 x 10 = 3.0000000000000004
+    (0.7, 10, 7),
+    (0.25, 10, 3),   # a true fraction still rounds up
+])
+def test_warmup_epochs_convert_to_the_exact_number_of_steps(warmup_epochs: float, steps_per_epoch: int,
+                                                            steps: int) -> None:
+    assert warmup_epochs_to_steps(warmup_epochs, steps_per_epoch) == steps
+    assert _schedule(warmup_epochs=warmup_epochs, steps_per_epoch=steps_per_epoch).warmup_steps == steps

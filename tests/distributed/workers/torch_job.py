@@ -6,7 +6,12 @@ every optimizer step, for the tests to compare across ranks and runs.
 
 extra: n_train, n_eval, features, stop_rank + stop_step (that rank alone asks to stop after that step),
        warn (every rank warns at every step), step_sleep (seconds per step, to make a job slow enough to
-       interrupt), big_mb (a large buffer in the model, to make checkpoints slow to write).
+       interrupt), big_mb (a large buffer in the model, to make checkpoints slow to write),
+       catch_checkpoint_errors (fit() in a try, as a notebook would: each rank that gets a CheckpointError
+       reports its message and lives on until every rank has reported, or for 20 s, then exits 0),
+       batchnorm (a Linear-BatchNorm1d-Linear model), extra_metric_rank (that rank alone also reports a
+       metric "extra" = 7), nonfinite_empty (training_step returns an infinite loss if it is ever called
+       for an empty micro-batch, as a stand-in sample with a non-finite loss would).
 Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts.
 """
 
@@ -22,6 +27,7 @@ from _report import report_rank
 from torch.utils.data import Dataset
 
 from hvdazure import Callback, TrainConfig
+from hvdazure.core.checkpoint import CheckpointError
 from hvdazure.torch import TorchTrainer
 
 
@@ -61,9 +67,15 @@ class RegressionTrainer(TorchTrainer):
         self.recorder = Recorder()
         super().__init__(config, callbacks=[self.recorder])
         self.seen: dict[int, list[int]] = {}
+        self.training_step_calls = 0
 
     def build_model(self):
-        model = torch.nn.Linear(self.config.extra.get("features", 3), 1, dtype=torch.float64)
+        features = self.config.extra.get("features", 3)
+        if self.config.extra.get("batchnorm"):
+            return torch.nn.Sequential(torch.nn.Linear(features, 4, dtype=torch.float64),
+                                       torch.nn.BatchNorm1d(4, dtype=torch.float64),
+                                       torch.nn.Linear(4, 1, dtype=torch.float64))
+        model = torch.nn.Linear(features, 1, dtype=torch.float64)
         if self.config.extra.get("big_mb"):
             model.register_buffer("ballast", torch.rand(self.config.extra["big_mb"] * 2**20 // 4))
         return model
@@ -83,18 +95,40 @@ class RegressionTrainer(TorchTrainer):
         index, x, y = batch
         if self.config.extra.get("warn"):
             warnings.warn("a warning raised on every rank", UserWarning, stacklevel=1)
-        if not self.micro_batch.is_empty:  # an empty share of an uneven last step runs a stand-in sample
+        self.training_step_calls += 1
+        if not self.micro_batch.is_empty:
             self.seen.setdefault(self.state.epoch, []).extend(index.tolist())
-        return torch.nn.functional.mse_loss(model(x), y)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if self.micro_batch.is_empty and self.config.extra.get("nonfinite_empty"):
+            loss = loss * float("inf")
+        if self.rank == self.config.extra.get("extra_metric_rank"):
+            return {"loss": loss, "extra": torch.tensor(7.0)}
+        return loss
 
     def validation_step(self, model, batch):
         index, x, y = batch
         return {"mse": torch.nn.functional.mse_loss(model(x), y), "index": index.double().mean()}
 
 
+def report_checkpoint_error_and_linger(trainer: RegressionTrainer, error: CheckpointError) -> None:
+    """Report the error, then stay alive (as user code that caught it would) until every rank reported:
+    a rank left waiting in a collective by this one would wait as long."""
+    report_rank(trainer.rank, {"checkpoint_error": str(error)})
+    out = Path(os.environ["HVDAZURE_TEST_OUT"])
+    deadline = time.monotonic() + 20
+    while len(list(out.glob("rank-*.json"))) < trainer.world_size and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 if __name__ == "__main__":
     trainer = RegressionTrainer(TrainConfig.from_cli(log_every=1, progress_bar=False))
-    history = trainer.fit()
+    try:
+        history = trainer.fit()
+    except CheckpointError as exc:
+        if not trainer.config.extra.get("catch_checkpoint_errors"):
+            raise
+        report_checkpoint_error_and_linger(trainer, exc)
+        raise SystemExit(0) from None
     params = [p.detach().flatten().tolist() for p in trainer.model.parameters()]
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in trainer.model.parameters()))
     report_rank(trainer.rank, {
@@ -106,4 +140,7 @@ if __name__ == "__main__":
         "lrs": trainer.recorder.lrs,
         "steps_per_epoch": trainer.steps_per_epoch,
         "stop_reason": trainer.state.stop_reason,
+        "training_step_calls": trainer.training_step_calls,
+        "batchnorm_batches": [int(m.num_batches_tracked) for m in trainer.model.modules()
+                              if isinstance(m, torch.nn.BatchNorm1d)],
     })
