@@ -1,0 +1,443 @@
+"""A test double of a *binding* (what hvdazure.torch is): ranks as threads of one process, no Horovod.
+
+ThreadRanksTrainer implements every abstract method of hvdazure.core.trainer.Trainer for a linear
+regression in NumPy (float64, exact SGD), so the real loop runs unchanged on 1..N simulated ranks in
+milliseconds: `Trainer.fit`, the shard plan, LR schedule, metric reduction, stop votes, callbacks, and
+the real checkpoint code writing real checkpoints. It stands in for a binding, not for Horovod: its
+collectives only have to look, from the loop's side, like the real binding's.
+
+ThreadWorld runs one thread per rank. A collective is an exchange keyed by call order: each rank's n-th
+collective meets the other ranks' n-th. What would hang or garble a real job fails the test at once, with
+a message naming the ranks: different collectives (kind or name) at the same position, allreduces of
+different lengths, a rank that finished while others wait for it, a wait longer than `timeout`. An
+exception on one rank aborts the world (the other ranks' waits raise WorldAborted, as Horovod raises when
+a peer is gone) and `ThreadWorld.run` re-raises it in the calling thread.
+
+Signal handlers are installed only in the main thread (core/stop_signals.py): on rank threads they are
+not, and `ThreadRanksTrainer.receive_signal` plays the handler's part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO, TypeVar
+
+import numpy as np
+
+from hvdazure.core.callbacks import Callback
+from hvdazure.core.config import TrainConfig
+from hvdazure.core.metrics import MetricAccumulator
+from hvdazure.core.rank_logging import logger
+from hvdazure.core.sharding import MicroBatch, eval_range
+from hvdazure.core.trainer import Trainer
+
+T = TypeVar("T")
+
+
+class WorldError(RuntimeError):
+    """The simulated job went wrong in a way that would hang or corrupt a real one."""
+
+
+class CollectiveMismatch(WorldError):
+    """Ranks entered different collectives at the same position, or one finished while others wait."""
+
+
+class CollectiveTimeout(WorldError):
+    """A rank waited longer than the world's timeout."""
+
+
+class WorldAborted(WorldError):
+    """Another rank failed; this rank's collective can never complete."""
+
+
+@dataclass(frozen=True)
+class _Call:
+    kind: str
+    name: str
+    payload: Any
+
+    def describe(self) -> str:
+        shape = f" of shape {np.shape(self.payload)}" if self.kind.startswith("allreduce") else ""
+        return f"{self.kind} {self.name!r}{shape}"
+
+
+class ThreadWorld:
+    """`size` ranks as threads of this process, and the collectives between them; one `run` per world.
+
+    `timeout` bounds each wait in a collective; a whole run gets 3 x timeout + 5 s."""
+
+    def __init__(self, size: int, timeout: float = 20.0) -> None:
+        if size < 1:
+            raise ValueError(f"a world needs at least 1 rank, got {size}")
+        self.size, self.timeout = size, timeout
+        self._cond = threading.Condition()
+        self._slots: dict[int, list[_Call | None]] = {}  # collective number -> each rank's call
+        self._reads: dict[int, int] = {}  # how many ranks have taken slot n's result
+        self._calls = [0] * size  # collectives entered, per rank
+        self._finished = [False] * size
+        self._abort_cause: BaseException | None = None
+        self._started = False
+
+    @property
+    def aborted(self) -> bool:
+        return self._abort_cause is not None
+
+    # --- running ranks ---------------------------------------------------------------------------------
+    def run(self, rank_functions: Sequence[Callable[[], T]]) -> list[T]:
+        """Call rank r's function in thread r; their results in rank order. The first exception of any rank
+        is re-raised here (the others are released); SystemExit too, if every rank exited with one code."""
+        if len(rank_functions) != self.size:
+            raise ValueError(f"{len(rank_functions)} functions for {self.size} ranks")
+        if self._started:
+            raise RuntimeError("a ThreadWorld runs once: its collectives are numbered from its start")
+        self._started = True
+        results: list[Any] = [None] * self.size
+        exits: list[SystemExit | None] = [None] * self.size
+        failures: list[tuple[int, BaseException]] = []  # in the order they happened
+
+        def main(rank: int) -> None:
+            try:
+                results[rank] = rank_functions[rank]()
+            except SystemExit as exc:
+                exits[rank] = exc
+            except BaseException as exc:  # collected and re-raised by run(), in the calling thread
+                if not isinstance(exc, WorldAborted):
+                    with self._cond:
+                        failures.append((rank, exc))
+                self._abort(exc)
+            finally:
+                with self._cond:
+                    self._finished[rank] = True
+                    self._cond.notify_all()
+
+        threads = [threading.Thread(target=main, args=(rank,), name=f"fake-rank-{rank}", daemon=True)
+                   for rank in range(self.size)]
+        with _logging_restored():
+            for thread in threads:
+                thread.start()
+            self._join(threads)
+        if failures:
+            rank, exc = failures[0]
+            exc.add_note(f"(raised on rank {rank} of a {self.size}-rank ThreadWorld)")
+            raise exc
+        if any(exits):
+            codes = {exc.code if exc is not None else "returned" for exc in exits}
+            if len(codes) > 1:
+                raise WorldError(f"ranks ended differently: {[e.code if e else 'returned' for e in exits]}")
+            raise exits[0]  # type: ignore[misc]
+        return results
+
+    def _join(self, threads: list[threading.Thread]) -> None:
+        limit = 3 * self.timeout + 5
+        deadline = time.monotonic() + limit
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t for t in threads if t.is_alive()]
+        if not stuck:
+            return
+        frames = sys._current_frames()
+        stacks = "\n".join(f"{t.name}:\n{''.join(traceback.format_stack(frames[t.ident]))}"
+                           for t in stuck if t.ident in frames)
+        self._abort(CollectiveTimeout("ranks did not finish"))
+        for thread in stuck:
+            thread.join(self.timeout)
+        raise CollectiveTimeout(f"{', '.join(t.name for t in stuck)} still running after {limit:.0f} s, "
+                                f"outside any collective:\n{stacks}")
+
+    def _abort(self, cause: BaseException) -> None:
+        with self._cond:
+            if self._abort_cause is None:
+                self._abort_cause = cause
+            self._cond.notify_all()
+
+    # --- collectives: each rank's n-th call meets the other ranks' n-th ----------------------------------
+    def exchange(self, rank: int, kind: str, name: str, payload: Any) -> list[Any]:
+        """Every rank's payload of this collective, in rank order (blocking)."""
+        return self.wait(rank, self.start(rank, kind, name, payload))
+
+    def start(self, rank: int, kind: str, name: str, payload: Any) -> int:
+        """Enter a collective without waiting (an async op); returns its number, for `wait`."""
+        with self._cond:
+            self._raise_if_aborted(rank)
+            number = self._calls[rank]
+            self._calls[rank] += 1
+            slot = self._slots.setdefault(number, [None] * self.size)
+            slot[rank] = _Call(kind, name, payload)
+            self._check_agreement(number, slot)
+            if all(slot):  # waiters wake only when their collective completes (or on abort, or a rank ends)
+                self._cond.notify_all()
+            return number
+
+    def wait(self, rank: int, number: int) -> list[Any]:
+        deadline = time.monotonic() + self.timeout
+        with self._cond:
+            slot = self._slots[number]
+            while not all(slot):
+                self._raise_if_aborted(rank)
+                self._check_no_rank_gone(rank, number, slot)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [r for r, call in enumerate(slot) if call is None]
+                    self._fail(CollectiveTimeout(
+                        f"rank {rank} waited {self.timeout:g} s in collective #{number} "
+                        f"({slot[rank].describe()}) for rank(s) {missing}"))  # type: ignore[union-attr]
+                self._cond.wait(left)
+            self._reads[number] = self._reads.get(number, 0) + 1
+            if self._reads[number] == self.size:
+                del self._slots[number], self._reads[number]
+            return [call.payload for call in slot]  # type: ignore[union-attr]
+
+    def _check_agreement(self, number: int, slot: list[_Call | None]) -> None:
+        entered = [(rank, call) for rank, call in enumerate(slot) if call is not None]
+        first = entered[0][1]
+        for _, call in entered[1:]:
+            same = (call.kind, call.name) == (first.kind, first.name) and (
+                not call.kind.startswith("allreduce") or np.shape(call.payload) == np.shape(first.payload))
+            if not same:
+                calls = "; ".join(f"rank {rank}: {call.describe()}" for rank, call in entered)
+                self._fail(CollectiveMismatch(f"collective #{number} differs between ranks ({calls}): "
+                                              "a real job would hang or fail here"))
+
+    def _check_no_rank_gone(self, rank: int, number: int, slot: list[_Call | None]) -> None:
+        gone = [r for r, call in enumerate(slot) if call is None and self._finished[r]]
+        if gone:
+            self._fail(CollectiveMismatch(
+                f"rank(s) {gone} finished after {[self._calls[r] for r in gone]} collective(s) while rank "
+                f"{rank} waits in collective #{number} ({slot[rank].describe()}): "  # type: ignore[union-attr]
+                "a real job would hang here"))
+
+    def _fail(self, error: WorldError) -> None:
+        """Abort the world with `error` as the cause and raise it on this rank (the lock is held)."""
+        if self._abort_cause is None:
+            self._abort_cause = error
+        self._cond.notify_all()
+        raise error
+
+    def _raise_if_aborted(self, rank: int) -> None:
+        if self._abort_cause is not None:
+            raise WorldAborted(f"rank {rank}: the world was aborted by {self._abort_cause!r}")
+
+
+@contextlib.contextmanager
+def _logging_restored() -> Iterator[None]:
+    """configure_logging, called by every rank thread, changes the process-wide hvdazure logger."""
+    saved = logger.level, list(logger.handlers), logger.propagate
+    try:
+        yield
+    finally:
+        logger.setLevel(saved[0])
+        logger.handlers[:] = saved[1]
+        logger.propagate = saved[2]
+
+
+# --- the model: linear regression, 0.5 x mean squared error ----------------------------------------------
+@dataclass(frozen=True)
+class LinearProblem:
+    """y = x @ w_true + noise, in float64: a training set and an optional evaluation set."""
+
+    x: np.ndarray
+    y: np.ndarray
+    eval_x: np.ndarray | None = None
+    eval_y: np.ndarray | None = None
+
+    @classmethod
+    def make(cls, num_samples: int, num_eval: int = 0, dim: int = 3, seed: int = 0) -> LinearProblem:
+        rng = np.random.default_rng([seed, num_samples, num_eval, dim])
+        w_true = rng.normal(size=dim)
+
+        def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+            x = rng.normal(size=(n, dim))
+            return x, x @ w_true + 0.1 * rng.normal(size=n)
+
+        x, y = draw(num_samples)
+        eval_x, eval_y = draw(num_eval) if num_eval else (None, None)
+        return cls(x, y, eval_x, eval_y)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.y)
+
+    @property
+    def dim(self) -> int:
+        return self.x.shape[1]
+
+    def sample_losses(self, w: np.ndarray, indices: Sequence[int], eval_set: bool = False) -> np.ndarray:
+        x, y = (self.eval_x, self.eval_y) if eval_set else (self.x, self.y)
+        assert x is not None and y is not None
+        residual = x[list(indices)] @ w - y[list(indices)]
+        return 0.5 * residual**2
+
+    def loss_and_gradient(self, w: np.ndarray, indices: Sequence[int]) -> tuple[float, np.ndarray]:
+        """Mean loss over `indices` and its gradient (the mean of the samples' gradients)."""
+        if not indices:
+            raise AssertionError("a forward pass on no samples")
+        x, y = self.x[list(indices)], self.y[list(indices)]
+        residual = x @ w - y
+        return float(np.mean(0.5 * residual**2)), x.T @ residual / len(indices)
+
+
+def initial_weights(dim: int, seed: int, rank: int) -> np.ndarray:
+    """Each rank builds different weights: only a broadcast from rank 0 makes them equal."""
+    return np.random.default_rng([seed, rank, 7]).normal(size=dim)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step as one rank ran it."""
+
+    epoch: int
+    step: int  # optimizer steps before this one, over the whole training (resumed runs included)
+    lr: float
+    micro_batches: list[list[int]]  # this rank's sample indices, per micro-batch (empty: no forward pass)
+    loss_weights: list[float | None]  # per micro-batch; None where it was empty
+    random_draw: float  # one draw from this rank's framework RNG: shows the stream across a resume
+
+
+# --- the binding ------------------------------------------------------------------------------------------
+class ThreadRanksTrainer(Trainer):
+    """One rank of a ThreadWorld, training a LinearProblem with SGD (optionally with momentum).
+
+    What it ran is kept for the tests: `steps` (a StepRecord per optimizer step), `weights`, `velocity`,
+    `forward_passes`. Override `training_metrics` to report more metrics than the loss."""
+
+    framework_name = "numpy-threads"
+
+    def __init__(self, world: ThreadWorld, rank: int, problem: LinearProblem, config: TrainConfig,
+                 callbacks: Sequence[Callback] = (), momentum: float = 0.0) -> None:
+        super().__init__(config, callbacks)
+        self.world, self.problem, self.momentum = world, problem, momentum
+        self._world_rank = rank
+        self.steps: list[StepRecord] = []
+        self.forward_passes = 0
+        self.lr = 0.0
+        self.weights = np.zeros(problem.dim)
+        self.velocity = np.zeros(problem.dim)
+        self.rng = np.random.default_rng()
+
+    def training_metrics(self, indices: list[int]) -> dict[str, float]:
+        """Metrics besides the loss for one micro-batch (means over `indices`); none by default."""
+        return {}
+
+    def receive_signal(self, signum: int = signal.SIGTERM) -> None:
+        """What a real rank's SIGTERM/SIGINT handler does (Trainer._stop_signals_caught)."""
+        self._signal = self._signal or signum
+
+    # --- running the model ---------------------------------------------------------------------------------
+    def _init_distributed(self) -> tuple[int, int, int]:
+        return self._world_rank, self.world.size, self._world_rank
+
+    def _load_datasets(self) -> int:
+        return self.problem.num_samples
+
+    def _build(self, peak_lr: float) -> None:
+        self.lr = peak_lr
+        self.weights = initial_weights(self.problem.dim, self.config.seed, self.rank)
+        self.velocity = np.zeros(self.problem.dim)
+        self._seed_everything(self.config.seed * 1_000_003 + self.rank)
+
+    def _broadcast_model_and_optimizer(self) -> None:
+        weights, velocity = self._exchange("broadcast", "model_and_optimizer",
+                                           (self.weights.copy(), self.velocity.copy()))[0]
+        self.weights, self.velocity = weights.copy(), velocity.copy()
+
+    def set_lr(self, lr: float) -> None:
+        self.lr = lr
+
+    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator) -> None:
+        gradient = np.zeros(self.problem.dim)
+        weights: list[float | None] = []
+        for micro_batch in micro_batches:
+            if micro_batch.is_empty:  # no forward pass; this rank still joins the gradient average
+                weights.append(None)
+                continue
+            self.forward_passes += 1
+            loss, micro_gradient = self.problem.loss_and_gradient(self.weights, micro_batch.indices)
+            weight = micro_batch.loss_weight(self.world_size)
+            gradient += weight * micro_gradient
+            weights.append(weight)
+            meter.add({"loss": loss, **self.training_metrics(micro_batch.indices)}, len(micro_batch.indices))
+        averaged = self._allreduce_average(gradient, "gradients")
+        self.velocity = self.momentum * self.velocity + averaged
+        self.weights = self.weights - self.lr * self.velocity
+        self.steps.append(StepRecord(self.state.epoch, self.state.step, self.lr,
+                                     [mb.indices for mb in micro_batches], weights, float(self.rng.random())))
+
+    def _evaluate(self, meter: MetricAccumulator) -> bool:
+        if self.problem.eval_y is None:
+            return False
+        mine = eval_range(len(self.problem.eval_y), self.world_size, self.rank)
+        for start in range(mine.start, mine.stop, self.config.batch_size):
+            batch = range(start, min(start + self.config.batch_size, mine.stop))
+            losses = self.problem.sample_losses(self.weights, batch, eval_set=True)
+            meter.add({"loss": float(np.mean(losses))}, len(batch))
+        return True
+
+    # --- collectives ---------------------------------------------------------------------------------------
+    def _exchange(self, kind: str, name: str, payload: Any) -> list[Any]:
+        return self.world.exchange(self._world_rank, kind, name, payload)
+
+    def _allreduce_average(self, values: np.ndarray, name: str) -> np.ndarray:
+        """As Horovod's Average: the sum over ranks (in rank order), divided by the world size."""
+        rows = self._exchange("allreduce_average", name, values.copy())
+        return np.sum(rows, axis=0) / self.world_size
+
+    def _allreduce_sum_async(self, values: Sequence[Any], name: str) -> Callable[[], list[float]]:
+        number = self.world.start(self._world_rank, "allreduce", name, [float(v) for v in values])
+
+        def wait() -> list[float]:
+            rows = self.world.wait(self._world_rank, number)
+            return [float(sum(column)) for column in zip(*rows, strict=True)]
+
+        return wait
+
+    def _allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
+        return self._exchange("allgather_floats", "rows", [float(v) for v in values])
+
+    def _broadcast_bytes(self, data: bytes | None) -> bytes:
+        if self.is_main and not isinstance(data, bytes):
+            raise TypeError(f"rank 0 broadcasts bytes, got {type(data).__name__}")
+        return self._exchange("broadcast_bytes", "bytes", data)[0]
+
+    def _allgather_bytes(self, data: bytes) -> list[bytes]:
+        return self._exchange("allgather_bytes", "bytes", bytes(data))
+
+    # --- checkpoint content --------------------------------------------------------------------------------
+    def _state_writers(self) -> dict[str, Callable[[BinaryIO], None]]:
+        weights, velocity = self.weights.copy(), self.velocity.copy()  # training goes on during the write
+        return {"model.npy": lambda file: np.save(file, weights, allow_pickle=False),
+                "optimizer.npy": lambda file: np.save(file, velocity, allow_pickle=False)}
+
+    def _load_state_files(self, paths: dict[str, str]) -> None:
+        loaded = {name: np.load(paths[name], allow_pickle=False) for name in ("model.npy", "optimizer.npy")}
+        for name, array in loaded.items():
+            if array.shape != self.weights.shape or array.dtype != np.float64:
+                raise ValueError(f"{name} holds {array.dtype} {array.shape}; the model is float64 "
+                                 f"{self.weights.shape}")
+        self.weights, self.velocity = loaded["model.npy"], loaded["optimizer.npy"]
+
+    def _framework_state(self) -> dict[str, Any]:
+        return {"momentum": self.momentum}
+
+    def _framework_load_state(self, state: dict[str, Any]) -> None:
+        if state["momentum"] != self.momentum:
+            raise ValueError(f"checkpoint of momentum {state['momentum']}, trainer of {self.momentum}")
+
+    def _framework_rng_state(self) -> dict[str, Any]:
+        return self.rng.bit_generator.state
+
+    def _set_framework_rng_state(self, state: dict[str, Any]) -> None:
+        self.rng = np.random.default_rng()
+        self.rng.bit_generator.state = state
+
+    def _seed_everything(self, seed: int) -> None:
+        # Python's and NumPy's global RNGs belong to the whole process, shared by every rank thread: the
+        # fake's "framework" RNG is the only per-rank one.
+        self.rng = np.random.default_rng(seed)
+
