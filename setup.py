@@ -26,11 +26,13 @@ setup(
     # so scripts/build_horovod.sh builds it (see README, "What the first run builds").
     install_requires=[
         "pyyaml>=6", "numpy>=1.24", "tqdm>=4.60", "packaging>=21", "psutil>=5.9", "cloudpickle>=2",
+        "fsspec>=2023.1",  # checkpoint storage (hvdazure/core/checkpoint.py), local paths included
     ],
     extras_require={
         "torch": ["torch>=2.1"],
-        "tensorflow": ["tensorflow>=2.16"],
-        "azure": ["azure-ai-ml>=1.12", "azure-identity>=1.15"],
+        "tensorflow": ["tensorflow>=2.16", "keras>=3"],  # hvdazure.tensorflow imports Keras 3 itself
+        # adlfs: checkpoints on abfs:// (Azure Blob / Data Lake) URLs, through fsspec
+        "azure": ["azure-ai-ml>=1.12", "azure-identity>=1.15", "adlfs>=2023.10"],
         "tensorboard": ["tensorboard>=2.14"],
         "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=2", "alembic>=1.12"],
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.5", "scikit-learn>=1.3"],
