@@ -9,6 +9,8 @@
 #   HVDAZURE_VENV   where the venv goes (default: <repo>/.venv)
 #   HVDAZURE_CACHE  where built Horovod wheels are kept (default: ~/.cache/hvdazure)
 #   PYTHON          the interpreter to create the venv with (default: python$PYTHON_VERSION, else python3)
+#   HVDAZURE_TORCH_INDEX  the index to install PyTorch from: a URL, or "pypi" (or empty) for pip's default.
+#                   Unset: PyTorch's CPU index where there is no NVIDIA GPU (see scripts/torch_index.py)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,7 +49,7 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 py=$venv/bin/python
 pins_hash=$(cat versions.env requirements/*.txt setup.py scripts/setup_env.sh scripts/build_horovod.sh \
-  | sha256sum | cut -c1-16)
+  scripts/torch_index.py | sha256sum | cut -c1-16)
 stamp=$venv/.hvdazure-setup-stamp
 
 hvd_ok() {  # Horovod is usable only with both frameworks and both controllers compiled in
@@ -68,9 +70,13 @@ fi
 
 say "installing pinned packages into $venv"
 pip_install --upgrade pip
-# torch==X resolves to the local CPU wheel where one is provided; elsewhere pass a CPU index through
-# PIP_EXTRA_INDEX_URL, or the default (CUDA) build of several GB is downloaded.
-pip_install "torch==${TORCH_VERSION}" "tensorflow-cpu==${TENSORFLOW_VERSION}" -r requirements/dev.txt
+# PyPI's torch for Linux is the CUDA build (several GB). Without an NVIDIA GPU, the CPU build comes from
+# PyTorch's index, unless a wheel satisfying the pin is already at hand (machines that cannot reach that
+# index: asking it anyway costs retries on every package). torch_index.py prints the choice and why.
+torch_index=$("$py" scripts/torch_index.py "torch==${TORCH_VERSION}")
+read -ra torch_index_args <<<"$torch_index"
+pip_install ${torch_index_args[@]+"${torch_index_args[@]}"} \
+  "torch==${TORCH_VERSION}" "tensorflow-cpu==${TENSORFLOW_VERSION}" -r requirements/dev.txt
 
 # --- 3. Horovod, built once per (versions, python, MPI, build recipe) and cached as a wheel --------------
 if hvd_ok && "$py" -c "import horovod, sys; sys.exit(horovod.__version__ != '${HOROVOD_VERSION}')"; then
