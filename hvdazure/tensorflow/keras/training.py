@@ -1,0 +1,118 @@
+"""Horovod start-up and a data-parallel `train_step` for Keras 3's `model.fit`.
+
+`data_parallel(model)` replaces the model's train_step (which `fit` compiles into a tf.function) with one
+that averages the gradients over all ranks in one grouped allreduce before the optimizer applies them.
+It is a train_step, not a DistributedOptimizer wrapper, because only the step sees its batch: the exact
+mean over an uneven last step needs each rank's loss weighted by its share of the step's samples, and a
+rank without samples must not run its forward pass (BatchNorm statistics), while Keras's optimizer only
+ever receives gradients. (Wrapping each optimizer class would also need a dynamically built subclass.)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import horovod.tensorflow as hvd
+import keras
+import tensorflow as tf
+
+from hvdazure.tensorflow.trainer import _COMPRESSION, _OPS, _dense
+
+# The dict key under which shard_for_fit's batches carry the number of samples in the whole optimizer step.
+STEP_SAMPLES = "hvdazure_step_samples"
+
+
+def init() -> None:
+    """Start Horovod and place this rank: one GPU per local rank (memory allocated as needed), or on CPU
+    TensorFlow's threads limited to this rank's share of the cores unless OMP_NUM_THREADS or
+    TF_NUM_INTRAOP_THREADS is set. Call it first, before building a model: TensorFlow fixes its devices
+    and threads when it runs its first operation."""
+    # The same placement as TensorFlowTrainer._init_distributed, which cannot be called without a trainer.
+    hvd.init()
+    gpus = tf.config.list_physical_devices("GPU")
+    try:
+        if gpus:
+            tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+            tf.config.experimental.set_memory_growth(gpus[hvd.local_rank() % len(gpus)], True)
+        elif not {"OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"} & set(os.environ):
+            share = max(1, len(os.sched_getaffinity(0)) // hvd.local_size())
+            tf.config.threading.set_intra_op_parallelism_threads(share)
+            tf.config.threading.set_inter_op_parallelism_threads(min(2, share))
+    except RuntimeError:  # TensorFlow already ran an operation: its devices and threads are fixed
+        pass
+
+
+def data_parallel(model: keras.Model, *, reduce_op: str = "average", compression: str = "none",
+                  gradient_predivide_factor: float = 1.0) -> keras.Model:
+    """Make `model.fit` data-parallel: every step's gradients are allreduced over all ranks (one grouped
+    allreduce; TrainConfig's `reduce_op`, `compression` and `gradient_predivide_factor`, with the same
+    meaning) before the optimizer applies them, so the optimizer's own `global_clipnorm` clips the averaged
+    gradients. Call before or after `compile` (with `jit_compile=False`: Horovod's ops cannot run in XLA).
+    Returns `model`.
+
+    Batches from `shard_for_fit` get the exact step mean: each rank's loss is weighted by its share of the
+    step's samples, and a rank left without samples in a short last step runs no forward pass but still
+    joins the allreduce with zeros. Other datasets get Horovod's plain average of the ranks' gradients."""
+    if reduce_op not in _OPS:
+        raise ValueError(f"reduce_op must be one of {sorted(_OPS)}, got {reduce_op!r}")
+    if compression not in _COMPRESSION:
+        raise ValueError(f"compression must be one of {sorted(_COMPRESSION)}, got {compression!r}")
+    if gradient_predivide_factor <= 0 or (reduce_op != "average" and gradient_predivide_factor != 1.0):
+        raise ValueError(f"gradient_predivide_factor {gradient_predivide_factor!r} must be positive, and 1.0 "
+                         "unless reduce_op is 'average'")
+    allreduce_args: dict[str, Any] = {"op": _OPS[reduce_op], "compression": _COMPRESSION[compression]}
+    if gradient_predivide_factor != 1.0:
+        allreduce_args.update(prescale_factor=1.0 / gradient_predivide_factor,
+                              postscale_factor=gradient_predivide_factor)
+    model.train_step = DataParallelStep(model, allreduce_args, ranks_averaged=1 if reduce_op == "sum" else
+                                        hvd.size())
+    model.train_function = None  # a train function made before holds the old step
+    return model
+
+
+class DataParallelStep:
+    """The train_step `data_parallel` installs: Keras's own step (forward pass, compiled loss and metrics,
+    loss scaling) with a weighted loss, a skipped forward pass on an empty batch, and the allreduce."""
+
+    def __init__(self, model: keras.Model, allreduce_args: dict[str, Any], ranks_averaged: int) -> None:
+        self.model, self.allreduce_args, self.ranks_averaged = model, allreduce_args, ranks_averaged
+
+    def __call__(self, data: Any) -> dict[str, Any]:
+        model = self.model
+        if model.jit_compile:  # raised while fit traces the step, identically on every rank
+            raise ValueError("data_parallel: compile the model with jit_compile=False (Horovod's allreduce "
+                             "cannot run inside an XLA-compiled train step)")
+        step_samples = None
+        if isinstance(data, dict) and STEP_SAMPLES in data:
+            data, step_samples = data["batch"], data[STEP_SAMPLES]
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        rows = tf.shape(tf.nest.flatten(x)[0])[0]
+        variables = model.trainable_variables
+
+        def forward_and_backward() -> list[tf.Tensor]:
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+                model._loss_tracker.update_state(loss, sample_weight=rows)  # as Keras's own train_step does
+                weighted = loss * tf.cast(self._loss_weight(rows, step_samples), loss.dtype)
+                scaled = model.optimizer.scale_loss(weighted)
+            model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+            return [_dense(g, v) for g, v in zip(tape.gradient(scaled, variables), variables, strict=True)]
+
+        def no_samples() -> list[tf.Tensor]:
+            return [tf.zeros_like(v) for v in variables]
+
+        gradients = tf.cond(rows > 0, forward_and_backward, no_samples)
+        if hvd.size() > 1:
+            gradients = hvd.grouped_allreduce(gradients, **self.allreduce_args)
+        model.optimizer.apply(gradients, variables)
+        return model.get_metrics_result()
+
+    def _loss_weight(self, rows: tf.Tensor, step_samples: tf.Tensor | None) -> tf.Tensor:
+        """This rank's share of the step's samples, times what the allreduce divides by (MicroBatch's
+        loss_weight, computed in the graph): exactly 1.0 for a full step."""
+        if step_samples is None:
+            return tf.constant(1.0, tf.float64)
+        return (tf.cast(rows * self.ranks_averaged, tf.float64)
+                / tf.cast(step_samples, tf.float64))
