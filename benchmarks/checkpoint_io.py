@@ -6,16 +6,21 @@ and the step-time stall a periodic checkpoint causes in training.
 Part 1 runs on rank 0 alone (as saving does): the same state (model + optimizer) written by
 CheckpointManager (temporary directory, sha256 while writing, fsync, rename, `latest`) and by a bare
 torch.save to one file, with and without an fsync; then read back (hvdazure verifies every checksum).
-Part 2 trains on all ranks with a checkpoint every few steps and compares those steps with the others.
+Part 2 measures rank 0's peak memory on resume: fresh single-process trainers, built without a resume
+(the baseline: model and optimizer in memory) and with one (read, verify, load), each reporting its peak
+RSS (ru_maxrss), alternated; the difference is what a resume adds to the peak.
+Part 3 trains on all ranks with a checkpoint every few steps and compares those steps with the others.
 Rank 0 prints tables and writes JSON. Targets: save ratio <= 1.2 against bare torch.save.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,9 +63,9 @@ def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
                 os.fsync(f.fileno())
 
     def managed_load() -> None:
-        _, files, _ = manager.read_latest_valid()  # what a resume does: each file read and hashed once
-        torch.load(io.BytesIO(files["model.pt"]), weights_only=True)
-        torch.load(io.BytesIO(files["optimizer.pt"]), weights_only=True)
+        with manager.open_latest_valid() as (_, paths, _):  # as a resume: each file hashed, then loaded
+            torch.load(paths["model.pt"], weights_only=True)
+            torch.load(paths["optimizer.pt"], weights_only=True)
 
     times: dict[str, list[float]] = {k: [] for k in ("bare save", "bare save + fsync", "hvdazure save",
                                                      "bare load", "hvdazure load")}
@@ -89,6 +94,46 @@ class StallTrainer(TorchTrainer):
         return model(x).pow(2).mean()
 
 
+class ResumeProbe(StallTrainer):
+    """The benchmark model with a handful of samples, so that the dataset does not blur the memory figures."""
+
+    def train_dataset(self):
+        return TensorDataset(torch.randn(8, big_model(self.config.extra["mb"]).in_features))
+
+
+def probe(mode: str, mb: int, directory: Path) -> None:
+    """In a fresh process (size 1): "save" writes one checkpoint to `directory`; "baseline" builds the
+    trainer; "resume" builds it and resumes from `directory`. Prints this process's peak RSS in bytes."""
+    config = TrainConfig(batch_size=8, lr=1e-6, progress_bar=False, checkpoint_dir=str(directory),
+                         resume="auto" if mode == "resume" else None, extra={"mb": mb})
+    trainer = ResumeProbe(config)
+    trainer._prepare()  # what fit() does before the first step: build, broadcast, and resume if asked
+    if mode == "save":
+        trainer.save_checkpoint("benchmark")
+    print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+def _run_probe(mode: str, mb: int, directory: Path) -> int:
+    # a fresh process outside this job: no launcher variables, or it would try to join the job's ranks
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI", "PMIX_"))}
+    proc = subprocess.run([sys.executable, __file__, "--probe", mode, "--mb", str(mb), "--probe-dir",
+                           str(directory)], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {mode} probe exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss"]
+
+
+def resume_memory(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
+    """Peak RSS (MB) of fresh processes that build the trainer, with and without a resume, alternated."""
+    directory = root / "resume"
+    _run_probe("save", mb, directory)
+    peaks: dict[str, list[float]] = {"baseline (model built)": [], "resume": []}
+    for _ in range(repeats):
+        peaks["baseline (model built)"].append(_run_probe("baseline", mb, directory) / 2**20)
+        peaks["resume"].append(_run_probe("resume", mb, directory) / 2**20)
+    return peaks
+
+
 def stall(mb: int, every: int, root: Path) -> dict[str, float]:
     timer = StepClock()
     config = TrainConfig(epochs=1, batch_size=32, lr=1e-6, progress_bar=False, log_every=1000,
@@ -109,7 +154,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "checkpoint_io.json")
+    parser.add_argument("--probe", choices=["save", "baseline", "resume"], help=argparse.SUPPRESS)
+    parser.add_argument("--probe-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.probe:
+        probe(args.probe, args.mb, args.probe_dir)
+        return 0
     hvd.init()
     with tempfile.TemporaryDirectory(dir=os.environ.get("HVDAZURE_BENCH_DIR")) as tmp:
         result: dict = {"benchmark": "checkpoint_io", "model_mb": args.mb, "world_size": hvd.size()}
@@ -120,6 +170,9 @@ def main() -> int:
                           save_ratio=medians["hvdazure save"] / medians["bare save"],
                           save_ratio_vs_fsync=medians["hvdazure save"] / medians["bare save + fsync"],
                           load_ratio=medians["hvdazure load"] / medians["bare load"])
+            peaks = resume_memory(args.mb, args.repeats, Path(tmp))
+            added = [r - b for b, r in zip(peaks["baseline (model built)"], peaks["resume"], strict=True)]
+            result.update(resume_peak_rss_mb=peaks, resume_added_peak_mb=added)
         shared = Path(tmp) if hvd.rank() == 0 else Path(tempfile.mkdtemp())
         result["stall"] = stall(args.mb, args.every, shared)
     if hvd.rank() == 0:
@@ -129,6 +182,12 @@ def main() -> int:
         print(f"save ratio hvdazure / bare torch.save: {result['save_ratio']:.2f} (target <= 1.2); "
               f"against torch.save + fsync: {result['save_ratio_vs_fsync']:.2f}")
         print(f"load ratio hvdazure / bare torch.load: {result['load_ratio']:.2f}")
+        for name, values in result["resume_peak_rss_mb"].items():
+            print(f"peak RSS, {name:<22} median {statistics.median(values):7.0f} MB "
+                  f"(min {min(values):.0f}, max {max(values):.0f})")
+        added = result["resume_added_peak_mb"]
+        print(f"resume adds to rank 0's peak: median {statistics.median(added):.0f} MB "
+              f"(min {min(added):.0f}, max {max(added):.0f}) for a {args.mb} MB model")
         s = result["stall"]
         print(f"training, {hvd.size()} ranks, checkpoint every {s['every_steps']} steps: step "
               f"{s['median_step_s'] * 1e3:.1f} ms, checkpoint step "

@@ -6,17 +6,26 @@ the files and the manifest. The layout of a checkpoint directory:
     step-00000120/              one checkpoint: the binding's files, then manifest.json
         model.pt
         manifest.json           the binding's metadata + format_version, step, created, files (sha256, bytes)
+    step-00000120-v2/           the same step saved again (a run resumed from an earlier checkpoint)
     latest                      the name of the newest checkpoint ("step-00000120")
     .tmp-step-00000130-<uuid>/  a save in progress, or left by a writer that was killed (cleanup_temporaries)
 
 A save writes every file into a temporary directory, then manifest.json, fsyncs them (on local disks),
-renames the directory into place, and only then replaces `latest` (a temporary file renamed over it). On a
-local filesystem the rename is atomic: a checkpoint directory is complete or absent. Object stores (abfs://
-on Azure, through adlfs) have no directory rename: fsspec copies object by object, in no guaranteed order,
-then deletes the source, so a copy interrupted half-way can leave a directory with a manifest and missing
-or partial files. That is why nothing trusts a directory for existing: manifest.json records the sha256 and
-size of every file, verification checks them all, and `latest_valid` skips (with a warning naming it) a
-checkpoint that is truncated, corrupt or half-written, falling back to the previous one.
+renames the directory into place under a name no directory has, and only then replaces `latest` (a
+temporary file renamed over it); retention deletes older checkpoints last. Nothing that `latest` names is
+ever moved or replaced: saving a step that already has a checkpoint writes a new version beside it
+(step-00000120-v2) and deletes the old one only after `latest` names the new one, so a crash at any point
+leaves `latest` naming a complete checkpoint of that step. On a local filesystem the rename is atomic: a
+checkpoint directory is complete or absent. Object stores (abfs:// on Azure, through adlfs) have no directory
+rename: fsspec copies object by object, in no guaranteed order, then deletes the source, so a copy
+interrupted half-way can leave a directory with a manifest and missing or partial files. That is why nothing
+trusts a directory for existing: manifest.json records the sha256 and size of every file, verification
+checks them all, `latest_valid` skips (with a warning naming it) a checkpoint that is truncated, corrupt or
+half-written, falling back to the previous one, and retention counts only checkpoints that verify.
+
+A resume reads each file once, through the hash: on a local disk in place (then loaded from there), from
+other storage into a local temporary file, so rank 0 never holds a checkpoint's bytes in memory beside the
+tensors loaded from them (`local_files`).
 
 Metadata is JSON only, never pickle, so reading a manifest cannot run code. All storage goes through fsspec
 (imported on first use, so `import hvdazure` stays fast): local paths, file://, memory:// and abfs:// share
@@ -25,6 +34,7 @@ one code path.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -32,9 +42,10 @@ import math
 import os
 import posixpath
 import re
+import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, BinaryIO
@@ -45,7 +56,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 LATEST = "latest"
 _TMP_PREFIX = ".tmp-"
-_STEP_NAME = re.compile(r"step-(\d+)")
+_STEP_NAME = re.compile(r"step-(\d+)(?:-v(\d+))?")  # step number, and version when the step was re-saved
 _RESERVED_KEYS = ("format_version", "step", "created", "files")  # the manager writes these itself
 _CHUNK = 1 << 20
 
@@ -68,10 +79,34 @@ class Checkpoint:
 
 
 def checkpoint_name(step: int) -> str:
-    """The directory name of the checkpoint of optimizer step `step`."""
+    """The directory name of the (first) checkpoint of optimizer step `step`."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an integer >= 0, got {step!r}")
     return f"step-{step:08d}"
+
+
+def _step_and_version(name: str) -> tuple[int, int]:
+    """The sort key of a checkpoint directory name: step, then version (1 for a step saved once)."""
+    match = _STEP_NAME.fullmatch(name)
+    assert match is not None, name
+    return int(match[1]), int(match[2] or 1)
+
+
+def _newest_first(checkpoint: Checkpoint) -> tuple[int, int]:
+    step, version = _step_and_version(checkpoint.name)
+    return -step, -version
+
+
+def pointer_directory(path: str) -> str | None:
+    """The checkpoint directory whose `latest` pointer file `path` is (a path or URL); None if it is not one.
+
+    Users pass `resume=ckpt/latest`: it stands for the newest valid checkpoint in `ckpt`."""
+    stripped = path.rstrip("/")
+    head, _, base = stripped.rpartition("/")
+    if base != LATEST:
+        return None
+    fs, root = _url_to_fs(stripped)
+    return (head or ".") if fs.isfile(root) else None
 
 
 class CheckpointManager:
@@ -95,6 +130,9 @@ class CheckpointManager:
         self.keep_last, self.keep_best, self.monitor, self.mode = keep_last, keep_best, monitor, mode
         self._fs, self._root = _url_to_fs(self.directory)
         self._local = _is_local(self._fs)
+        # Checkpoints this manager wrote or verified in full, by name and files table: retention need not
+        # hash them again (see _apply_retention).
+        self._verified: set[tuple[str, str]] = set()
 
     # --- saving ------------------------------------------------------------------------------------------
     def save(self, step: int, files: Mapping[str, Callable[[BinaryIO], None]],
@@ -102,9 +140,10 @@ class CheckpointManager:
         """Write one checkpoint: each callback writes one file's bytes to the binary file object it is given.
 
         The bytes are hashed as they pass through, so nothing is held twice in memory. Then manifest.json,
-        the rename into place (replacing an earlier save of the same step), `latest`, and retention.
+        the rename into place (under a new version's name if the step has a checkpoint already), `latest`,
+        and retention (which deletes that older checkpoint of the step).
         """
-        name = checkpoint_name(step)
+        name = self._unused_name(step)
         for file_name in files:
             _check_file_name(file_name)
         if clash := [key for key in _RESERVED_KEYS if key in manifest]:
@@ -128,10 +167,20 @@ class CheckpointManager:
             self._move_into_place(tmp, name)
         except BaseException:
             self._delete(tmp)
+            self._delete(self._path(name))  # an object store's interrupted copy; nothing else has this name
             raise
         self._write_latest(name)
+        checkpoint = Checkpoint(name, self._url(name), full)
+        self._verified.add(_identity(checkpoint))  # its files were hashed as they were written
         self._apply_retention(name)
-        return Checkpoint(name, self._url(name), full)
+        return checkpoint
+
+    def _unused_name(self, step: int) -> str:
+        """checkpoint_name(step), or if the step has checkpoints already, the next version's name: an
+        existing checkpoint (perhaps the one `latest` names) is never overwritten or moved."""
+        versions = [_step_and_version(name)[1] for name, _ in self._entries()
+                    if _STEP_NAME.fullmatch(name) and _step_and_version(name)[0] == step]
+        return f"{checkpoint_name(step)}-v{max(versions) + 1}" if versions else checkpoint_name(step)
 
     def _write(self, path: str, write: Callable[[BinaryIO], None]) -> dict[str, Any]:
         with self._fs.open(path, "wb") as raw:
@@ -143,21 +192,9 @@ class CheckpointManager:
         return {"sha256": out.sha256.hexdigest(), "bytes": out.bytes}
 
     def _move_into_place(self, tmp: str, name: str) -> None:
-        final = self._path(name)
-        aside = None
-        if self._fs.exists(final):  # a re-save of this step: move the old one aside, not into the new one
-            aside = f"{tmp}.old"  # a .tmp- name: cleanup_temporaries removes it if we die before we do
-            self._fs.mv(final, aside, recursive=True)
-        try:
-            self._fs.mv(tmp, final, recursive=True)
-        except BaseException:
-            if aside is not None and not self._fs.exists(final):
-                self._fs.mv(aside, final, recursive=True)
-            raise
+        self._fs.mv(tmp, self._path(name), recursive=True)
         if self._local:
             _fsync(self._root)
-        if aside is not None:
-            self._delete(aside)
 
     def _write_latest(self, name: str) -> None:
         tmp = self._path(f"{_TMP_PREFIX}{LATEST}-{uuid.uuid4().hex}")
@@ -167,21 +204,63 @@ class CheckpointManager:
             _fsync(self._root)
 
     def _apply_retention(self, just_written: str) -> None:
-        """Keep the newest keep_last and best keep_best; delete every other step-* directory.
+        """Keep the newest keep_last and best keep_best valid checkpoints, one per step (its newest valid
+        version), and the one just written (which `latest` names); delete every other step-* directory:
+        older checkpoints, superseded versions, and directories that do not verify (an interrupted copy),
+        so that a half-copied checkpoint never takes the place of a valid one.
 
-        `latest` names the checkpoint just written, which is always kept. Unreadable directories (an
-        interrupted save) are not counted among the newest and are deleted.
+        How much is verified: a checkpoint is kept only if its files have the sizes its manifest records
+        (one listing per directory), which catches what an interrupted copy leaves: missing and short files.
+        Contents are hashed only for a candidate whose status is unknown, once per manager: checkpoints it
+        wrote itself (hashed as they were written) or verified in full are remembered, so a save in a
+        steady run reads no data file, and the first save after a resume hashes at most the keep_last +
+        keep_best candidates found in the directory. Candidates are verified lazily, newest (or best) first,
+        so checkpoints about to be deleted are never hashed.
         """
         try:
-            by_step = self.checkpoints()
-            keep = {c.name for c in by_step[-self.keep_last:]} | {just_written}
-            keep |= {c.name for c in self._by_metric(by_step)[:self.keep_best]}
+            checkpoints = self.checkpoints()
+            newest = sorted(checkpoints, key=_newest_first)
+            keep = {just_written}
+            keep |= {c.name for c in self._first_valid_per_step(newest, self.keep_last)}
+            keep |= {c.name for c in self._first_valid_per_step(self._by_metric(checkpoints), self.keep_best)}
             doomed = [name for name in self._step_names() if name not in keep]
         except Exception as exc:  # the checkpoint is safely written; pruning can wait for the next save
             logger.warning(f"checkpoint retention in {self.directory} skipped: {exc}")
             return
         for name in doomed:
             self._delete(self._path(name))
+
+    def _first_valid_per_step(self, ranked: list[Checkpoint], count: int) -> list[Checkpoint]:
+        """The first `count` checkpoints of `ranked` that verify, at most one per step."""
+        chosen: list[Checkpoint] = []
+        steps: set[int] = set()
+        for checkpoint in ranked:
+            if len(chosen) == count:
+                break
+            if checkpoint.step not in steps and self._is_valid(checkpoint):
+                chosen.append(checkpoint)
+                steps.add(checkpoint.step)
+        return chosen
+
+    def _is_valid(self, checkpoint: Checkpoint) -> bool:
+        """Sizes always; sha256 unless this manager wrote or verified the checkpoint. Storage errors raise."""
+        try:
+            _check_format(checkpoint)
+            self._check_sizes(checkpoint)
+            if _identity(checkpoint) not in self._verified:
+                self.verify(checkpoint)
+        except CheckpointError:
+            return False
+        return True
+
+    def _check_sizes(self, checkpoint: Checkpoint) -> None:
+        listing = {posixpath.basename(entry["name"].rstrip("/")): entry
+                   for entry in self._fs.ls(self._path(checkpoint.name), detail=True)}
+        for file_name in checkpoint.manifest["files"]:
+            entry = listing.get(file_name)
+            if entry is None or entry["type"] != "file":
+                raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} is missing")
+            _check_size(checkpoint, file_name, entry["size"])
 
     # --- finding -----------------------------------------------------------------------------------------
     def checkpoints(self) -> list[Checkpoint]:
@@ -198,26 +277,44 @@ class CheckpointManager:
         """The newest checkpoint that verifies: the one `latest` names, else the others newest first.
 
         Each invalid one skipped adds a warning naming it and why. (None, warnings) if none is valid.
+        Storage errors (permissions, authentication) are raised, not skipped.
         """
-        checkpoint, _, warnings = self.read_latest_valid()
-        return checkpoint, warnings
-
-    def read_latest_valid(self) -> tuple[Checkpoint | None, dict[str, bytes], list[str]]:
-        """As latest_valid, also returning the verified files: each is read once (for a resume)."""
         warnings: list[str] = []
+        for name in self._names_to_try(warnings):
+            try:
+                checkpoint = self._load(name)
+                self.verify(checkpoint)
+                return checkpoint, warnings
+            except CheckpointError as exc:
+                warnings.append(f"skipping invalid {exc}")
+        return None, warnings
+
+    @contextlib.contextmanager
+    def open_latest_valid(self) -> Iterator[tuple[Checkpoint | None, dict[str, str], list[str]]]:
+        """As latest_valid, with the chosen checkpoint's `local_files` (for a resume): each file is read
+        once, verified as it is read. Yields (None, {}, warnings) if no checkpoint is valid."""
+        warnings: list[str] = []
+        for name in self._names_to_try(warnings):
+            files = contextlib.ExitStack()
+            try:
+                checkpoint = self._load(name)
+                paths = files.enter_context(self.local_files(checkpoint))
+            except CheckpointError as exc:  # only choosing is retried: errors of the caller's block are not
+                warnings.append(f"skipping invalid {exc}")
+                continue
+            with files:
+                yield checkpoint, paths, warnings
+            return
+        yield None, {}, warnings
+
+    def _names_to_try(self, warnings: list[str]) -> list[str]:
+        """The step-* names to try for the newest valid checkpoint: `latest`'s first, then by step."""
         names = self._step_names()
         pointed = self._read_latest()
         if pointed is not None and pointed not in names:
             warnings.append(f"`latest` in {self.directory} names {pointed!r}, which is not a checkpoint")
             pointed = None
-        order = ([pointed] if pointed else []) + [n for n in reversed(names) if n != pointed]
-        for name in order:
-            try:
-                checkpoint = self._load(name)
-                return checkpoint, self.read_files(checkpoint), warnings
-            except CheckpointError as exc:
-                warnings.append(f"skipping invalid {exc}")
-        return None, {}, warnings
+        return ([pointed] if pointed else []) + [n for n in reversed(names) if n != pointed]
 
     def best(self) -> Checkpoint | None:
         """The best checkpoint by manifest["metrics"][monitor] (not verified); None without a monitor."""
@@ -259,7 +356,7 @@ class CheckpointManager:
 
     def _step_names(self) -> list[str]:
         names = [name for name, kind in self._entries() if kind == "directory" and _STEP_NAME.fullmatch(name)]
-        return sorted(names, key=lambda name: int(name.removeprefix("step-")))
+        return sorted(names, key=_step_and_version)
 
     def _entries(self) -> list[tuple[str, str]]:
         try:
@@ -282,7 +379,7 @@ class CheckpointManager:
         """Checkpoints that have the monitored metric, best first; on a tie the newer one first."""
         sign = 1 if self.mode == "min" else -1
         scored = [(value, c) for c in checkpoints if (value := self._metric(c)) is not None]
-        return [c for _, c in sorted(scored, key=lambda vc: (sign * vc[0], -vc[1].step))]
+        return [c for _, c in sorted(scored, key=lambda vc: (sign * vc[0], *_newest_first(vc[1])))]
 
     def _metric(self, checkpoint: Checkpoint) -> float | None:
         metrics = checkpoint.manifest.get("metrics")
@@ -291,36 +388,59 @@ class CheckpointManager:
             return None
         return float(value)
 
-    # --- verifying ---------------------------------------------------------------------------------------
+    # --- verifying and reading -----------------------------------------------------------------------------
     def verify(self, checkpoint: Checkpoint) -> None:
-        """CheckpointError unless every listed file is there with its recorded size and sha256 (streamed)."""
+        """CheckpointError unless every listed file is there with its recorded size and sha256 (streamed).
+        A storage error (an unreadable file, a failed authentication) is raised as it is."""
         _check_format(checkpoint)
         fs, root = _url_to_fs(checkpoint.url)
-        for file_name, record in checkpoint.manifest["files"].items():
-            path = posixpath.join(root, file_name)
-            try:
-                size = fs.size(path)
-            except FileNotFoundError:
-                raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} is missing") from None
-            digest = hashlib.sha256()
-            if size == record["bytes"]:  # a truncated file fails below without reading it
-                with fs.open(path, "rb") as f:
-                    while chunk := f.read(_CHUNK):
-                        digest.update(chunk)
-            _check_file(checkpoint, file_name, size, digest.hexdigest())
+        for file_name in checkpoint.manifest["files"]:
+            _stream_verified(fs, root, checkpoint, file_name)
+        self._verified.add(_identity(checkpoint))
+
+    @contextlib.contextmanager
+    def local_files(self, checkpoint: Checkpoint, names: Collection[str] | None = None,
+                    ) -> Iterator[dict[str, str]]:
+        """Local paths of the checkpoint's files (or of `names` among them), each read once and verified
+        before it is yielded: on a local filesystem in place; from other storage, streamed through the
+        hash into a temporary directory that is removed on exit. Memory use is one chunk, whatever the
+        size. CheckpointError if a file is missing or does not match; storage errors are raised as they are.
+        In place, the files are those verified as long as nobody rewrites them: checkpoint directories are
+        written once and only ever deleted.
+        """
+        _check_format(checkpoint)
+        wanted = list(checkpoint.manifest["files"] if names is None else names)
+        if missing := [name for name in wanted if name not in checkpoint.manifest["files"]]:
+            raise CheckpointError(f"checkpoint {checkpoint.url} holds no {missing[0]}")
+        fs, root = _url_to_fs(checkpoint.url)
+        if _is_local(fs):
+            for file_name in wanted:
+                _stream_verified(fs, root, checkpoint, file_name)
+            self._remember_if_complete(checkpoint, wanted)
+            yield {file_name: posixpath.join(root, file_name) for file_name in wanted}
+            return
+        with tempfile.TemporaryDirectory(prefix="hvdazure-checkpoint-") as tmp:
+            paths = {file_name: os.path.join(tmp, file_name) for file_name in wanted}
+            for file_name, path in paths.items():
+                with open(path, "wb") as copy:
+                    _stream_verified(fs, root, checkpoint, file_name, copy)
+            self._remember_if_complete(checkpoint, wanted)
+            yield paths
+
+    def _remember_if_complete(self, checkpoint: Checkpoint, verified: Collection[str]) -> None:
+        if set(verified) == set(checkpoint.manifest["files"]):
+            self._verified.add(_identity(checkpoint))
 
     def read_files(self, checkpoint: Checkpoint) -> dict[str, bytes]:
-        """Every listed file's bytes, each read once and verified; CheckpointError on a mismatch."""
+        """Every listed file's bytes, each read once and verified; CheckpointError on a mismatch. This holds
+        the whole checkpoint in memory: for small files and tests; a resume loads from `local_files`."""
         _check_format(checkpoint)
         fs, root = _url_to_fs(checkpoint.url)
         contents = {}
         for file_name in checkpoint.manifest["files"]:
-            try:
-                data = fs.cat_file(posixpath.join(root, file_name))
-            except FileNotFoundError:
-                raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} is missing") from None
-            _check_file(checkpoint, file_name, len(data), hashlib.sha256(data).hexdigest())
-            contents[file_name] = data
+            buffer = io.BytesIO()
+            _stream_verified(fs, root, checkpoint, file_name, buffer)
+            contents[file_name] = buffer.getvalue()
         return contents
 
     # --- cleaning up -------------------------------------------------------------------------------------
@@ -379,6 +499,32 @@ class _HashingWriter(io.RawIOBase):
         return self.bytes
 
 
+def _stream_verified(fs: Any, root: str, checkpoint: Checkpoint, file_name: str,
+                     sink: BinaryIO | None = None) -> None:
+    """Read one file of `checkpoint` through sha256 (into `sink`, if given) and check it against the
+    manifest. A file that is not there is a CheckpointError; any other failure to open or read it is the
+    storage's error, raised as it is: the checkpoint may be fine, and resume must not pass it over."""
+    path = posixpath.join(root, file_name)
+    try:
+        source = fs.open(path, "rb")
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} is missing") from None
+    with source:
+        _check_size(checkpoint, file_name, fs.size(path))  # a truncated file fails without being read
+        digest, size = hashlib.sha256(), 0
+        while chunk := source.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            if sink is not None:
+                sink.write(chunk)
+    _check_file(checkpoint, file_name, size, digest.hexdigest())
+
+
+def _identity(checkpoint: Checkpoint) -> tuple[str, str]:
+    """What a verified checkpoint is remembered by: its name and its files' recorded sizes and hashes."""
+    return checkpoint.name, json.dumps(checkpoint.manifest["files"], sort_keys=True)
+
+
 def _read_manifest(fs: Any, root: str, url: str) -> dict[str, Any]:
     try:
         raw = fs.cat_file(posixpath.join(root, MANIFEST))
@@ -421,13 +567,18 @@ def _check_format(checkpoint: Checkpoint) -> None:
                               f"hvdazure reads ({FORMAT_VERSION})")
 
 
+def _check_size(checkpoint: Checkpoint, file_name: str, size: int) -> None:
+    recorded = checkpoint.manifest["files"][file_name]["bytes"]
+    if size != recorded:
+        raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} has {size} bytes, the "
+                              f"manifest says {recorded} (truncated?)")
+
+
 def _check_file(checkpoint: Checkpoint, file_name: str, size: int, sha256: str) -> None:
-    record = checkpoint.manifest["files"][file_name]
-    where = f"checkpoint {checkpoint.url}: file {file_name!r}"
-    if size != record["bytes"]:
-        raise CheckpointError(f"{where} has {size} bytes, the manifest says {record['bytes']} (truncated?)")
-    if sha256 != record["sha256"]:
-        raise CheckpointError(f"{where} does not match its sha256 in the manifest (corrupt)")
+    _check_size(checkpoint, file_name, size)
+    if sha256 != checkpoint.manifest["files"][file_name]["sha256"]:
+        raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} does not match its sha256 in "
+                              "the manifest (corrupt)")
 
 
 def _check_file_name(name: str) -> None:

@@ -3,27 +3,36 @@
 Rank 0 alone touches storage (core/checkpoint.py's CheckpointManager); every collective sits outside the
 rank-0-only code. A save is entered by all ranks at the same step: they gather their RNG states, rank 0
 writes, and the outcome (the checkpoint's name, or the error) is broadcast, so a failing save is an
-error on every rank rather than a hang. A resume is decided and read by rank 0, which broadcasts the
-small JSON state and loads the tensors, then the model and optimizer are broadcast from rank 0: other
-ranks never need access to the files (multi-node without shared storage).
+error on every rank rather than a hang. A resume is decided, read, verified, loaded and applied by rank 0
+before it tells the other ranks anything; it then broadcasts the small JSON state (or the error, which
+every rank raises), and the model and optimizer are broadcast from rank 0: other ranks never need access to
+the files (multi-node without shared storage), and none is left waiting in a collective when rank 0 cannot
+resume.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import platform
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
 from hvdazure._version import __version__
 from hvdazure.core.callbacks import Callback
-from hvdazure.core.checkpoint import CheckpointError, CheckpointManager
+from hvdazure.core.checkpoint import (
+    MANIFEST,
+    Checkpoint,
+    CheckpointError,
+    CheckpointManager,
+    pointer_directory,
+)
 from hvdazure.core.cluster import detect_cluster
 from hvdazure.core.rank_logging import logger
 
@@ -32,6 +41,9 @@ if TYPE_CHECKING:
 
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.json"
+# What a resume reads besides the files: (file or manifest, keys it needs there)
+_NEEDED_KEYS = ((MANIFEST, ("world_size", "global_batch_size", "scaled_lr")),
+                (STATE_FILE, ("state", "epoch_train", "callbacks", "framework")))
 
 
 def default_checkpoint_dir(checkpoint_dir: str | None) -> str | None:
@@ -163,46 +175,93 @@ class TrainerCheckpoints:
 
     # --- resuming ---------------------------------------------------------------------------------------
     def resume(self, which: str) -> bool:
-        """Restore the checkpoint `which` ("auto" or a path) on every rank; False if "auto" found none."""
+        """Restore the checkpoint `which` on every rank: "auto" (the newest valid one in the checkpoint
+        directory; False if there is none), a checkpoint's path, or a `latest` pointer file's path (the
+        newest valid checkpoint of its directory). Any failure is one CheckpointError, raised on every rank.
+        """
         t = self.trainer
-        decision: dict[str, Any] = {}
-        files: dict[str, bytes] = {}
-        if t.is_main:
-            try:
-                decision, files = self._choose(which)
-            except CheckpointError as exc:
-                decision = {"error": str(exc)}
-        decision = json.loads(t._broadcast_bytes(json.dumps(decision).encode() if t.is_main else None))
-        if "error" in decision:
-            raise CheckpointError(decision["error"])
-        for warning in decision.get("warnings", []):
-            logger.warning(warning)
-        if decision.get("name") is None:
+        outcome = self._resume_on_main(which) if t.is_main else None
+        outcome = json.loads(t._broadcast_bytes(json.dumps(outcome).encode() if t.is_main else None))
+        if "error" in outcome:
+            raise CheckpointError(outcome["error"])
+        if outcome["name"] is None:
             logger.info(f"no checkpoint to resume from in {self.directory}; starting from scratch")
             return False
-        if t.is_main:
-            t._load_state_files(files)
+        message, error = outcome.get("message", ""), None
+        if not t.is_main:
+            try:
+                message = self._apply(outcome)
+            except Exception as exc:  # a value only this rank uses (its RNG state): still an error everywhere
+                error = f"cannot resume from {outcome['url']} on rank {t.rank}: {_one_line(exc)}"
+        errors = [json.loads(b) for b in t._allgather_bytes(json.dumps(error).encode())]
+        if first := next((e for e in errors if e), None):
+            raise CheckpointError(first)  # every rank applied the state, or every rank raises
         t._broadcast_model_and_optimizer()
-        self._restore(decision)
+        self.last_saved_step = t.state.step
+        logger.info(message)
         return True
 
-    def _choose(self, which: str) -> tuple[dict[str, Any], dict[str, bytes]]:
-        assert self.manager is not None
-        warnings: list[str] = []
-        if which == "auto":
-            self.manager.cleanup_temporaries()  # leftovers of a writer killed mid-save
-            checkpoint, files, warnings = self.manager.read_latest_valid()
-            if checkpoint is None:
-                return {"name": None, "warnings": warnings}, {}
-        else:
-            checkpoint = self.manager.open(which, verify=False)
-            files = self.manager.read_files(checkpoint)  # verifies each file as it reads it, once
-        decision = {"name": checkpoint.name, "manifest": checkpoint.manifest, "warnings": warnings,
-                    "state": json.loads(files[STATE_FILE]), "rng": json.loads(files[RNG_FILE])}
-        return decision, files
+    def _resume_on_main(self, which: str) -> dict[str, Any]:
+        """Rank 0: choose, read and verify the checkpoint, load it into model and optimizer, and apply the
+        trainer state, all before the other ranks hear of it. Returns what they need to apply it too, or
+        {"error": one line naming the checkpoint and the problem}: any failure, not only an invalid
+        checkpoint (storage, a missing key, a model of another shape), or they would wait in a collective
+        for a rank 0 that is gone, or that lives on after the error (a notebook)."""
+        where = self.directory if which == "auto" else which
+        try:
+            with self._open(which) as (checkpoint, paths):
+                if checkpoint is None:
+                    return {"name": None}
+                where = checkpoint.url
+                outcome = self._read(checkpoint, paths)
+                self.trainer._load_state_files(paths)  # the framework's load: model, optimizer
+                return {**outcome, "message": self._apply(outcome)}
+        except CheckpointError as exc:
+            return {"error": str(exc)}
+        except Exception as exc:  # storage (permissions, authentication), a model of other layer sizes, ...
+            return {"error": f"cannot resume from {where}: {_one_line(exc)}"}
 
-    def _restore(self, decision: dict[str, Any]) -> None:
-        t, manifest, saved = self.trainer, decision["manifest"], decision["state"]
+    @contextlib.contextmanager
+    def _open(self, which: str) -> Iterator[tuple[Checkpoint | None, dict[str, str]]]:
+        """The checkpoint `which` names and its verified local files; (None, {}) when "auto" finds none."""
+        assert self.manager is not None
+        pointed = pointer_directory(which) if which != "auto" else None
+        if which == "auto" or pointed is not None:
+            manager = self.manager if which == "auto" else CheckpointManager(pointed)
+            if which == "auto":
+                manager.cleanup_temporaries()  # leftovers of a writer killed mid-save
+            with manager.open_latest_valid() as (checkpoint, paths, warnings):
+                for warning in warnings:
+                    logger.warning(warning)
+                if checkpoint is None and pointed is not None:
+                    raise CheckpointError(f"no valid checkpoint in {pointed} (named by {which})")
+                yield checkpoint, paths
+            return
+        checkpoint = self.manager.open(which, verify=False)  # local_files verifies each file as it reads it
+        with self.manager.local_files(checkpoint) as paths:
+            yield checkpoint, paths
+
+    def _read(self, checkpoint: Checkpoint, paths: dict[str, str]) -> dict[str, Any]:
+        """What every rank applies: the manifest, trainer state and RNG states; CheckpointError naming what
+        is missing (a checkpoint of another framework, or written by another version of hvdazure)."""
+        where, manifest = checkpoint.url, checkpoint.manifest
+        framework = manifest.get("framework")
+        if framework != self.trainer.framework_name:
+            raise CheckpointError(f"checkpoint {where} was written by {framework!r}, not by "
+                                  f"{self.trainer.framework_name!r}")
+        if missing := [name for name in (STATE_FILE, RNG_FILE) if name not in paths]:
+            raise CheckpointError(f"checkpoint {where} holds no {missing[0]}")
+        outcome = {"name": checkpoint.name, "url": where, "manifest": manifest,
+                   "state": _read_json(paths[STATE_FILE]), "rng": _read_json(paths[RNG_FILE])}
+        for source, keys in _NEEDED_KEYS:
+            data = manifest if source == MANIFEST else outcome["state"]
+            if missing := [key for key in keys if not isinstance(data, dict) or key not in data]:
+                raise CheckpointError(f"checkpoint {where}: {source} has no {missing[0]!r}, needed to resume")
+        return outcome
+
+    def _apply(self, outcome: dict[str, Any]) -> str:
+        """Apply the trainer state, RNG states and data position on this rank; returns the log line."""
+        t, manifest, saved = self.trainer, outcome["manifest"], outcome["state"]
         t.state.load_dict(saved["state"])
         history = t.state.history
         if t.state.samples_in_epoch and history and history[-1]["epoch"] == t.state.epoch:
@@ -213,17 +272,16 @@ class TrainerCheckpoints:
             if key in callbacks:
                 callbacks[key].load_state_dict(state)
         t._framework_load_state(saved["framework"])
-        self.last_saved_step = t.state.step
         # Data continues from the samples consumed in the epoch, whatever the world size was.
         t.state.step_in_epoch = t.plan.steps_per_epoch - t.plan.steps_left(t.state.samples_in_epoch)
-        rngs = decision["rng"]
+        rngs = outcome["rng"]
         old_world, old_batch = manifest["world_size"], manifest["global_batch_size"]
         if old_world == t.world_size and len(rngs) == t.world_size:
             set_python_rng_state(rngs[t.rank])
             t._set_framework_rng_state(rngs[t.rank]["framework"])
         else:  # no saved RNG state belongs to this rank: a fresh, reproducible one
             t._seed_everything(t.config.seed * 1_000_003 + t.rank * 7919 + t.state.step)
-        message = (f"resumed from {decision['name']} at epoch {t.state.epoch + 1}, step {t.state.step} "
+        message = (f"resumed from {outcome['name']} at epoch {t.state.epoch + 1}, step {t.state.step} "
                    f"({t.state.samples_in_epoch} samples into the epoch)")
         if (old_world, old_batch) != (t.world_size, t.global_batch_size):
             t.state.world_size_history.append({"step": t.state.step, "world_size": t.world_size,
@@ -231,7 +289,19 @@ class TrainerCheckpoints:
             message += (f"; world size {old_world} -> {t.world_size}, global batch {old_batch} -> "
                         f"{t.global_batch_size}: LR rescaled {manifest['scaled_lr']:.6g} -> "
                         f"{t.schedule.peak_lr:.6g}")
-        logger.info(message)
+        return message
+
+
+def _read_json(path: str) -> Any:
+    with open(path, "rb") as file:
+        return json.load(file)
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: its type and its message's lines joined (torch's load_state_dict errors
+    span several lines)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class CheckpointCallback(Callback):

@@ -3,6 +3,7 @@ SIGTERM, and retention."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,10 +136,13 @@ def test_resume_with_another_world_size_continues_the_epoch_exactly_once_with_th
     manifest = json.loads((ckpt / "step-00000007" / "manifest.json").read_text())
     second = train(tmp_path, "second", *BASE, f"checkpoint_dir={ckpt}", "resume=auto", np=after)
 
-    epoch = str(manifest["epoch"])
-    used = [i for r in first.reports.values() for i in r["seen"].get(epoch, [])]
-    used += [i for r in second.reports.values() for i in r["seen"].get(epoch, [])]
-    assert sorted(used) == list(range(37))  # the interrupted epoch: every sample once, across both runs
+    assert manifest["samples_in_epoch"] % 37 != 0  # the first run stopped mid-epoch
+    for epoch in ("0", "1", "2"):  # the whole run, not only the interrupted epoch: every sample once
+        used = [i for run in (first, second) for r in run.reports.values() for i in r["seen"].get(epoch, [])]
+        assert sorted(used) == list(range(37)), (epoch, second.output)
+    history = second.reports[0]["history"]
+    assert [record["epoch"] for record in history] == [0, 1, 2]
+    assert history[-1]["samples_seen"] == 3 * 37  # was: a resume on more ranks stopped an epoch early
 
     old_lr, new_lr = 0.05 * before, 0.05 * after  # linear scaling with the default base batch
     assert (f"world size {before} -> {after}, global batch {4 * before} -> {4 * after}: LR rescaled "
@@ -220,3 +224,84 @@ def test_resume_from_an_explicit_checkpoint_path_without_a_checkpoint_dir(tmp_pa
 
     assert "resumed from step-00000006 at epoch 2, step 6" in resumed.stderr
     assert resumed.reports[0]["lrs"] and len(resumed.reports[0]["lrs"]) == 15 - 6
+
+
+# --- a resume that fails on rank 0 fails on every rank, with one message ---------------------------------
+FEATURES = "extra.features=4"  # the checkpointed model: 4 inputs (the worker's default model has 3)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Checkpoints of a short run of the 4-feature model (steps 3, 6 and the final 7); copy to damage them."""
+    tmp = tmp_path_factory.mktemp("trained")
+    train(tmp, "run", *BASE, FEATURES, f"checkpoint_dir={tmp / 'ckpt'}", "max_steps=7")
+    return tmp / "ckpt"
+
+
+def _replace_model_by_a_directory(ckpt):
+    target = ckpt / "step-00000007" / "model.pt"  # reading it fails with an OSError, not a checksum mismatch
+    target.unlink()
+    target.mkdir()
+
+
+def _drop_world_size_from_the_manifest(ckpt):
+    manifest = ckpt / "step-00000007" / "manifest.json"  # the manifest is not checksummed: files still verify
+    data = json.loads(manifest.read_text())
+    del data["world_size"]
+    manifest.write_text(json.dumps(data))
+
+
+# name: (damage, how the run resumes, what the error names besides the checkpoint)
+FAILED_RESUMES = {
+    "unreadable file": (_replace_model_by_a_directory, (FEATURES, "resume=auto"), ("model.pt", "directory")),
+    "manifest without a key": (_drop_world_size_from_the_manifest, (FEATURES, "resume={ckpt}/step-00000007"),
+                               ("'world_size'",)),
+    "another model's checkpoint": (lambda ckpt: None, ("extra.features=3", "resume=auto"),
+                                   ("size mismatch",)),
+}
+
+
+def _errors(stderr):
+    """Each rank's one-line errors (`hvdazure: error: ...`), by rank."""
+    return {rank: [line.removeprefix(f"[{rank}]<stderr>:hvdazure: error: ") for line in stderr.splitlines()
+                   if line.startswith(f"[{rank}]<stderr>:hvdazure: error: ")] for rank in (0, 1)}
+
+
+@pytest.mark.parametrize("case", FAILED_RESUMES)
+def test_a_resume_failing_on_rank0_is_the_same_one_line_error_on_every_rank(tmp_path, trained, case):
+    damage, settings, problem = FAILED_RESUMES[case]
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained, ckpt)
+    damage(ckpt)
+    settings = [s.format(ckpt=ckpt) for s in (*BASE, f"checkpoint_dir={ckpt}", *settings)]
+
+    job = run_job(JOB, *_args(settings), out_dir=tmp_path, timeout=180)  # a hang fails here
+
+    assert job.returncode != 0, job.output
+    errors = _errors(job.stderr)
+    assert len(errors[0]) == 1 and errors[1] == errors[0], job.stderr
+    assert all(part in errors[0][0] for part in ("step-00000007", *problem)), errors[0][0]
+    assert "Horovod has been shut down" not in job.output and "HorovodInternalError" not in job.output
+    assert not any(f"[{rank}]<stderr>:Traceback" in job.stderr for rank in (0, 1)), job.stderr
+    assert not job.reports
+
+
+def test_a_resume_error_caught_by_the_users_code_is_raised_on_every_rank(tmp_path, trained):
+    # rank 0 lives on after the error (a notebook, a retry loop): the other ranks must not wait for it
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained, ckpt)
+    settings = (*BASE, f"checkpoint_dir={ckpt}", "extra.features=3", "resume=auto",
+                "extra.catch_checkpoint_errors=true")
+
+    job = run_job(JOB, *_args(settings), out_dir=tmp_path, timeout=180)
+
+    assert job.returncode == 0, job.output
+    assert set(job.reports) == {0, 1}, job.output
+    messages = {report["checkpoint_error"] for report in job.reports.values()}
+    assert len(messages) == 1 and "size mismatch" in messages.pop(), job.reports
+
+
+def test_resume_from_the_latest_pointer_file_resumes_the_checkpoint_it_names(tmp_path, trained):
+    resumed = train(tmp_path, "resumed", *BASE, FEATURES, f"resume={trained / 'latest'}")
+
+    assert "resumed from step-00000007 at epoch 2, step 7" in resumed.stderr

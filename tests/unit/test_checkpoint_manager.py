@@ -5,6 +5,7 @@ Every storage test runs twice: on a local directory and on a memory:// URL (fssp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -21,7 +22,7 @@ from typing import Any
 import fsspec
 import pytest
 
-from hvdazure.core.checkpoint import FORMAT_VERSION, CheckpointError, CheckpointManager
+from hvdazure.core.checkpoint import FORMAT_VERSION, CheckpointError, CheckpointManager, pointer_directory
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -149,12 +150,14 @@ def test_a_writer_that_writes_through_zipfile_produces_a_valid_file(root: str) -
         assert archive.read("tensor") == b"\x00" * 5000
 
 
-def test_resaving_a_step_replaces_it(root: str) -> None:
+def test_resaving_a_step_replaces_it_with_a_new_version(root: str) -> None:
     manager = CheckpointManager(root)
     _save(manager, 5)
     checkpoint = manager.save(5, {"model.bin": lambda f: f.write(b"new weights")}, {"reason": "again"})
 
-    assert _listing(root) == {"step-00000005", "latest"}
+    assert checkpoint.name == "step-00000005-v2" and checkpoint.step == 5
+    assert _listing(root) == {"step-00000005-v2", "latest"}
+    assert _cat(f"{root}/latest").decode().strip() == "step-00000005-v2"
     assert manager.read_files(checkpoint) == {"model.bin": b"new weights"}
     assert [c.manifest["reason"] for c in manager.checkpoints()] == ["again"]
 
@@ -354,3 +357,166 @@ def test_importing_the_checkpoint_module_loads_no_framework_and_not_fsspec() -> 
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
 
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+# --- crash safety of a re-save ---------------------------------------------------------------------------
+class SimulatedCrash(BaseException):
+    """The process dies here: no `except Exception` handler of the manager may catch it."""
+
+
+class _CrashingFs:
+    """The manager's filesystem, which dies at its `crash_at`-th call: that call and every later one raise
+    SimulatedCrash, as if the process had been killed there (nothing after it runs, cleanup included)."""
+
+    def __init__(self, fs: Any, crash_at: int | None = None) -> None:
+        self._fs, self._crash_at, self.calls = fs, crash_at, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._fs, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            if self._crash_at is not None and self.calls >= self._crash_at:
+                raise SimulatedCrash(f"killed at {name}{args}")
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+def _resave_step_5(root: str, crash_at: int | None) -> int:
+    """Save steps 4 and 5, then save step 5 again with new weights, dying at the `crash_at`-th storage call
+    of that re-save (None: no crash). Returns the number of storage calls the re-save made."""
+    manager = CheckpointManager(root)
+    _save(manager, 4)
+    _save(manager, 5)
+    manager._fs = _CrashingFs(manager._fs, crash_at)
+    with pytest.raises(SimulatedCrash) if crash_at is not None else contextlib.nullcontext():
+        manager.save(5, {"model.bin": lambda f: f.write(b"new weights")}, {"reason": "again"})
+    return manager._fs.calls
+
+
+def test_a_crash_at_any_point_of_a_resave_leaves_a_valid_checkpoint_of_that_step(root: str) -> None:
+    calls = _resave_step_5(f"{root}/complete", None)
+    assert calls > 3
+
+    for crash_at in range(1, calls + 1):
+        where = f"{root}/crash-{crash_at}"
+        _resave_step_5(where, crash_at)
+        after = CheckpointManager(where)  # the next run: it cleans up, then looks for a checkpoint
+        after.cleanup_temporaries()
+        checkpoint, _ = after.latest_valid()
+
+        assert checkpoint is not None and checkpoint.step == 5, f"crash at storage call {crash_at}"
+        assert after.read_files(checkpoint)["model.bin"] in (_weights(5), b"new weights")
+
+
+# --- retention counts verified checkpoints only ----------------------------------------------------------
+# Each leaves step-00000003 as an interrupted object-store copy or damaged file would: its manifest is there.
+HALF_COPIED: dict[str, Callable[[str], None]] = {
+    "missing file": lambda d: _rm(f"{d}/model.bin"),
+    "truncated file": lambda d: _pipe(f"{d}/model.bin", _cat(f"{d}/model.bin")[:1000]),
+    "flipped bit": lambda d: _flip_a_bit(f"{d}/model.bin"),  # same size: only its sha256 tells
+}
+
+
+@pytest.mark.parametrize("damage", HALF_COPIED)
+def test_an_invalid_checkpoint_does_not_push_a_valid_one_out_of_keep_last(root: str, damage: str) -> None:
+    manager = CheckpointManager(root, keep_last=2)
+    _save(manager, 1)
+    _save(manager, 2)
+    _save(CheckpointManager(root, keep_last=10), 3)  # written by another process: unknown to `manager`
+    HALF_COPIED[damage](f"{root}/step-00000003")
+
+    _save(manager, 4)
+
+    assert _listing(root) == {"step-00000002", "step-00000004", "latest"}
+
+
+def test_an_invalid_checkpoint_is_not_kept_as_the_best(root: str) -> None:
+    manager = CheckpointManager(root, keep_last=1, keep_best=1, monitor="eval_loss")
+    _save(manager, 1, eval_loss=0.5)
+    _save(CheckpointManager(root, keep_last=10), 2, eval_loss=0.1)
+    _rm(f"{root}/step-00000002/model.bin")
+
+    _save(manager, 3, eval_loss=0.9)
+
+    assert _listing(root) == {"step-00000001", "step-00000003", "latest"}
+
+
+def test_retention_rereads_no_data_file_of_a_checkpoint_this_manager_wrote(root: str) -> None:
+    manager = CheckpointManager(root, keep_last=3)
+    _save(manager, 1)
+    _save(manager, 2)
+    opened: list[str] = []
+    real_open = manager._fs.open
+
+    class Spy(_CrashingFs):
+        def open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+            opened.append(f"{posixpath.basename(path)} {mode}")
+            return real_open(path, mode, **kwargs)
+
+    manager._fs = Spy(manager._fs)
+    _save(manager, 3)
+
+    assert [o for o in opened if o.endswith(" rb")] == []
+
+
+# --- verified local files (what a resume loads from) -----------------------------------------------------
+def test_local_files_gives_verified_paths_with_the_written_bytes(root: str) -> None:
+    manager = CheckpointManager(root)
+    checkpoint = _save(manager, 3)
+
+    with manager.local_files(checkpoint) as paths:
+        assert set(paths) == {"model.bin", "state.json"}
+        with open(paths["model.bin"], "rb") as f:
+            assert f.read() == _weights(3)
+        copies = [p for p in paths.values() if not p.startswith(str(root))]
+    assert not any(os.path.exists(p) for p in copies)  # temporary copies (object stores) are removed
+
+
+@pytest.mark.parametrize("corruption", ["truncated file", "flipped bit", "missing file"])
+def test_local_files_rejects_a_damaged_file_naming_it(root: str, corruption: str) -> None:
+    manager = CheckpointManager(root)
+    checkpoint = _save(manager, 3)
+    CORRUPTIONS[corruption][0](f"{root}/step-00000003")
+
+    damaged = r"step-00000003.*'model\.bin'"
+    with pytest.raises(CheckpointError, match=damaged), manager.local_files(checkpoint):
+        pass
+
+
+def test_a_storage_error_while_reading_is_not_mistaken_for_an_invalid_checkpoint(tmp_path: Any) -> None:
+    manager = CheckpointManager(str(tmp_path))
+    checkpoint = _save(manager, 3)
+    model = tmp_path / "step-00000003" / "model.bin"
+    model.unlink()
+    model.mkdir()  # reading it fails with an OSError, as a permission or network failure would
+
+    with pytest.raises(IsADirectoryError), manager.local_files(checkpoint):
+        pass
+    with pytest.raises(IsADirectoryError), manager.open_latest_valid():
+        pass
+
+
+def test_open_latest_valid_falls_back_past_an_invalid_checkpoint(root: str) -> None:
+    manager = CheckpointManager(root)
+    _save(manager, 1)
+    _save(manager, 2)
+    _flip_a_bit(f"{root}/step-00000002/model.bin")
+
+    with manager.open_latest_valid() as (checkpoint, paths, warnings):
+        assert checkpoint.name == "step-00000001"
+        with open(paths["model.bin"], "rb") as f:
+            assert f.read() == _weights(1)
+        assert len(warnings) == 1 and "step-00000002" in warnings[0]
+
+
+def test_the_latest_pointer_file_is_recognised_as_its_directory(root: str) -> None:
+    manager = CheckpointManager(root)
+    _save(manager, 1)
+
+    assert pointer_directory(f"{root}/latest") == root
+    assert pointer_directory(f"{root}/step-00000001") is None
+    assert pointer_directory(f"{root}/nothing-here") is None
