@@ -10,17 +10,18 @@ from hvdazure._version import __version__
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hvdazure.launch.command import LaunchSpec
+    from hvdazure.launch.command import LaunchSpec, check_script_exists
     from hvdazure.launch.supervisor import run_job
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         spec = LaunchSpec(num_proc=args.np, command=command, hosts=args.hosts, hostfile=args.hostfile,
                           controller=args.controller)
+        check_script_exists(spec)
     except ValueError as exc:
         return _fail(str(exc))
     try:
-        return run_job(spec, timeout_s=args.timeout, grace_s=args.grace).exit_code
+        return run_job(spec, timeout_s=args.timeout, grace_s=args.grace, verbose=args.verbose).exit_code
     except FileNotFoundError as exc:
         return _fail(str(exc))
 
@@ -63,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run", help="run a script or command on N ranks (Gloo via horovodrun, or MPI via mpirun)",
         description="Start COMMAND on N ranks with rank-tagged output. If any rank fails, every rank is "
-                    "stopped and the exit code is the failing rank's. A bare `train.py` runs with this "
-                    "Python interpreter.",
+                    "stopped and the exit code is the failing rank's. Ctrl-C, SIGTERM or SIGHUP give every "
+                    "rank SIGTERM and --grace seconds, then exit 128 + the signal; no rank outlives this "
+                    "command, even killed outright. A bare `train.py` runs with this Python interpreter.",
         epilog="examples:\n  hvdazure run -np 2 train.py --set epochs=3\n"
                "  hvdazure run -np 8 -H node1:4,node2:4 --mpi -- python train.py",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -83,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--grace", type=_positive_float, default=30.0, metavar="S",
                      help="seconds ranks get after SIGTERM (timeout, Ctrl-C, preemption) to save a final "
                           "checkpoint before they are killed (default: 30)")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="also show the launcher's own report when a rank fails (horovodrun's traceback, "
+                          "mpirun's summary); hvdazure's one-line summary names the rank either way")
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or -- COMMAND [args]")
     run.set_defaults(func=_run, controller="gloo")
 

@@ -6,7 +6,9 @@ Pure functions of their inputs (no processes are started here), so every flag is
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +70,37 @@ def resolve_user_command(command: Sequence[str], python: str = sys.executable) -
     if command[0].endswith(".py"):
         return [python, *command]
     return command
+
+
+_PYTHON = re.compile(r"python[\d.]*")  # python, python3, python3.11
+
+
+def script_of(command: Sequence[str]) -> str | None:
+    """The script a command runs when it is a bare `train.py` or `python train.py`, else None."""
+    if command and command[0].endswith(".py"):
+        return command[0]
+    if len(command) > 1 and _PYTHON.fullmatch(Path(command[0]).name) and command[1].endswith(".py"):
+        return command[1]
+    return None
+
+
+def check_script_exists(spec: LaunchSpec) -> None:
+    """Fail in a moment, not after starting every rank, when the job's script is missing here.
+
+    Only checked when every rank runs on this machine: a script on other nodes need not exist here."""
+    script = script_of(spec.command)
+    if script is None or not _all_ranks_here(spec) or Path(script).is_file():
+        return
+    raise ValueError(f"script not found: {script} (no such file in {Path.cwd()})")
+
+
+def _all_ranks_here(spec: LaunchSpec) -> bool:
+    if spec.hostfile:
+        return False
+    if not spec.hosts:
+        return True
+    here = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+    return all(name in here for name, _ in parse_hosts(spec.hosts))
 
 
 def rank_wrapper_command(command: Sequence[str], python: str = sys.executable) -> list[str]:

@@ -2,7 +2,9 @@
 
 When one rank dies, its peers usually fail too, a moment later, with Horovod's "has been shut down" error.
 Each failure line therefore carries the time of the exit and whether it was such a follow-on failure, so
-the supervisor can name the rank that failed first rather than whichever line reached it first.
+the supervisor can name the rank that failed first rather than whichever line reached it first. The time is
+wall-clock seconds (ranks on other nodes share no other clock); users are shown it as seconds after the
+job started (`readable`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ PEER_SHUTDOWN_MARKERS = (b"Horovod has been shut down", b"HorovodInternalError")
 _FOLLOW_ON = " (after a peer rank stopped)"
 _PATTERN = re.compile(
     r"hvdazure: rank (?P<rank>\d+) failed with exit code (?P<code>\d+)(?P<detail>.*)"
-    r" at (?P<time>\d+\.\d+)"
+    r"(?P<at> at (?P<time>\d+\.\d+))"
 )
 
 
@@ -47,6 +49,16 @@ class RankFailure:
         if follow_on:
             detail = detail[: -len(_FOLLOW_ON)]
         return cls(follow_on, float(match["time"]), int(match["rank"]), int(match["code"]), detail)
+
+
+def readable(line: str, started_at: float) -> str:
+    """A failure line as users read it: its time as seconds after `started_at` (epoch seconds), not as a
+    raw timestamp. Other lines are returned as they are."""
+    match = _PATTERN.search(line)
+    if match is None:
+        return line
+    elapsed = float(match["time"]) - started_at
+    return f"{line[:match.start('at')]} ({elapsed:.1f}s after start){line[match.end('at'):]}"
 
 
 def exit_code_of(returncode: int) -> tuple[int, str]:

@@ -4,12 +4,19 @@ mpirun and horovodrun start `python -m hvdazure.launch.rank_wrapper -- COMMAND..
 supervisor (launch/supervisor.py) reads the failure line from the tagged output to report the first failing
 rank and its exit code. Signals sent to the wrapper (the launcher tearing the job down) are passed on.
 
+The command never outlives the wrapper, and the wrapper does not outlive its parent (mpirun, orted, or
+horovodrun's shell), even when either is killed outright (see launch/lifetime.py): the command gets
+SIGKILL if the wrapper dies; the wrapper gets SIGTERM if its parent dies, passes it on, and kills the
+command if it is still running `HVDAZURE_GRACE_S` seconds later (`hvdazure run --grace`; default 30).
+This covers ranks on other nodes too, which no process of `hvdazure run` can see.
+
 The command's output is re-emitted a whole line per write: mpirun tags every chunk it reads, so an
 unbuffered `print` (text and newline written separately) would otherwise come out split across tags.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -19,8 +26,17 @@ from typing import BinaryIO
 
 from hvdazure.core.cluster import detect_cluster
 from hvdazure.launch.exit_status import PEER_SHUTDOWN_MARKERS, RankFailure, exit_code_of
+from hvdazure.launch.lifetime import die_with_parent, die_with_this_process
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+GRACE_ENV = "HVDAZURE_GRACE_S"  # set by `hvdazure run` from --grace
+_DEFAULT_GRACE_S = 30.0
+_POLL_S = 1.0  # how often the wrapper checks that its parent is still there
+# How long a rank that failed only because a peer had gone waits before it reports and exits (unless the
+# launcher signals it first). The peer may take seconds to finish exiting after Horovod has shut down
+# (freeing a large model, joining data loader workers); if this rank exited first, the launcher would
+# tear the job down and kill that peer before it could report, and the job would blame this rank.
+_FOLLOW_ON_DELAY_S = 10.0
 
 
 class _LinePump(threading.Thread):
@@ -32,11 +48,42 @@ class _LinePump(threading.Thread):
         self.saw_peer_shutdown = False
 
     def run(self) -> None:
+        sink: BinaryIO | None = self.sink
         for line in iter(self.source.readline, b""):
-            self.sink.write(line)
-            self.sink.flush()
+            if sink is not None:
+                try:
+                    sink.write(line)
+                    sink.flush()
+                except OSError:  # the launcher is gone: keep draining, or the command blocks writing
+                    sink = None
             if not self.saw_peer_shutdown and any(m in line for m in PEER_SHUTDOWN_MARKERS):
                 self.saw_peer_shutdown = True
+
+
+class _Forwarder:
+    """Passes signals on to the command; remembers which, so that an exit they explain is not a failure.
+
+    Installed before the command starts: a signal arriving meanwhile is passed on as soon as it exists."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen | None = None
+        self.signals: set[int] = set()
+        self.signalled = threading.Event()
+
+    def __call__(self, signum: int, _frame: object = None) -> None:
+        self.signals.add(signum)
+        self.signalled.set()
+        if self.child is not None:
+            self.child.send_signal(signum)  # harmless if the command has just exited
+
+    def attach(self, child: subprocess.Popen) -> None:
+        self.child = child
+        for signum in sorted(self.signals):
+            child.send_signal(signum)
+
+    def explains(self, code: int) -> bool:
+        """An exit the launcher asked for: killed by a forwarded signal, or exiting 128 + it after saving."""
+        return code - 128 in self.signals
 
 
 def _say(line: str) -> None:
@@ -44,6 +91,33 @@ def _say(line: str) -> None:
     would tag the two pieces as two lines."""
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def _grace_s() -> float:
+    try:
+        return float(os.environ.get(GRACE_ENV, _DEFAULT_GRACE_S))
+    except ValueError:
+        return _DEFAULT_GRACE_S
+
+
+class _OrphanWatch(threading.Thread):
+    """Stops the command if this wrapper is orphaned (its parent died): SIGTERM (the parent-death signal
+    has usually delivered it already), then SIGKILL after the grace period."""
+
+    def __init__(self, child: subprocess.Popen, forward: _Forwarder) -> None:
+        super().__init__(daemon=True)
+        self.child, self.forward = child, forward
+        self.parent = os.getppid()
+        self.command_exited = threading.Event()
+
+    def run(self) -> None:
+        while not self.command_exited.wait(_POLL_S):
+            if os.getppid() != self.parent:
+                if signal.SIGTERM not in self.forward.signals:  # no parent-death signal on this system
+                    self.forward(signal.SIGTERM)
+                if not self.command_exited.wait(_grace_s()):
+                    self.child.kill()
+                return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,38 +132,38 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # a malformed launcher variable: say which, on every rank
         _say(f"hvdazure: error: {exc}")
         return 2
+    forward = _Forwarder()
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, forward)
     try:
         child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE)
+                                 stderr=subprocess.PIPE, preexec_fn=die_with_this_process(signal.SIGKILL))
     except OSError as exc:
         failure = RankFailure(False, time.time(), rank, 127, f" (cannot start {args[0]!r}: {exc.strerror})")
         _say(failure.line())
         return 127
+    forward.attach(child)
     pumps = [_LinePump(child.stdout, sys.stdout.buffer), _LinePump(child.stderr, sys.stderr.buffer)]
     for pump in pumps:
         pump.start()
-
-    forwarded: int | None = None  # the last signal passed on to the command (the launcher stopping the job)
-
-    def forward(signum: int, _frame: object) -> None:
-        nonlocal forwarded
-        forwarded = signum
-        child.send_signal(signum)  # harmless if the command has just exited
-
-    for sig in FORWARDED_SIGNALS:
-        signal.signal(sig, forward)
+    watch = _OrphanWatch(child, forward)
+    watch.start()
     returncode = child.wait()
     exited_at = time.time()
+    watch.command_exited.set()
     for pump in pumps:
         pump.join(timeout=5)
     code, detail = exit_code_of(returncode)
-    # An exit the forwarded signal explains (killed by it, or exiting 128 + it after saving) is the
-    # launcher's doing, not a failure of this rank. Anything else is reported, signal or not.
-    if code != 0 and not (forwarded is not None and code == 128 + forwarded):
+    # An exit the forwarded signal explains is the launcher's doing, not a failure of this rank. Anything
+    # else is reported, signal or not.
+    if code != 0 and not forward.explains(code):
         follow_on = any(pump.saw_peer_shutdown for pump in pumps)
+        if follow_on:  # let the rank that failed first report first
+            forward.signalled.wait(_FOLLOW_ON_DELAY_S)
         _say(RankFailure(follow_on, exited_at, rank, code, detail).line())
     return code
 
 
 if __name__ == "__main__":
+    die_with_parent(signal.SIGTERM)  # here, not in main(): it changes the process for good
     sys.exit(main())

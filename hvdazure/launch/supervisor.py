@@ -1,10 +1,20 @@
 """Runs a launcher process (mpirun/horovodrun), streams rank-tagged output, and stops the whole job promptly.
 
 A job ends when the launcher exits. Three things end it early, each by stopping every rank: a rank reporting
-failure (ranks left waiting in a collective would otherwise hang), the --timeout, and SIGINT/SIGTERM to
-`hvdazure run` itself. Stopping sends SIGTERM to the ranks first and gives them a grace period to save a
-checkpoint (the launcher is left alone meanwhile: horovodrun would kill them after 5 s), then SIGTERM to
-the launcher and what is left, then SIGKILL.
+failure (ranks left waiting in a collective would otherwise hang), the --timeout, and SIGINT, SIGTERM or
+SIGHUP (a closed terminal) to `hvdazure run` itself. Stopping sends SIGTERM to the ranks first and gives
+them a grace period to save a checkpoint (the launcher is left alone meanwhile: horovodrun would kill them
+after 5 s), then SIGTERM to the launcher and what is left, then SIGKILL.
+
+No process of the job outlives `hvdazure run`: the signal handlers are in place before the launcher
+starts; the launcher gets SIGTERM from the kernel if `hvdazure run` is killed outright (SIGKILL, the OOM
+killer), and tears its ranks down; `hvdazure run` is the subreaper of its descendants, so a rank whose
+parent died is re-parented to it rather than lost; and whatever is left when the launcher exits, however
+it exits, is stopped (see launch/lifetime.py).
+
+What users read: rank output, tagged with its rank; the launcher's own lines until a rank fails or the
+job is being stopped (after that they repeat what the summary says, with a traceback: `verbose` keeps
+them); and one summary line.
 """
 
 from __future__ import annotations
@@ -16,19 +26,27 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
 import psutil
 
 from hvdazure.launch.command import RANK_WRAPPER_MODULE, LaunchSpec, build_command
-from hvdazure.launch.exit_status import RankFailure, exit_code_of
+from hvdazure.launch.exit_status import RankFailure, exit_code_of, readable
+from hvdazure.launch.lifetime import die_with_this_process, is_child_subreaper, set_child_subreaper
+from hvdazure.launch.rank_wrapper import GRACE_ENV
 
 TIMEOUT_EXIT_CODE = 124  # as coreutils' timeout(1)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, the terminal closing
 _LAUNCHER_GRACE_S = 5.0
 _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:")
 _HOROVODRUN_TAG = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:")
+# horovodrun imports TensorFlow, whose start-up log lines (absl format, INFO or WARNING) say nothing about
+# the job: e.g. "I0000 00:00:1796022491.280376   16565 port.cc:153] oneDNN custom operations are on."
+_LAUNCHER_IMPORT_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|[IW]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ \S+:\d+\] )")
 
 
 @dataclass(frozen=True)
@@ -51,58 +69,88 @@ def normalize_line(line: str) -> tuple[str, bool]:
 
 
 class _Job:
-    """One running launcher process and everything it started."""
+    """One launcher process and everything it started, orphans re-parented to this process included."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1, errors="replace",
-        )
+    def __init__(self, verbose: bool = False) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.verbose = verbose
+        self.started_at = time.time()  # wall clock: rank failure lines carry wall-clock times
         self.failures: list[RankFailure] = []
         self.failed_at: float | None = None  # when the first failure line arrived (monotonic clock)
         self.stop_requested = threading.Event()
-        self.stopped_by_signal: int | None = None  # SIGINT/SIGTERM received by `hvdazure run` itself
-        self.stopping = False  # we stop the job (signal, timeout): the launcher's complaints are noise
+        self.stopped_by_signal: int | None = None  # the first stop signal `hvdazure run` received
+        self.stopping = False  # we stop the job: the launcher's complaints about it are noise
+        # Children this process had before the job are not the job's (when run_job is called as a library).
+        self._not_ours = {p.pid for p in psutil.Process().children(recursive=True)}
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        """Start the launcher in its own session (the terminal's Ctrl-C reaches `hvdazure run` alone, which
+        stops the ranks in order); the kernel sends it SIGTERM if this process dies without doing so."""
+        self.proc = subprocess.Popen(
+            list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1, errors="replace",
+            preexec_fn=die_with_this_process(signal.SIGTERM),
+        )
 
     def on_signal(self, signum: int, _frame: object) -> None:
-        self.stopped_by_signal = signum
+        if self.stopped_by_signal is None:
+            self.stopped_by_signal = signum
         self.stop_requested.set()
 
     def pump_output(self, out: TextIO, err: TextIO) -> None:
-        assert self.proc.stdout is not None
+        assert self.proc is not None and self.proc.stdout is not None
         for raw in self.proc.stdout:
             line, is_err = normalize_line(raw)
-            if self.stopping and not _HOROVODRUN_TAG.match(line):
-                continue  # e.g. horovodrun's traceback about ranks that exited non-zero as told
-            (err if is_err else out).write(line)
-            (err if is_err else out).flush()
+            if not _HOROVODRUN_TAG.match(line):
+                if self._shows_launcher_line(line):
+                    out.write(line)
+                    out.flush()
+                continue
             failure = RankFailure.parse(line)
             if failure is not None:
-                self.failures.append(failure)
-                if self.failed_at is None:
-                    self.failed_at = time.monotonic()
-                    self.stop_requested.set()
+                self._record(failure)
+                line = readable(line, self.started_at)
+            (err if is_err else out).write(line)
+            (err if is_err else out).flush()
+
+    def _shows_launcher_line(self, line: str) -> bool:
+        """The launcher's own output is shown until a rank fails or the job is being stopped: after that it
+        reports what the summary says (horovodrun with a 20-line traceback)."""
+        if self.verbose:
+            return True
+        return not (self.stopping or self.failures or _LAUNCHER_IMPORT_NOISE.match(line))
+
+    def _record(self, failure: RankFailure) -> None:
+        self.failures.append(failure)
+        if self.failed_at is None:
+            self.failed_at = time.monotonic()
+            self.stop_requested.set()
+
+    def processes(self) -> list[psutil.Process]:
+        """Every process of the job still there: the launcher, its descendants, and orphans adopted."""
+        return [p for p in psutil.Process().children(recursive=True) if p.pid not in self._not_ours]
 
     def stop(self, grace_s: float) -> None:
         """Stop every local process of the job; ranks get `grace_s` seconds after SIGTERM."""
-        try:
-            procs = [psutil.Process(self.proc.pid)]
-            procs += procs[0].children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
-        self.stopping = self.failed_at is None  # a failure's launcher output may help; keep it
-        ranks = [p for p in procs if _is_rank_wrapper(p)]
+        self.stopping = True
+        self.end_leftovers(grace_s)
+
+    def end_leftovers(self, grace_s: float) -> None:
+        """SIGTERM the ranks, wait up to `grace_s`, then SIGTERM everything else, then SIGKILL."""
+        ranks = [p for p in self.processes() if _is_rank_wrapper(p)]
         _signal_all(ranks, signal.SIGTERM)
         psutil.wait_procs(ranks, timeout=grace_s)
+        procs = self.processes()
         _signal_all(procs, signal.SIGTERM)
         _, alive = psutil.wait_procs(procs, timeout=_LAUNCHER_GRACE_S)
         _signal_all(alive, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=_LAUNCHER_GRACE_S)  # reaps the adopted ones
 
 
 def _is_rank_wrapper(proc: psutil.Process) -> bool:
     try:
         return RANK_WRAPPER_MODULE in proc.cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 
 
@@ -110,6 +158,31 @@ def _signal_all(procs: Sequence[psutil.Process], sig: int) -> None:
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(sig)
+
+
+@contextlib.contextmanager
+def _stop_signals_caught(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """Within the block, STOP_SIGNALS call `handler` (main thread only: Python's rule for handlers)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def _orphans_adopted() -> Iterator[None]:
+    """Within the block, descendants whose parent dies are re-parented to this process (Linux)."""
+    was_subreaper = is_child_subreaper()
+    set_child_subreaper(True)
+    try:
+        yield
+    finally:
+        if not was_subreaper:
+            set_child_subreaper(False)
 
 
 def run_job(
@@ -120,49 +193,60 @@ def run_job(
     out: TextIO | None = None,
     err: TextIO | None = None,
     env: Mapping[str, str] | None = None,
+    verbose: bool = False,
 ) -> JobResult:
     """Run a job to completion and return how it ended; never leaves ranks running behind.
 
     `grace_s`: how long ranks may take to exit after SIGTERM on a timeout or a signal (a final checkpoint).
     `failure_grace_s`: after a rank failed, how long the launcher gets to stop the others by itself, and
-    then how long they get after SIGTERM (they cannot save anything useful with a peer gone)."""
+    then how long they get after SIGTERM (they cannot save anything useful with a peer gone).
+    `verbose`: show the launcher's own output after a failure too (horovodrun's traceback, mpirun's report).
+    Every process this process starts while the job runs is treated as part of the job."""
     out, err = out or sys.stdout, err or sys.stderr
     argv, job_env = build_command(spec, env)
+    job_env[GRACE_ENV] = f"{grace_s:g}"  # ranks whose launcher dies stop within the same grace
     start = time.monotonic()
-    job = _Job(argv, job_env)
+    job = _Job(verbose)
     pump = threading.Thread(target=job.pump_output, args=(out, err), daemon=True)
-    pump.start()
-
-    previous = {}
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    if in_main_thread:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, job.on_signal)
     timed_out = False
-    try:
-        while job.proc.poll() is None:
-            if job.stop_requested.wait(0.1):
-                # Give the launcher a moment to tear down by itself after a rank failure (mpirun does), then
-                # stop everything: survivors blocked in a collective would wait forever.
-                if job.failed_at is not None:
-                    remaining = failure_grace_s - (time.monotonic() - job.failed_at)
-                    if remaining > 0 and _wait(job.proc, remaining):
-                        break
-                job.stop(grace_s if job.failed_at is None else failure_grace_s)
-                break
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                timed_out = True
-                job.stop(grace_s)
-                break
-        job.proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if job.proc.poll() is None:
-            job.stop(grace_s)
-    pump.join(timeout=5)
+    with _stop_signals_caught(job.on_signal), _orphans_adopted():
+        try:
+            job.start(argv, job_env)
+            pump.start()
+            timed_out = _supervise(job, start, timeout_s, grace_s, failure_grace_s)
+        finally:
+            if job.proc is not None and job.proc.poll() is None:
+                job.stop(grace_s)  # an exception: nothing may be left running
+            job.end_leftovers(grace_s)  # ranks or their children the launcher left behind
+    if pump.ident is not None:  # started
+        pump.join(timeout=5)
+    return _report(job, timed_out, timeout_s, time.monotonic() - start, err)
 
-    duration = time.monotonic() - start
+
+def _supervise(job: _Job, start: float, timeout_s: float | None, grace_s: float,
+               failure_grace_s: float) -> bool:
+    """Wait for the launcher to exit, stopping the job early on a failure, a signal or the timeout.
+    Returns whether the timeout stopped it."""
+    assert job.proc is not None
+    while job.proc.poll() is None:
+        if job.stop_requested.wait(0.1):
+            # Give the launcher a moment to tear down by itself after a rank failure (mpirun does), then
+            # stop everything: survivors blocked in a collective would wait forever.
+            if job.failed_at is not None:
+                remaining = failure_grace_s - (time.monotonic() - job.failed_at)
+                if remaining > 0 and _wait(job.proc, remaining):
+                    return False
+            job.stop(grace_s if job.failed_at is None else failure_grace_s)
+            return False
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            job.stop(grace_s)
+            return True
+    return False
+
+
+def _report(job: _Job, timed_out: bool, timeout_s: float | None, duration: float, err: TextIO) -> JobResult:
+    """Say in one line how the job ended, and return it as a JobResult."""
+    assert job.proc is not None
     if timed_out:
         err.write(f"hvdazure run: job exceeded --timeout {timeout_s:g}s; stopped all ranks\n")
         return JobResult(TIMEOUT_EXIT_CODE, None, True, duration)
@@ -175,7 +259,7 @@ def run_job(
         err.write(f"hvdazure run: rank {first.rank} failed first, with exit code {first.code}{first.detail}; "
                   f"stopped all ranks ({duration:.1f}s after start)\n")
         return JobResult(first.code, first.rank, False, duration)
-    code, detail = exit_code_of(job.proc.returncode)
+    code, detail = exit_code_of(job.proc.wait())
     if code != 0:
         err.write(f"hvdazure run: launcher exited with code {code}{detail}\n")
     return JobResult(code, None, False, duration)
@@ -187,3 +271,4 @@ def _wait(proc: subprocess.Popen, seconds: float) -> bool:
         return True
     except subprocess.TimeoutExpired:
         return False
+

@@ -1,21 +1,28 @@
 """A failing, killed or hung rank stops the whole job promptly, and the exit status says which rank."""
 
-import os
+import re
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
-from harness import CONTROLLERS, WORKERS, processes_running, read_reports, run_job
+from harness import CONTROLLERS, WORKERS, processes_running, run_job
 
 # A failed job must end long before this; the harness turns a longer wait into a "job hung" failure.
-NO_HANG_TIMEOUT = 60
+NO_HANG_TIMEOUT = 120
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_rank_exiting_nonzero_stops_all_ranks_with_its_exit_code(tmp_path, controller):
     job = run_job("misbehave.py", "exit", "3", out_dir=tmp_path, controller=controller,
+                  timeout=NO_HANG_TIMEOUT)
+
+    assert job.returncode == 3, job.output
+    assert "hvdazure run: rank 1 failed first, with exit code 3" in job.stderr
+    assert not processes_running(str(WORKERS / "misbehave.py"))
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_a_rank_slow_to_exit_is_still_named_and_not_the_peer_that_failed_because_of_it(tmp_path, controller):
+    job = run_job("misbehave.py", "slow-exit", "3", out_dir=tmp_path, controller=controller,
                   timeout=NO_HANG_TIMEOUT)
 
     assert job.returncode == 3, job.output
@@ -35,32 +42,36 @@ def test_rank_killed_by_sigkill_is_reported_as_such(tmp_path, controller):
 @pytest.mark.parametrize("controller", CONTROLLERS)
 def test_timeout_stops_every_rank_and_exits_124(tmp_path, controller):
     job = run_job("misbehave.py", "hang", out_dir=tmp_path, controller=controller,
-                  launcher_args=("--timeout", "8"), timeout=NO_HANG_TIMEOUT)
+                  launcher_args=("--timeout", "30"), timeout=NO_HANG_TIMEOUT)
 
     assert job.returncode == 124, job.output
-    assert "hvdazure run: job exceeded --timeout 8s; stopped all ranks" in job.stderr
-    assert sorted(job.reports) == [0, 1]  # both ranks had started before the timeout
+    assert "hvdazure run: job exceeded --timeout 30s; stopped all ranks" in job.stderr
+    # Both ranks had started (on this shared 2-core machine, under load, that took up to 15 s).
+    assert sorted(job.reports) == [0, 1]
     assert not processes_running(str(WORKERS / "misbehave.py"))
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
-def test_sigterm_to_the_launcher_reaches_every_rank(tmp_path, controller):
-    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", "2", f"--{controller}",
-           str(WORKERS / "misbehave.py"), "sigterm"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(tmp_path)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + NO_HANG_TIMEOUT
-        while len(read_reports(tmp_path)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert len(read_reports(tmp_path)) == 2, "ranks did not start"
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=NO_HANG_TIMEOUT)
-    finally:
-        proc.kill()
+def test_a_bad_config_value_is_reported_in_a_few_lines_without_the_launchers_traceback(tmp_path, controller):
+    job = run_job("torch_job.py", "--set", "batch_size=0", out_dir=tmp_path, controller=controller,
+                  timeout=NO_HANG_TIMEOUT)
 
-    assert proc.returncode == 128 + signal.SIGTERM, output
-    assert "hvdazure run: received SIGTERM; stopped all ranks" in output
-    reports = read_reports(tmp_path)
-    assert all(report.get("got_sigterm") for report in reports.values()), (reports, output)
-    assert not processes_running(str(WORKERS / "misbehave.py"))
+    assert job.returncode == 2, job.output
+    summary = re.search(r"^hvdazure run: rank (\d) failed first, with exit code 2; stopped all ranks "
+                        r"\(\d+\.\ds after start\)$", job.stderr, re.MULTILINE)
+    assert summary, job.output
+    rank = summary.group(1)
+    assert f"[{rank}]<stderr>:hvdazure: error: config field 'batch_size': 0 must be at least 1" in job.stderr
+    assert "Traceback" not in job.output and "detected that one or more processes" not in job.output
+    # Per rank at most its config error and the wrapper's failure line, then the summary.
+    assert len(job.output.splitlines()) <= 5, job.output
+    assert not re.search(r"\d{9,}\.\d", job.output), "raw epoch seconds shown to the user"
+
+
+def test_verbose_shows_the_launchers_own_report_of_a_failure(tmp_path):
+    job = run_job("misbehave.py", "exit", "3", out_dir=tmp_path, launcher_args=("--verbose",),
+                  timeout=NO_HANG_TIMEOUT)
+
+    assert job.returncode == 3, job.output
+    assert "Horovod detected that one or more processes exited with non-zero status" in job.output
+    assert "hvdazure run: rank 1 failed first, with exit code 3" in job.stderr

@@ -1,5 +1,8 @@
 """The CLI turns bad input into one clear line and exit status 2, before starting anything."""
 
+import subprocess
+import sys
+
 import pytest
 
 from hvdazure.cli import main
@@ -36,12 +39,37 @@ def test_malformed_arguments_are_rejected_by_the_parser(capsys, argv, message):
 def test_command_after_double_dash_is_taken_verbatim(monkeypatch):
     seen = {}
 
-    def fake_run_job(spec, timeout_s, grace_s):  # the launcher itself is covered by tests/distributed
-        seen["spec"], seen["timeout"], seen["grace"] = spec, timeout_s, grace_s
+    def fake_run_job(spec, timeout_s, grace_s, verbose):  # the launcher itself: tests/distributed
+        seen["spec"], seen["timeout"], seen["grace"], seen["verbose"] = spec, timeout_s, grace_s, verbose
         return type("Result", (), {"exit_code": 7})()
 
     monkeypatch.setattr("hvdazure.launch.supervisor.run_job", fake_run_job)
     assert main(["run", "-np", "3", "--mpi", "--timeout", "5", "--", "python", "-c", "pass"]) == 7
     assert seen["spec"].command == ["python", "-c", "pass"]
     assert (seen["spec"].num_proc, seen["spec"].controller) == (3, "mpi")
-    assert (seen["timeout"], seen["grace"]) == (5.0, 30.0)
+    assert (seen["timeout"], seen["grace"], seen["verbose"]) == (5.0, 30.0, False)
+
+
+def _must_not_start(*args, **kwargs):
+    raise AssertionError(f"started a process: {args[0] if args else kwargs}")
+
+
+@pytest.mark.parametrize("command", [
+    ["missing.py", "--set", "epochs=1"], ["python", "missing.py"], ["--", "python3", "missing.py"],
+])
+def test_a_missing_script_fails_in_one_line_before_any_rank_starts(capsys, monkeypatch, tmp_path, command):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(subprocess, "Popen", _must_not_start)
+
+    assert main(["run", "-np", "2", *command]) == 2
+    assert capsys.readouterr().err == (
+        f"hvdazure: error: script not found: missing.py (no such file in {tmp_path})\n")
+
+
+def test_the_cli_reports_a_missing_script_with_exit_status_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hvdazure.cli", "run", "-np", "2", "nope.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr.startswith("hvdazure: error: script not found: nope.py")
+    assert proc.stderr.count("\n") == 1

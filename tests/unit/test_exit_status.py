@@ -2,7 +2,7 @@
 
 import signal
 
-from hvdazure.launch.exit_status import RankFailure, exit_code_of
+from hvdazure.launch.exit_status import RankFailure, exit_code_of, readable
 from hvdazure.launch.supervisor import normalize_line
 
 
@@ -38,3 +38,11 @@ def test_mpirun_tags_are_rewritten_like_horovodrun_tags():
     assert normalize_line("[31203,1]<stderr>:oops\n") == ("[1]<stderr>:oops\n", True)
     assert normalize_line("[1]<stderr>:oops\n") == ("[1]<stderr>:oops\n", True)
     assert normalize_line("untagged launcher line\n") == ("untagged launcher line\n", False)
+
+
+def test_users_read_failure_times_as_seconds_after_the_start_not_epoch_seconds():
+    line = f"[1]<stderr>:{RankFailure(False, 1795980012.34, 1, 2).line()}\n"
+
+    assert readable(line, started_at=1795980010.0) == (
+        "[1]<stderr>:hvdazure: rank 1 failed with exit code 2 (2.3s after start)\n")
+    assert readable("[0]<stdout>:epoch 1 at 1795980012.5\n", 0.0) == "[0]<stdout>:epoch 1 at 1795980012.5\n"

@@ -4,7 +4,14 @@ import sys
 
 import pytest
 
-from hvdazure.launch.command import LaunchSpec, build_command, parse_hosts, resolve_user_command
+from hvdazure.launch.command import (
+    LaunchSpec,
+    build_command,
+    check_script_exists,
+    parse_hosts,
+    resolve_user_command,
+    script_of,
+)
 
 ENV = {"PATH": "/usr/bin", "HOROVOD_FUSION_THRESHOLD": "0", "NCCL_DEBUG": "INFO", "SECRET_TOKEN": "x"}
 
@@ -81,3 +88,24 @@ def test_host_list_parsing():
 def test_bad_launch_requests_fail_with_a_message_naming_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         LaunchSpec(**{"num_proc": 2, "command": ["t.py"], **kwargs})
+
+
+@pytest.mark.parametrize(("command", "script"), [
+    (["train.py", "--lr", "1"], "train.py"),
+    (["python", "train.py"], "train.py"),
+    (["/usr/bin/python3.11", "sub/train.py", "-x"], "sub/train.py"),
+    (["python", "-u", "train.py"], None),  # interpreter options: not second-guessed
+    (["bash", "run.sh"], None),
+    (["torchrun", "train.py"], None),
+])
+def test_the_script_of_a_command_is_found_only_in_the_plain_forms(command, script):
+    assert script_of(command) == script
+
+
+def test_a_missing_script_is_reported_only_when_every_rank_runs_here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"script not found: gone.py \(no such file in "):
+        check_script_exists(LaunchSpec(num_proc=2, command=["gone.py"], hosts="localhost:2"))
+    check_script_exists(LaunchSpec(num_proc=8, command=["gone.py"], hosts="node1:4,node2:4"))
+    (tmp_path / "here.py").write_text("")
+    check_script_exists(LaunchSpec(num_proc=2, command=["python", "here.py"]))

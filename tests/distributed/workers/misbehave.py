@@ -1,11 +1,15 @@
 """A job in which one rank misbehaves while its peers wait in a collective that can never complete.
 
     misbehave.py exit CODE     rank 1 exits with CODE
+    misbehave.py slow-exit CODE  rank 1 exits with CODE but takes 3 s to do so after Horovod shut down
+                               (a large model being freed, data loader workers joining): its peer sees
+                               the shutdown and fails first
     misbehave.py sigkill       rank 1 is killed by SIGKILL
     misbehave.py hang          every rank sleeps forever (for --timeout)
     misbehave.py sigterm       every rank records the SIGTERM it receives, then exits 143
 """
 
+import atexit
 import os
 import signal
 import sys
@@ -16,8 +20,11 @@ import torch
 from _report import report_rank
 
 mode = sys.argv[1]
+seen = {}
+# Registered before hvd.init(), so it runs after Horovod's own exit handler has shut Horovod down.
+atexit.register(lambda: mode == "slow-exit" and seen.get("rank") == 1 and time.sleep(3))
 hvd.init()
-rank = hvd.rank()
+rank = seen["rank"] = hvd.rank()
 report_rank(rank, {"pid": os.getpid(), "started": True})
 
 if mode == "sigterm":
@@ -36,7 +43,7 @@ if mode == "hang":
 
 if rank == 1:
     time.sleep(0.5)  # let rank 0 enter the allreduce first
-    if mode == "exit":
+    if mode in ("exit", "slow-exit"):
         sys.exit(int(sys.argv[2]))
     os.kill(os.getpid(), signal.SIGKILL)
 hvd.allreduce(torch.ones(1), name="never_completes")

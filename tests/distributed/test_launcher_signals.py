@@ -1,0 +1,89 @@
+"""Signals to `hvdazure run` itself stop the whole job, and killing it outright leaves no process behind.
+
+SIGTERM and SIGHUP (a closed terminal, a dropped ssh session) give every rank SIGTERM and `--grace`
+seconds to save, and `hvdazure run` exits 128 + the signal it received. SIGKILL (or the OOM killer) cannot
+be caught: the job's processes must still end, by the kernel's parent-death signals.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from harness import CONTROLLERS, WORKERS, processes_running, read_reports
+
+NO_HANG_TIMEOUT = 120
+SCRIPT = str(WORKERS / "misbehave.py")
+
+
+def _start_job(out_dir, controller):
+    """`hvdazure run` of two ranks that record the SIGTERM they receive; returns once both are running."""
+    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", "2", f"--{controller}", SCRIPT, "sigterm"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out_dir)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + NO_HANG_TIMEOUT
+    while len(read_reports(out_dir)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    if len(read_reports(out_dir)) < 2:
+        proc.kill()
+        raise AssertionError(f"ranks did not start:\n{proc.communicate()[0]}")
+    return proc
+
+
+def _stop(proc, sig):
+    """Send `sig` to `hvdazure run` and return its exit code and output."""
+    try:
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=NO_HANG_TIMEOUT)
+    finally:
+        proc.kill()
+    return proc.returncode, output
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda sig: sig.name)
+def test_sigterm_or_sighup_to_the_launcher_gives_every_rank_sigterm(tmp_path, controller, sig):
+    returncode, output = _stop(_start_job(tmp_path, controller), sig)
+
+    assert returncode == 128 + sig, output
+    assert f"hvdazure run: received {sig.name}; stopped all ranks" in output
+    reports = read_reports(tmp_path)
+    assert all(report.get("got_sigterm") for report in reports.values()), (reports, output)
+    assert "failed" not in output, "ranks that stopped as asked were reported as failed"
+    assert not processes_running(SCRIPT)
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_sigkill_of_the_launcher_leaves_no_process_of_the_job(tmp_path, controller):
+    proc = _start_job(tmp_path, controller)
+    job = psutil.Process(proc.pid).children(recursive=True)
+    try:
+        proc.kill()
+        proc.wait()
+        alive = _still_running(job, within_s=NO_HANG_TIMEOUT)
+    finally:
+        for leftover in _still_running(job, within_s=0):
+            leftover.kill()
+
+    assert not alive, [p.info for p in psutil.process_iter(["pid", "cmdline"]) if p in alive]
+    assert not processes_running(SCRIPT)
+
+
+def _still_running(procs, within_s):
+    """Those of `procs` still running (zombies count as ended) after waiting up to `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = [p for p in procs if _running(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def _running(proc):
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,149 @@
+"""The rank wrapper never leaves its command running: not when it is killed, nor when its own parent dies.
+
+Real processes, no Horovod: the wrapper runs a small Python command directly (a single-process "job").
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hvdazure.launch import rank_wrapper
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals: Linux")
+
+NO_HANG_TIMEOUT = 30
+WRAPPER = [sys.executable, "-m", "hvdazure.launch.rank_wrapper", "--"]
+
+# The wrapped command: writes its pid, then sleeps. On SIGTERM it writes "sigterm" and exits 143, or, with
+# "ignore", ignores SIGTERM (a command stuck where it cannot react).
+COMMAND = """
+import os, signal, sys, time
+from pathlib import Path
+out, mode = Path(sys.argv[1]), sys.argv[2]
+def on_sigterm(signum, frame):
+    (out / "sigterm").write_text("1")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else on_sigterm)
+(out / "pid.tmp").write_text(str(os.getpid()))
+(out / "pid.tmp").rename(out / "command.pid")
+while True:
+    time.sleep(0.1)
+"""
+
+# A parent that starts the wrapper from its main thread, says the wrapper's pid, and waits to be killed.
+PARENT = """
+import subprocess, sys, time
+wrapper = subprocess.Popen(sys.argv[1:])
+print(wrapper.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def _wrapped_command(out: Path, mode: str = "record") -> list[str]:
+    return [*WRAPPER, sys.executable, "-c", COMMAND, str(out), mode]
+
+
+def _wait_for_command(out: Path) -> psutil.Process:
+    deadline = time.monotonic() + NO_HANG_TIMEOUT
+    while not (out / "command.pid").exists():
+        assert time.monotonic() < deadline, "the wrapped command did not start"
+        time.sleep(0.05)
+    return psutil.Process(int((out / "command.pid").read_text()))
+
+
+def _gone_within(procs: list[psutil.Process], seconds: float) -> list[psutil.Process]:
+    """The processes still running (zombies count as gone) after up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [p for p in procs if _running(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _kill_all(procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        if _running(proc):
+            proc.kill()
+
+
+def test_the_command_dies_when_its_wrapper_is_killed(tmp_path):
+    wrapper = subprocess.Popen(_wrapped_command(tmp_path))
+    command = _wait_for_command(tmp_path)
+    try:
+        wrapper.kill()
+        wrapper.wait()
+        alive = _gone_within([command], NO_HANG_TIMEOUT)
+    finally:
+        _kill_all([command])
+
+    assert not alive, "the command outlived its SIGKILLed wrapper"
+
+
+def test_when_the_wrappers_parent_dies_the_command_gets_sigterm_and_everything_exits(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, *_wrapped_command(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    wrapper = psutil.Process(int(parent.stdout.readline()))
+    command = _wait_for_command(tmp_path)
+    try:
+        parent.kill()
+        parent.wait()
+        alive = _gone_within([wrapper, command], NO_HANG_TIMEOUT)
+    finally:
+        _kill_all([wrapper, command])
+
+    assert not alive, "wrapper or command outlived the wrapper's parent"
+    assert (tmp_path / "sigterm").exists(), "the command was not given SIGTERM to stop cleanly"
+
+
+def test_an_orphaned_command_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
+    env = {**os.environ, "HVDAZURE_GRACE_S": "1"}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, *_wrapped_command(tmp_path, "ignore")],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    wrapper = psutil.Process(int(parent.stdout.readline()))
+    command = _wait_for_command(tmp_path)
+    try:
+        parent.kill()
+        parent.wait()
+        alive = _gone_within([wrapper, command], NO_HANG_TIMEOUT)
+    finally:
+        _kill_all([wrapper, command])
+
+    assert not alive, "a command ignoring SIGTERM outlived its orphaned wrapper"
+
+
+@pytest.fixture
+def restore_signal_handlers():
+    saved = {sig: signal.getsignal(sig) for sig in rank_wrapper.FORWARDED_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def test_signals_are_forwarded_from_before_the_command_starts(monkeypatch, capsys, restore_signal_handlers):
+    """A signal arriving while the command is being started must not kill the wrapper and orphan it."""
+    handlers_at_start = {}
+
+    def popen_spy(*args, **kwargs):
+        handlers_at_start.update({sig: signal.getsignal(sig) for sig in rank_wrapper.FORWARDED_SIGNALS})
+        raise OSError(2, "not started by this test")
+
+    monkeypatch.setattr(subprocess, "Popen", popen_spy)
+    assert rank_wrapper.main(["--", "true"]) == 127
+    assert handlers_at_start
+    for sig, handler in handlers_at_start.items():
+        assert callable(handler) and handler is not signal.default_int_handler, sig.name
+    assert "rank 0 failed with exit code 127 (cannot start 'true'" in capsys.readouterr().err
