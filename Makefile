@@ -3,13 +3,16 @@
 VENV ?= .venv
 export TF_CPP_MIN_LOG_LEVEL ?= 1
 
-.PHONY: setup demo test test-unit test-distributed lint doctor clean
+.PHONY: setup demo demo-tf test test-unit test-distributed lint doctor clean
 
 setup:
 	@bash scripts/setup_env.sh
 
 demo: setup
 	$(VENV)/bin/hvdazure run -np 2 samples/torch_digits.py
+
+demo-tf: setup
+	$(VENV)/bin/hvdazure run -np 2 samples/tf_digits.py
 
 test: setup lint
 	$(VENV)/bin/pytest tests

@@ -465,6 +465,28 @@ class CheckpointManager:
         return f"{self.directory}/{name}"
 
 
+@contextlib.contextmanager
+def exported_file(checkpoint: str, which: str, file_name: str) -> Iterator[str]:
+    """A verified local copy (or the verified file in place) of `file_name` of a checkpoint, for loading
+    weights without the trainer. `checkpoint` is one checkpoint's directory (path or URL), or a directory of
+    checkpoints whose `which` is taken: "latest", or "best" by the monitor the run was configured with."""
+    manager = CheckpointManager(checkpoint)
+    candidates = manager.checkpoints()
+    if not candidates:  # `checkpoint` is itself one checkpoint's directory
+        found = manager.open(checkpoint, verify=False)  # local_files verifies the file as it reads it
+    else:
+        config = candidates[-1].manifest.get("config", {})
+        if which == "best":
+            manager = CheckpointManager(checkpoint, monitor=config.get("monitor"),
+                                        mode=config.get("monitor_mode", "min"))
+        found = manager.resolve(which)
+    if file_name not in found.manifest["files"]:
+        raise CheckpointError(f"checkpoint {found.url} holds no {file_name} (framework: "
+                              f"{found.manifest.get('framework')!r})")
+    with manager.local_files(found, names=[file_name]) as paths:
+        yield paths[file_name]
+
+
 _PARALLEL_HASH_BYTES = 1 << 20
 
 

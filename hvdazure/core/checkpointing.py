@@ -92,7 +92,7 @@ class TrainerCheckpoints:
         is collected, on every rank, at the next save or `finish_pending`). Returns the name once written."""
         t = self.trainer
         self.finish_pending()
-        rngs = [json.loads(b) for b in t._allgather_bytes(json.dumps(self._rng_state()).encode())]
+        rngs = [json.loads(b) for b in t.comm.allgather_bytes(json.dumps(self._rng_state()).encode())]
         if t.is_main:
             try:
                 step, files, manifest = self._snapshot(reason, rngs)
@@ -110,7 +110,8 @@ class TrainerCheckpoints:
         t = self.trainer
         if t.is_main:
             self._join()
-        outcome = json.loads(t._broadcast_bytes(json.dumps(self._outcome).encode() if t.is_main else None))
+        mine = json.dumps(self._outcome).encode() if t.is_main else None
+        outcome = json.loads(t.comm.broadcast_bytes(mine))
         self._outcome = {}
         if "error" in outcome:
             raise CheckpointError(outcome["error"])
@@ -141,11 +142,11 @@ class TrainerCheckpoints:
         t, s = self.trainer, self.trainer.state
         state = {
             "state": s.to_dict(),
-            "epoch_train": t._epoch_train.to_dict(),
+            "epoch_train": t.epoch_train.to_dict(),
             "callbacks": {key: cb.state_dict() for key, cb in t.stateful_callbacks().items()},
-            "framework": t._framework_state(),
+            "framework": t.state_io.save_extra(),
         }
-        files = {**t._state_writers(), STATE_FILE: _json_writer(copy.deepcopy(state)),
+        files = {**t.state_io.save_files(), STATE_FILE: _json_writer(copy.deepcopy(state)),
                  RNG_FILE: _json_writer(rngs)}
         metrics = {**{f"train_{k}": v for k, v in s.train_metrics.items()},
                    **{f"eval_{k}": v for k, v in s.eval_metrics.items()}}
@@ -171,7 +172,7 @@ class TrainerCheckpoints:
             self._outcome = {"error": f"saving a checkpoint to {self.directory} failed: {exc}"}
 
     def _rng_state(self) -> dict[str, Any]:
-        return {**python_rng_state(), "framework": self.trainer._framework_rng_state()}
+        return {**python_rng_state(), "framework": self.trainer.state_io.save_rng()}
 
     # --- resuming ---------------------------------------------------------------------------------------
     def resume(self, which: str) -> bool:
@@ -181,7 +182,7 @@ class TrainerCheckpoints:
         """
         t = self.trainer
         outcome = self._resume_on_main(which) if t.is_main else None
-        outcome = json.loads(t._broadcast_bytes(json.dumps(outcome).encode() if t.is_main else None))
+        outcome = json.loads(t.comm.broadcast_bytes(json.dumps(outcome).encode() if t.is_main else None))
         if "error" in outcome:
             raise CheckpointError(outcome["error"])
         if outcome["name"] is None:
@@ -193,10 +194,10 @@ class TrainerCheckpoints:
                 message = self._apply(outcome)
             except Exception as exc:  # a value only this rank uses (its RNG state): still an error everywhere
                 error = f"cannot resume from {outcome['url']} on rank {t.rank}: {_one_line(exc)}"
-        errors = [json.loads(b) for b in t._allgather_bytes(json.dumps(error).encode())]
+        errors = [json.loads(b) for b in t.comm.allgather_bytes(json.dumps(error).encode())]
         if first := next((e for e in errors if e), None):
             raise CheckpointError(first)  # every rank applied the state, or every rank raises
-        t._broadcast_model_and_optimizer()
+        t.broadcast_model_and_optimizer()
         self.last_saved_step = t.state.step
         logger.info(message)
         return True
@@ -214,7 +215,7 @@ class TrainerCheckpoints:
                     return {"name": None}
                 where = checkpoint.url
                 outcome = self._read(checkpoint, paths)
-                self.trainer._load_state_files(paths)  # the framework's load: model, optimizer
+                self.trainer.state_io.load_files(paths)  # the framework's load: model, optimizer
                 return {**outcome, "message": self._apply(outcome)}
         except CheckpointError as exc:
             return {"error": str(exc)}
@@ -266,21 +267,21 @@ class TrainerCheckpoints:
         history = t.state.history
         if t.state.samples_in_epoch and history and history[-1]["epoch"] == t.state.epoch:
             history.pop()  # the record of an epoch cut short (max_steps, a stop): it is about to go on
-        t._epoch_train.load_dict(saved["epoch_train"])
+        t.epoch_train.load_dict(saved["epoch_train"])
         callbacks = t.stateful_callbacks()
         for key, state in saved["callbacks"].items():
             if key in callbacks:
                 callbacks[key].load_state_dict(state)
-        t._framework_load_state(saved["framework"])
+        t.state_io.load_extra(saved["framework"])
         # Data continues from the samples consumed in the epoch, whatever the world size was.
         t.state.step_in_epoch = t.plan.steps_per_epoch - t.plan.steps_left(t.state.samples_in_epoch)
         rngs = outcome["rng"]
         old_world, old_batch = manifest["world_size"], manifest["global_batch_size"]
         if old_world == t.world_size and len(rngs) == t.world_size:
             set_python_rng_state(rngs[t.rank])
-            t._set_framework_rng_state(rngs[t.rank]["framework"])
+            t.state_io.load_rng(rngs[t.rank]["framework"])
         else:  # no saved RNG state belongs to this rank: a fresh, reproducible one
-            t._seed_everything(t.config.seed * 1_000_003 + t.rank * 7919 + t.state.step)
+            t.seed_everything(t.config.seed * 1_000_003 + t.rank * 7919 + t.state.step)
         message = (f"resumed from {outcome['name']} at epoch {t.state.epoch + 1}, step {t.state.step} "
                    f"({t.state.samples_in_epoch} samples into the epoch)")
         if (old_world, old_batch) != (t.world_size, t.global_batch_size):

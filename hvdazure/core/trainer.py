@@ -12,13 +12,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import random
 import signal
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+import numpy as np
+
+from hvdazure.core.binding import Collectives, FrameworkState
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
 from hvdazure.core.checkpoint import CheckpointError
 from hvdazure.core.checkpointing import CheckpointCallback, TrainerCheckpoints, default_checkpoint_dir
@@ -42,6 +46,8 @@ class Trainer(ABC):
         self.user_callbacks = list(callbacks)
         self.state = TrainState()
         self.rank, self.world_size, self.local_rank = 0, 1, 0
+        self.comm: Collectives  # set by fit(): the binding's collectives over all ranks
+        self.state_io: FrameworkState  # set by the binding's _build: model/optimizer/RNG persistence
         self.plan: ShardPlan
         self.schedule: LRSchedule
         self.callbacks: list[Callback] = []
@@ -50,8 +56,8 @@ class Trainer(ABC):
 
     # --- what a binding provides -----------------------------------------------------------------------
     @abstractmethod
-    def _init_distributed(self) -> tuple[int, int, int]:
-        """Start Horovod; return (rank, world size, local rank)."""
+    def _init_distributed(self) -> Collectives:
+        """Start Horovod (pin devices, share the cores); return the collectives over all ranks."""
 
     @abstractmethod
     def _load_datasets(self) -> int:
@@ -59,68 +65,39 @@ class Trainer(ABC):
 
     @abstractmethod
     def _build(self, peak_lr: float) -> None:
-        """Build model and optimizer (with the scaled LR); seed this rank's RNGs."""
+        """Build model and optimizer (with the scaled LR) and `self.state_io`, the FrameworkState that
+        saves and loads them; seed this rank's RNGs."""
 
     @abstractmethod
     def _broadcast_model_and_optimizer(self) -> None:
         """Make every rank's model and optimizer equal to rank 0's."""
 
     @abstractmethod
-    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator) -> None:
-        """Forward/backward over this rank's micro-batches, one optimizer step; add metrics to `meter`."""
+    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator,
+                  stop_vote: float | None) -> float:
+        """Forward/backward over this rank's micro-batches, one optimizer step; add metrics to `meter`.
+
+        `stop_vote` (1.0: this rank got a stop signal; None: no vote this run) is summed over ranks in the
+        same step, without a blocking collective of its own (asynchronously, or inside the compiled step);
+        return the sum (0.0 without a vote)."""
 
     @abstractmethod
     def _evaluate(self, meter: MetricAccumulator) -> bool:
         """Add this rank's evaluation metrics to `meter`; False if there is no evaluation dataset."""
 
     @abstractmethod
-    def _allreduce_sum_async(self, values: Sequence[Any], name: str) -> Callable[[], list[float]]:
-        """Start an elementwise sum across ranks in one collective named `name` (unique among those in
-        flight); the returned function waits for it and returns the sums."""
-
-    @abstractmethod
-    def _allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
-        """Every rank's `values` (floats or framework scalars; the lengths may differ), as float64, on
-        every rank, in rank order; one collective."""
-
-    @abstractmethod
-    def _broadcast_bytes(self, data: bytes | None) -> bytes:
-        """Rank 0's `data`, on every rank."""
-
-    @abstractmethod
-    def _allgather_bytes(self, data: bytes) -> list[bytes]:
-        """Every rank's `data`, in rank order, on every rank."""
-
-    @abstractmethod
     def set_lr(self, lr: float) -> None:
         """Set the optimizer's learning rate."""
 
-    # checkpoint content: tensors in files, everything else as JSON
-    @abstractmethod
-    def _state_writers(self) -> dict[str, Callable[[BinaryIO], None]]:
-        """Writers of the tensor files of a checkpoint (model, optimizer), called on rank 0."""
-
-    @abstractmethod
-    def _load_state_files(self, files: dict[str, bytes]) -> None:
-        """Load the tensor files of a checkpoint into model and optimizer, on rank 0."""
-
-    @abstractmethod
-    def _framework_state(self) -> dict[str, Any]:
-        """JSON-ready framework state beyond model and optimizer (e.g. the AMP loss scaler)."""
-
-    @abstractmethod
-    def _framework_load_state(self, state: dict[str, Any]) -> None: ...
-
-    @abstractmethod
-    def _framework_rng_state(self) -> dict[str, Any]:
-        """This rank's framework RNG states, JSON-ready."""
-
-    @abstractmethod
-    def _set_framework_rng_state(self, state: dict[str, Any]) -> None: ...
-
-    @abstractmethod
-    def _seed_everything(self, seed: int) -> None:
+    def seed_everything(self, seed: int) -> None:
         """Seed Python, NumPy and the framework on this rank."""
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        self.state_io.seed(seed)
+
+    def broadcast_model_and_optimizer(self) -> None:
+        """Make every rank's model and optimizer equal to rank 0's (after a resume, for instance)."""
+        self._broadcast_model_and_optimizer()
 
     def framework_versions(self) -> dict[str, str]:
         return {}
@@ -200,8 +177,7 @@ class Trainer(ABC):
         self._emit("on_epoch_start")
         for micro_batches in self.plan.epoch(s.epoch, start_sample=s.samples_in_epoch):
             self._emit("on_step_begin")
-            signal_votes = self._vote_on_signal()
-            self._run_step(micro_batches, self._meter)
+            signal_votes = self._run_step(micro_batches, self._meter, self._stop_vote())
             s.step += 1
             s.step_in_epoch += 1
             s.samples_in_epoch += micro_batches[0].step_samples
@@ -210,13 +186,13 @@ class Trainer(ABC):
             if s.synced:
                 self._sync()
             self._emit("on_step_end")
-            if signal_votes is not None and signal_votes()[0] > 0:
+            if signal_votes > 0:
                 self._stop_for_signal()
             if s.should_stop or self._max_steps_reached():
                 break
         self._sync()  # the epoch's last, partial log interval
         epoch_done = s.samples_in_epoch == self.plan.num_samples
-        train = {f"train_{k}": v for k, v in self._epoch_train.means().items()}
+        train = {f"train_{k}": v for k, v in self.epoch_train.means().items()}
         record = {"epoch": s.epoch, "step": s.step, "samples_seen": s.samples_seen, "lr": s.lr, **train}
         if self._eval_due(epoch_done) and self._run_evaluation():
             record.update({f"eval_{k}": v for k, v in s.eval_metrics.items()})
@@ -224,13 +200,14 @@ class Trainer(ABC):
         s.history.append(record)
         if epoch_done:
             s.epoch, s.step_in_epoch, s.samples_in_epoch = s.epoch + 1, 0, 0
-            self._epoch_train = RunningMean()
+            self.epoch_train = RunningMean()
         self._emit("on_epoch_end")
         self._sync()  # agree on stops requested during evaluation or by epoch-end callbacks
 
     # --- pieces of the loop --------------------------------------------------------------------------------
     def _prepare(self) -> None:
-        self.rank, self.world_size, self.local_rank = self._init_distributed()
+        self.comm = self._init_distributed()
+        self.rank, self.world_size, self.local_rank = self.comm.rank, self.comm.size, self.comm.local_rank
         configure_logging(self.rank)
         c = self.config
         self.plan = ShardPlan(self._load_datasets(), c.batch_size, self.world_size, self.rank,
@@ -241,7 +218,7 @@ class Trainer(ABC):
             raise ConfigError("config field 'resume': 'auto' needs checkpoint_dir")
         self._build(self.schedule.peak_lr)
         self._broadcast_model_and_optimizer()
-        self._meter, self._epoch_train = self._new_meter(), RunningMean()
+        self._meter, self.epoch_train = self._new_meter(), RunningMean()
         if checkpoint_dir is not None:
             self._checkpoints = TrainerCheckpoints(self, checkpoint_dir)
         self.callbacks = [cb for cb in self._default_callbacks() + self.user_callbacks
@@ -293,7 +270,7 @@ class Trainer(ABC):
             getattr(callback, event)(self)
 
     def _gather_names(self, names: list[str]) -> list[list[str]]:
-        return [json.loads(b) for b in self._allgather_bytes(json.dumps(names).encode())]
+        return [json.loads(b) for b in self.comm.allgather_bytes(json.dumps(names).encode())]
 
     def _new_meter(self) -> MetricAccumulator:
         return MetricAccumulator(self._metric_to_float64)
@@ -301,11 +278,11 @@ class Trainer(ABC):
     def _sync(self) -> None:
         """One fused collective: the interval's metric sums and counts, and the ranks' stop votes."""
         s = self.state
-        reduced = self._meter.reduce(self._allgather_floats, self._gather_names,
+        reduced = self._meter.reduce(self.comm.allgather_floats, self._gather_names,
                                      flags=[float(s.stop_requested)])
         if reduced.count:
             s.train_metrics = reduced.means
-            self._epoch_train.add(reduced)
+            self.epoch_train.add(reduced)
         if reduced.flags[0]:
             s.should_stop = True
             s.stop_reason = s.stop_reason or "stop requested by another rank"
@@ -314,7 +291,7 @@ class Trainer(ABC):
         meter = self._new_meter()
         if not self._evaluate(meter):
             return False
-        self.state.eval_metrics = meter.reduce(self._allgather_floats, self._gather_names).means
+        self.state.eval_metrics = meter.reduce(self.comm.allgather_floats, self._gather_names).means
         return True
 
     def _eval_due(self, epoch_done: bool) -> bool:
@@ -345,11 +322,10 @@ class Trainer(ABC):
 
         return stop_signals_caught(note)
 
-    def _vote_on_signal(self) -> Callable[[], list[float]] | None:
-        """Start a one-number allreduce of "this rank got a stop signal"; it completes during the step."""
-        if self._checkpoints is None:
-            return None
-        return self._allreduce_sum_async([float(self._signal is not None)], "stop_vote")
+    def _stop_vote(self) -> float | None:
+        """This rank's vote to stop for a signal, summed over ranks during the step; None when signals are
+        not caught (no checkpointing: they end the process as usual)."""
+        return None if self._checkpoints is None else float(self._signal is not None)
 
     def _stop_for_signal(self) -> None:
         name = signal.Signals(self._signal).name if self._signal else "a stop signal on another rank"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from hvdazure.core.checkpoint import CheckpointError, CheckpointManager
+from hvdazure.core.checkpoint import exported_file
+from hvdazure.torch.state import MODEL_FILE
 
 
 def load_weights(checkpoint: str, which: str = "latest", map_location: str | torch.device = "cpu",
@@ -16,18 +17,5 @@ def load_weights(checkpoint: str, which: str = "latest", map_location: str | tor
 
         model.load_state_dict(load_weights("outputs/checkpoints", "best"))
     """
-    manager = CheckpointManager(checkpoint)
-    candidates = manager.checkpoints()
-    if not candidates:  # `checkpoint` is itself one checkpoint's directory
-        found = manager.open(checkpoint, verify=False)  # local_files verifies model.pt as it reads it
-    else:
-        config = candidates[-1].manifest.get("config", {})
-        if which == "best":
-            manager = CheckpointManager(checkpoint, monitor=config.get("monitor"),
-                                        mode=config.get("monitor_mode", "min"))
-        found = manager.resolve(which)
-    if "model.pt" not in found.manifest["files"]:
-        raise CheckpointError(f"checkpoint {found.url} holds no model.pt (framework: "
-                              f"{found.manifest.get('framework')!r})")
-    with manager.local_files(found, names=["model.pt"]) as paths:
-        return torch.load(paths["model.pt"], map_location=map_location, weights_only=True)
+    with exported_file(checkpoint, which, MODEL_FILE) as path:
+        return torch.load(path, map_location=map_location, weights_only=True)

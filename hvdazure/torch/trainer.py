@@ -8,17 +8,13 @@ gradient clipping after the allreduce, and autocast mixed precision (bf16; fp16 
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import io
 import os
-import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, BinaryIO
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import horovod
 import horovod.torch as hvd
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data import default_collate as _default_collate
@@ -27,7 +23,9 @@ from hvdazure.core.config import ConfigError
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.sharding import MicroBatch
 from hvdazure.core.trainer import Trainer
+from hvdazure.torch.collectives import TorchCollectives
 from hvdazure.torch.data import eval_batches, to_device, train_loader
+from hvdazure.torch.state import TorchState
 
 _OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
 _COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
@@ -39,6 +37,7 @@ class TorchTrainer(Trainer):
     eval_dataset and validation_step for evaluation. Then `fit()`."""
 
     framework_name = "torch"
+    comm: TorchCollectives
 
     # --- the user's hooks ----------------------------------------------------------------------------------
     def build_model(self) -> torch.nn.Module:
@@ -67,7 +66,7 @@ class TorchTrainer(Trainer):
         return _default_collate(samples)
 
     # --- the binding -------------------------------------------------------------------------------------
-    def _init_distributed(self) -> tuple[int, int, int]:
+    def _init_distributed(self) -> TorchCollectives:
         hvd.init()
         if torch.cuda.is_available():
             torch.cuda.set_device(hvd.local_rank())
@@ -76,7 +75,7 @@ class TorchTrainer(Trainer):
             self.device = torch.device("cpu")
             if "OMP_NUM_THREADS" not in os.environ:  # ranks on one node share its cores
                 torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // hvd.local_size()))
-        return hvd.rank(), hvd.size(), hvd.local_rank()
+        return TorchCollectives(self.device)
 
     def _load_datasets(self) -> int:
         self._train_data = self.train_dataset()
@@ -90,7 +89,6 @@ class TorchTrainer(Trainer):
         torch.manual_seed(c.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
         self.model = self.build_model().to(self.device)
         optimizer = self.build_optimizer(self.model.parameters(), peak_lr)
-        self._seed_everything(c.seed * 1_000_003 + self.rank)  # dropout etc. differ between ranks
         # Per-group LR multipliers the user set survive warmup/schedule updates.
         self._lr_factors = [group["lr"] / peak_lr for group in optimizer.param_groups]
         self.optimizer = hvd.DistributedOptimizer(
@@ -98,6 +96,8 @@ class TorchTrainer(Trainer):
             compression=_COMPRESSION[c.compression], backward_passes_per_step=c.grad_accum_steps,
             op=_OPS[c.reduce_op], gradient_predivide_factor=c.gradient_predivide_factor)
         self.scaler = torch.amp.GradScaler("cuda") if c.precision == "fp16" else None
+        self.state_io = TorchState(self.model, self.optimizer, self.scaler, self.device)
+        self.seed_everything(c.seed * 1_000_003 + self.rank)  # dropout etc. differ between ranks
         # Average divides the summed gradients by the world size; the loss weights are shares of the whole
         # step, so multiply that division back out.
         self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
@@ -142,7 +142,9 @@ class TorchTrainer(Trainer):
             yield None if micro_batch.is_empty else to_device(next(self._batches), self.device)
         self._batches_at = (s.epoch, s.step_in_epoch + 1)
 
-    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator) -> None:
+    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator,
+                  stop_vote: float | None) -> float:
+        votes = None if stop_vote is None else self.comm.allreduce_sum_async([stop_vote], "stop_vote")
         if not self.model.training:  # after an evaluation (a recursive call; not needed every step)
             self.model.train()
         for micro_batch, batch in zip(micro_batches, self._step_batches(micro_batches), strict=True):
@@ -158,6 +160,7 @@ class TorchTrainer(Trainer):
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             meter.add({"loss": loss.detach(), **metrics}, len(micro_batch.indices))
         self._optimizer_step()
+        return votes()[0] if votes is not None else 0.0
 
     def _optimizer_step(self) -> None:
         opt, clip = self.optimizer, self.config.grad_clip_norm
@@ -195,25 +198,6 @@ class TorchTrainer(Trainer):
                 meter.add(dict(metrics), len(indices))
         return True
 
-    def _allreduce_sum_async(self, values: Sequence[Any], name: str) -> Callable[[], list[float]]:
-        vector = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.device).detach().reshape(())
-                              for v in values])
-        handle = hvd.allreduce_async(vector, op=hvd.Sum, name=f"hvdazure.{name}.{len(values)}")
-        return lambda: hvd.synchronize(handle).tolist()
-
-    def _allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
-        # Each row travels with its length in front, so one allgather of rows of any lengths suffices.
-        row = torch.stack([torch.as_tensor(float(len(values)), dtype=torch.float64, device=self.device),
-                           *(torch.as_tensor(v, dtype=torch.float64, device=self.device).detach().reshape(())
-                             for v in values)])
-        joined = hvd.allgather(row, name="hvdazure.rows").tolist()
-        rows, at = [], 0
-        while at < len(joined):
-            length = int(joined[at])
-            rows.append(joined[at + 1 : at + 1 + length])
-            at += 1 + length
-        return rows
-
     def _metric_to_float64(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return value.detach().to(torch.float64)
@@ -226,63 +210,6 @@ class TorchTrainer(Trainer):
             if isinstance(module, torch.nn.BatchNorm1d):
                 return 2, f"the model's BatchNorm1d layer {name!r} cannot train on 1 sample"
         return 1, ""
-
-    def _broadcast_bytes(self, data: bytes | None) -> bytes:
-        size = hvd.broadcast(torch.tensor([len(data) if data is not None else 0]), 0, name="hvdazure.bytes.n")
-        if int(size) == 0:
-            return b""
-        buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data is not None
-                  else torch.empty(int(size), dtype=torch.uint8))
-        return hvd.broadcast(buffer, 0, name="hvdazure.bytes").numpy().tobytes()
-
-    def _allgather_bytes(self, data: bytes) -> list[bytes]:
-        sizes = hvd.allgather(torch.tensor([len(data)]), name="hvdazure.gather.n").tolist()
-        joined = hvd.allgather(torch.frombuffer(bytearray(data), dtype=torch.uint8), name="hvdazure.gather")
-        blob = joined.numpy().tobytes()
-        offsets = np.concatenate([[0], np.cumsum(sizes)])
-        return [blob[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
-
-    # --- checkpoint content -------------------------------------------------------------------------------
-    def _state_writers(self) -> dict[str, Callable[[BinaryIO], None]]:
-        # copies taken now, on the CPU: training may go on while a background thread writes them
-        model_state = _cpu_copy(self.model.state_dict())
-        optimizer_state = _cpu_copy(self.optimizer.state_dict())
-        return {"model.pt": lambda file: torch.save(model_state, file),
-                "optimizer.pt": lambda file: torch.save(optimizer_state, file)}
-
-    def _load_state_files(self, files: dict[str, bytes]) -> None:
-        # weights_only: tensors and plain containers only, never arbitrary pickled objects
-        self.model.load_state_dict(torch.load(io.BytesIO(files["model.pt"]), map_location=self.device,
-                                              weights_only=True))
-        self.optimizer.load_state_dict(torch.load(io.BytesIO(files["optimizer.pt"]), map_location=self.device,
-                                                  weights_only=True))
-
-    def _framework_state(self) -> dict[str, Any]:
-        return {"grad_scaler": self.scaler.state_dict() if self.scaler is not None else None}
-
-    def _framework_load_state(self, state: dict[str, Any]) -> None:
-        if self.scaler is not None and state.get("grad_scaler"):
-            self.scaler.load_state_dict(state["grad_scaler"])
-
-    def _framework_rng_state(self) -> dict[str, Any]:
-        def encode(t: torch.Tensor) -> str:
-            return base64.b64encode(t.numpy().tobytes()).decode()
-
-        cuda = [encode(t) for t in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else []
-        return {"torch": encode(torch.get_rng_state()), "cuda": cuda}
-
-    def _set_framework_rng_state(self, state: dict[str, Any]) -> None:
-        def decode(text: str) -> torch.Tensor:
-            return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
-
-        torch.set_rng_state(decode(state["torch"]))
-        if state["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([decode(s) for s in state["cuda"]])
-
-    def _seed_everything(self, seed: int) -> None:
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
 
     def framework_versions(self) -> dict[str, str]:
         return {"torch": torch.__version__, "horovod": horovod.__version__}
@@ -299,13 +226,3 @@ def _loss_and_metrics(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     raise TypeError("training_step must return a loss tensor or a dict with 'loss', got "
                     f"{type(output).__name__}")
 
-
-def _cpu_copy(value: Any) -> Any:
-    """A copy of a (nested) state dict whose tensors are fresh CPU tensors."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _cpu_copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_cpu_copy(v) for v in value)
-    return value

@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
+from hvdazure.core.binding import Collectives, FrameworkState
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
@@ -308,6 +309,7 @@ class ThreadRanksTrainer(Trainer):
     `forward_passes`. Override `training_metrics` to report more metrics than the loss."""
 
     framework_name = "numpy-threads"
+    comm: ThreadCollectives
 
     def __init__(self, world: ThreadWorld, rank: int, problem: LinearProblem, config: TrainConfig,
                  callbacks: Sequence[Callback] = (), momentum: float = 0.0) -> None:
@@ -330,8 +332,8 @@ class ThreadRanksTrainer(Trainer):
         self._signal = self._signal or signum
 
     # --- running the model ---------------------------------------------------------------------------------
-    def _init_distributed(self) -> tuple[int, int, int]:
-        return self._world_rank, self.world.size, self._world_rank
+    def _init_distributed(self) -> ThreadCollectives:
+        return ThreadCollectives(self.world, self._world_rank)
 
     def _load_datasets(self) -> int:
         return self.problem.num_samples
@@ -340,7 +342,8 @@ class ThreadRanksTrainer(Trainer):
         self.lr = peak_lr
         self.weights = initial_weights(self.problem.dim, self.config.seed, self.rank)
         self.velocity = np.zeros(self.problem.dim)
-        self._seed_everything(self.config.seed * 1_000_003 + self.rank)
+        self.state_io = ThreadState(self)
+        self.seed_everything(self.config.seed * 1_000_003 + self.rank)
 
     def _broadcast_model_and_optimizer(self) -> None:
         weights, velocity = self._exchange("broadcast", "model_and_optimizer",
@@ -350,7 +353,9 @@ class ThreadRanksTrainer(Trainer):
     def set_lr(self, lr: float) -> None:
         self.lr = lr
 
-    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator) -> None:
+    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator,
+                  stop_vote: float | None) -> float:
+        votes = None if stop_vote is None else self.comm.allreduce_sum_async([stop_vote], "stop_vote")
         gradient = np.zeros(self.problem.dim)
         weights: list[float | None] = []
         for micro_batch in micro_batches:
@@ -368,6 +373,7 @@ class ThreadRanksTrainer(Trainer):
         self.weights = self.weights - self.lr * self.velocity
         self.steps.append(StepRecord(self.state.epoch, self.state.step, self.lr,
                                      [mb.indices for mb in micro_batches], weights, float(self.rng.random())))
+        return votes()[0] if votes is not None else 0.0
 
     def _evaluate(self, meter: MetricAccumulator) -> bool:
         if self.problem.eval_y is None:
@@ -379,65 +385,88 @@ class ThreadRanksTrainer(Trainer):
             meter.add({"loss": float(np.mean(losses))}, len(batch))
         return True
 
-    # --- collectives ---------------------------------------------------------------------------------------
+    def seed_everything(self, seed: int) -> None:
+        # Python's and NumPy's global RNGs belong to the whole process, shared by every rank thread: the
+        # fake's "framework" RNG is the only per-rank one.
+        self.state_io.seed(seed)
+
     def _exchange(self, kind: str, name: str, payload: Any) -> list[Any]:
-        return self.world.exchange(self._world_rank, kind, name, payload)
+        return self.comm.exchange(kind, name, payload)
 
     def _allreduce_average(self, values: np.ndarray, name: str) -> np.ndarray:
         """As Horovod's Average: the sum over ranks (in rank order), divided by the world size."""
         rows = self._exchange("allreduce_average", name, values.copy())
         return np.sum(rows, axis=0) / self.world_size
 
-    def _allreduce_sum_async(self, values: Sequence[Any], name: str) -> Callable[[], list[float]]:
-        number = self.world.start(self._world_rank, "allreduce", name, [float(v) for v in values])
+
+class ThreadCollectives(Collectives):
+    """The core's collectives between the rank threads of a ThreadWorld."""
+
+    def __init__(self, world: ThreadWorld, rank: int) -> None:
+        super().__init__(rank, world.size, rank)
+        self.world = world
+
+    def exchange(self, kind: str, name: str, payload: Any) -> list[Any]:
+        return self.world.exchange(self.rank, kind, name, payload)
+
+    def allreduce_sum_async(self, values: Sequence[Any], name: str) -> Callable[[], list[float]]:
+        """Started before the step and awaited after it, as the torch binding's stop vote."""
+        number = self.world.start(self.rank, "allreduce", name, [float(v) for v in values])
 
         def wait() -> list[float]:
-            rows = self.world.wait(self._world_rank, number)
+            rows = self.world.wait(self.rank, number)
             return [float(sum(column)) for column in zip(*rows, strict=True)]
 
         return wait
 
-    def _allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
-        return self._exchange("allgather_floats", "rows", [float(v) for v in values])
+    def allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
+        return self.exchange("allgather_floats", "rows", [float(v) for v in values])
 
-    def _broadcast_bytes(self, data: bytes | None) -> bytes:
-        if self.is_main and not isinstance(data, bytes):
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        if self.rank == 0 and not isinstance(data, bytes):
             raise TypeError(f"rank 0 broadcasts bytes, got {type(data).__name__}")
-        return self._exchange("broadcast_bytes", "bytes", data)[0]
+        return self.exchange("broadcast_bytes", "bytes", data)[0]
 
-    def _allgather_bytes(self, data: bytes) -> list[bytes]:
-        return self._exchange("allgather_bytes", "bytes", bytes(data))
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        return self.exchange("allgather_bytes", "bytes", bytes(data))
 
-    # --- checkpoint content --------------------------------------------------------------------------------
-    def _state_writers(self) -> dict[str, Callable[[BinaryIO], None]]:
-        weights, velocity = self.weights.copy(), self.velocity.copy()  # training goes on during the write
+
+class ThreadState(FrameworkState):
+    """The fake's model (weights), optimizer (velocity) and per-rank RNG in checkpoints."""
+
+    def __init__(self, trainer: ThreadRanksTrainer) -> None:
+        self.trainer = trainer
+
+    def save_files(self) -> dict[str, Callable[[BinaryIO], None]]:
+        t = self.trainer
+        weights, velocity = t.weights.copy(), t.velocity.copy()  # training goes on during the write
         return {"model.npy": lambda file: np.save(file, weights, allow_pickle=False),
                 "optimizer.npy": lambda file: np.save(file, velocity, allow_pickle=False)}
 
-    def _load_state_files(self, paths: dict[str, str]) -> None:
+    def load_files(self, paths: dict[str, str]) -> None:
+        t = self.trainer
         loaded = {name: np.load(paths[name], allow_pickle=False) for name in ("model.npy", "optimizer.npy")}
         for name, array in loaded.items():
-            if array.shape != self.weights.shape or array.dtype != np.float64:
+            if array.shape != t.weights.shape or array.dtype != np.float64:
                 raise ValueError(f"{name} holds {array.dtype} {array.shape}; the model is float64 "
-                                 f"{self.weights.shape}")
-        self.weights, self.velocity = loaded["model.npy"], loaded["optimizer.npy"]
+                                 f"{t.weights.shape}")
+        t.weights, t.velocity = loaded["model.npy"], loaded["optimizer.npy"]
 
-    def _framework_state(self) -> dict[str, Any]:
-        return {"momentum": self.momentum}
+    def save_extra(self) -> dict[str, Any]:
+        return {"momentum": self.trainer.momentum}
 
-    def _framework_load_state(self, state: dict[str, Any]) -> None:
-        if state["momentum"] != self.momentum:
-            raise ValueError(f"checkpoint of momentum {state['momentum']}, trainer of {self.momentum}")
+    def load_extra(self, state: dict[str, Any]) -> None:
+        if state["momentum"] != self.trainer.momentum:
+            raise ValueError(f"checkpoint of momentum {state['momentum']}, trainer of "
+                             f"{self.trainer.momentum}")
 
-    def _framework_rng_state(self) -> dict[str, Any]:
-        return self.rng.bit_generator.state
+    def save_rng(self) -> dict[str, Any]:
+        return self.trainer.rng.bit_generator.state
 
-    def _set_framework_rng_state(self, state: dict[str, Any]) -> None:
-        self.rng = np.random.default_rng()
-        self.rng.bit_generator.state = state
+    def load_rng(self, state: dict[str, Any]) -> None:
+        self.trainer.rng = np.random.default_rng()
+        self.trainer.rng.bit_generator.state = state
 
-    def _seed_everything(self, seed: int) -> None:
-        # Python's and NumPy's global RNGs belong to the whole process, shared by every rank thread: the
-        # fake's "framework" RNG is the only per-rank one.
-        self.rng = np.random.default_rng(seed)
+    def seed(self, seed: int) -> None:
+        self.trainer.rng = np.random.default_rng(seed)
 

@@ -91,7 +91,7 @@ def test_a_short_step_gives_each_cell_at_least_two_samples_where_the_batch_size_
     steps = _steps(_plans(num_samples=21, batch_size=4, world_size=4, grad_accum_steps=1))
     assert [len(cell.indices) for cell in steps[-1]] == [3, 2, 0, 0]
     for case in GRID:
-        num_samples, batch_size = case[0], case[1]
+        batch_size = case[1]
         for step in _steps(_plans(*case)):
             sizes = [len(cell.indices) for cell in step if not cell.is_empty]
             if min(sizes) == 1:  # only when unavoidable: one sample in the step, or cells of 1 or 2

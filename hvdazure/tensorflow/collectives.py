@@ -1,0 +1,41 @@
+"""The core's collectives (core/binding.py) on `horovod.tensorflow`, in eager mode."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from hvdazure.core.binding import Collectives, split_rows
+
+
+class TensorFlowCollectives(Collectives):
+    def __init__(self) -> None:
+        super().__init__(hvd.rank(), hvd.size(), hvd.local_rank())
+
+    def allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
+        # Each row travels with its length in front, so one allgather of rows of any lengths suffices.
+        row = tf.stack([tf.constant(float(len(values)), tf.float64),
+                        *(tf.reshape(tf.cast(v, tf.float64), ()) for v in values)])
+        joined = hvd.allgather(row, name="hvdazure.rows").numpy().tolist()
+        return split_rows(joined)
+
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        size = int(hvd.broadcast(tf.constant([len(data) if data is not None else 0], tf.int64), 0,
+                                 name="hvdazure.bytes.n").numpy()[0])
+        if size == 0:
+            return b""
+        buffer = (tf.constant(np.frombuffer(data, np.uint8)) if data is not None
+                  else tf.zeros([size], tf.uint8))
+        return hvd.broadcast(buffer, 0, name="hvdazure.bytes").numpy().tobytes()
+
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        sizes = hvd.allgather(tf.constant([len(data)], tf.int64), name="hvdazure.gather.n").numpy().tolist()
+        joined = hvd.allgather(tf.constant(np.frombuffer(data, np.uint8)), name="hvdazure.gather")
+        blob = joined.numpy().tobytes()
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        return [blob[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
+

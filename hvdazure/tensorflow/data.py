@@ -1,0 +1,71 @@
+"""The user's training and evaluation data as random-access arrays, batched along core/sharding.py's plan.
+
+Accepted: a NumPy array or tensor, a tuple/list/dict of them (the same first dimension), or a finite
+`tf.data.Dataset` of such elements, which is read once into memory. Random access is what makes the core's
+policy exact (the same sample set per step at any world size, each sample once per epoch); a streaming
+pipeline of unknown length cannot offer it, so it is refused with the way round in the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from hvdazure.core.sharding import MicroBatch
+
+
+class ArrayData:
+    """A nested structure of arrays sharing their first dimension (the sample index)."""
+
+    def __init__(self, data: Any, what: str) -> None:
+        if isinstance(data, tf.data.Dataset):
+            data = _read_dataset(data, what)
+        self.structure = tf.nest.map_structure(_as_array, data)
+        lengths = {len(a) for a in tf.nest.flatten(self.structure)}
+        if len(lengths) != 1:
+            raise ValueError(f"{what}: the arrays have different numbers of samples {sorted(lengths)}")
+        self.num_samples = lengths.pop()
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def take(self, indices: Sequence[int]) -> Any:
+        """The samples at `indices`, in that order, as one batch (NumPy arrays in the data's structure)."""
+        index = np.asarray(indices, dtype=np.int64)
+        return tf.nest.map_structure(lambda a: a[index], self.structure)
+
+    def signature(self) -> Any:
+        """TensorSpecs of a batch of any size: a compiled step is traced once for all batch sizes."""
+        return tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)),
+                                     self.structure)
+
+    def batches(self, micro_batches: Iterator[MicroBatch]) -> tf.data.Dataset:
+        """A prefetching pipeline of the non-empty micro-batches, in order: gathering the next batch
+        overlaps the current step."""
+        cells = [mb.indices for mb in micro_batches if not mb.is_empty]
+        return tf.data.Dataset.from_generator(lambda: (self.take(indices) for indices in cells),
+                                              output_signature=self.signature()).prefetch(2)
+
+
+def _as_array(value: Any) -> np.ndarray:
+    if isinstance(value, tf.Tensor | tf.Variable):
+        return value.numpy()
+    return np.asarray(value)
+
+
+def _read_dataset(dataset: tf.data.Dataset, what: str) -> Any:
+    cardinality = int(dataset.cardinality())
+    if cardinality < 0:
+        kind = "infinite" if cardinality == tf.data.INFINITE_CARDINALITY else "of unknown length"
+        raise ValueError(
+            f"{what} is a tf.data.Dataset {kind}: hvdazure needs random access to give each rank its exact "
+            "share (each sample once per epoch at any world size). Return arrays, or a finite, unbatched "
+            "dataset (e.g. dataset.apply(tf.data.experimental.assert_cardinality(n))), which is read "
+            "into memory once")
+    elements = list(dataset.as_numpy_iterator())
+    if not elements:
+        raise ValueError(f"{what} is an empty tf.data.Dataset")
+    return tf.nest.map_structure(lambda *xs: np.stack(xs), *elements)

@@ -1,0 +1,283 @@
+"""TensorFlowTrainer: the training loop of core/trainer.py on TensorFlow 2 / Keras 3 and horovod.tensorflow.
+
+What Horovod's Keras integration did before Keras 3 broke it (Horovod issue #4290), done on Horovod's
+TensorFlow collectives instead: hvd.init and device placement, thread limits on CPU, one grouped allreduce
+of the gradients per optimizer step inside a compiled step (compression, op, predivide), gradient
+accumulation, clipping after the allreduce, broadcast of model and optimizer variables from rank 0, the
+core's exact data plan over random-access arrays, and mixed precision through Keras policies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import horovod
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdazure.core.binding import Collectives
+from hvdazure.core.config import ConfigError
+from hvdazure.core.metrics import MetricAccumulator
+from hvdazure.core.sharding import MicroBatch, eval_range
+from hvdazure.core.trainer import Trainer
+from hvdazure.tensorflow.collectives import TensorFlowCollectives
+from hvdazure.tensorflow.data import ArrayData
+from hvdazure.tensorflow.state import KerasState, broadcast_variables, model_weights
+
+_OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
+_COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+_POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+class TensorFlowTrainer(Trainer):
+    """Subclass and implement build_model, build_optimizer, train_dataset and training_step;
+    eval_dataset and validation_step for evaluation. Then `fit()`."""
+
+    framework_name = "tensorflow"
+
+    # --- the user's hooks ----------------------------------------------------------------------------------
+    def build_model(self) -> keras.Model:
+        """A built Keras 3 model (give it a keras.Input, or call model.build(input_shape))."""
+        raise NotImplementedError("implement build_model() -> keras.Model")
+
+    def build_optimizer(self, lr: float) -> keras.optimizers.Optimizer:
+        """`lr` is already scaled for the global batch; warmup and schedule are applied on top, so pass it
+        as a number, not a LearningRateSchedule."""
+        raise NotImplementedError("implement build_optimizer(lr) -> keras.optimizers.Optimizer")
+
+    def train_dataset(self) -> Any:
+        """The full, unsharded data: arrays (a tuple/dict of NumPy arrays or tensors) or a finite tf.data
+        Dataset of unbatched samples; hvdazure gives each rank its part and batches it."""
+        raise NotImplementedError("implement train_dataset() -> arrays or tf.data.Dataset")
+
+    def eval_dataset(self) -> Any:
+        return None
+
+    def training_step(self, model: keras.Model, batch: Any) -> Any:
+        """The loss (per-sample losses are averaged), or a dict with "loss" and other metrics. Runs inside
+        a tf.function: use TensorFlow/Keras operations."""
+        raise NotImplementedError("implement training_step(model, batch) -> loss")
+
+    def validation_step(self, model: keras.Model, batch: Any) -> Mapping[str, Any]:
+        """A dict of metrics, each averaged over the batch; hvdazure weights them by batch size."""
+        raise NotImplementedError("implement validation_step(model, batch) -> dict (or no eval_dataset)")
+
+    # --- the binding -------------------------------------------------------------------------------------
+    def _init_distributed(self) -> Collectives:
+        hvd.init()
+        gpus = tf.config.list_physical_devices("GPU")
+        try:
+            if gpus:  # one GPU per local rank, allocated as needed rather than all at once
+                tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+                tf.config.experimental.set_memory_growth(gpus[hvd.local_rank() % len(gpus)], True)
+            elif not {"OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"} & set(os.environ):
+                share = max(1, len(os.sched_getaffinity(0)) // hvd.local_size())  # ranks share the node
+                tf.config.threading.set_intra_op_parallelism_threads(share)
+                tf.config.threading.set_inter_op_parallelism_threads(min(2, share))
+        except RuntimeError:  # TensorFlow already ran an operation: its devices and threads are fixed
+            pass
+        self._on_gpu = bool(gpus)
+        return TensorFlowCollectives()
+
+    def _load_datasets(self) -> int:
+        self._train_data = ArrayData(self.train_dataset(), "train_dataset()")
+        eval_data = self.eval_dataset()
+        self._eval_data = ArrayData(eval_data, "eval_dataset()") if eval_data is not None else None
+        return len(self._train_data)
+
+    def _build(self, peak_lr: float) -> None:
+        c = self.config
+        if c.precision == "fp16" and not self._on_gpu:
+            raise ConfigError("config field 'precision': 'fp16' needs a GPU (loss scaling); use 'bf16' on "
+                              "CPU")
+        if c.precision == "fp16" and c.grad_clip_norm is not None:
+            raise ConfigError("config field 'grad_clip_norm': not supported with precision 'fp16' in the "
+                              "TensorFlow binding (gradients are clipped after the allreduce, before "
+                              "unscaling); use precision 'bf16' or no clipping")
+        if c.precision in _POLICIES:  # fp32 keeps the user's own policy and floatx (a float64 model)
+            keras.mixed_precision.set_global_policy(_POLICIES[c.precision])
+        keras.utils.set_random_seed(c.seed)  # the same initial weights on every rank (rank 0's are sent)
+        self.model = self.build_model()
+        if not self.model.built:
+            raise TypeError("build_model() must return a built model: start it with keras.Input(shape) or "
+                            "call model.build(input_shape)")
+        optimizer = self.build_optimizer(peak_lr)
+        if c.precision == "fp16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(self.model.trainable_variables)  # Keras makes its variables lazily: make them now
+        self.optimizer = optimizer
+        self.state_io = KerasState(self.model, self.optimizer)
+        self.seed_everything(c.seed * 1_000_003 + self.rank)  # dropout etc. differ between ranks
+        self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
+        self._compiled = _CompiledSteps(self)
+        self.micro_batch: MicroBatch | None = None
+        self._batches: Iterator[Any] | None = None
+        self._batches_at: tuple[int, int] | None = None
+
+    def _broadcast_model_and_optimizer(self) -> None:
+        broadcast_variables([*model_weights(self.model), *self.optimizer.variables])
+
+    def set_lr(self, lr: float) -> None:
+        try:
+            self.optimizer.learning_rate.assign(lr)
+        except AttributeError:
+            raise ConfigError("build_optimizer must give the optimizer a number as learning_rate, not a "
+                              "schedule: hvdazure applies warmup and the config's schedule") from None
+
+    def _step_batches(self, micro_batches: list[MicroBatch]) -> Iterator[Any]:
+        """This rank's batches of the current step (None for an empty micro-batch), from a prefetching
+        pipeline made afresh when training is not where the previous step left it (epoch, resume)."""
+        s = self.state
+        if self._batches is None or self._batches_at != (s.epoch, s.step_in_epoch):
+            self._batches = iter(self._train_data.batches(
+                mb for step in self.plan.epoch(s.epoch, s.samples_in_epoch) for mb in step))
+        for micro_batch in micro_batches:
+            yield None if micro_batch.is_empty else next(self._batches)
+        self._batches_at = (s.epoch, s.step_in_epoch + 1)
+
+    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator,
+                  stop_vote: float | None) -> float:
+        vote = tf.constant(stop_vote or 0.0, tf.float64)
+        steps = self._compiled.for_vote(stop_vote is not None)
+        batches = list(self._step_batches(micro_batches))
+        if len(micro_batches) == 1 and batches[0] is not None:  # forward, backward and update in one call
+            self.micro_batch = micro_batches[0]
+            metrics, votes = steps.train(batches[0], self._weight(micro_batches[0]), vote)
+            meter.add(metrics, len(micro_batches[0].indices))
+        else:
+            total = None
+            for micro_batch, batch in zip(micro_batches, batches, strict=True):
+                if batch is None:  # no forward pass; this rank's zeros still join the allreduce
+                    continue
+                self.micro_batch = micro_batch
+                gradients, metrics = steps.gradients(batch, self._weight(micro_batch))
+                total = gradients if total is None else [
+                    a + g for a, g in zip(total, gradients, strict=True)]
+                meter.add(metrics, len(micro_batch.indices))
+            if total is None:
+                total = [tf.zeros_like(v) for v in self.model.trainable_variables]
+            votes = steps.apply(total, vote)
+        return float(votes) if stop_vote is not None else 0.0
+
+    def _weight(self, micro_batch: MicroBatch) -> tf.Tensor:
+        return tf.constant(micro_batch.loss_weight(self._ranks_averaged), tf.float64)
+
+    def _evaluate(self, meter: MetricAccumulator) -> bool:
+        if self._eval_data is None:
+            return False
+        mine = eval_range(len(self._eval_data), self.world_size, self.rank)
+        size = self.config.batch_size
+        for start in range(mine.start, mine.stop, size):  # a rank with no samples runs nothing
+            indices = range(start, min(start + size, mine.stop))
+            metrics = self._compiled.evaluate(self._eval_data.take(indices))
+            meter.add(metrics, len(indices))
+        return True
+
+    def _metric_to_float64(self, value: Any) -> Any:
+        return tf.cast(value, tf.float64)
+
+    def framework_versions(self) -> dict[str, str]:
+        return {"tensorflow": tf.__version__, "keras": keras.__version__, "horovod": horovod.__version__}
+
+
+class _CompiledSteps:
+    """The trainer's tf.functions, each traced once: batches of every size share one signature."""
+
+    def __init__(self, trainer: TensorFlowTrainer) -> None:
+        self.trainer = trainer
+        c = trainer.config
+        self._allreduce_args = {"op": _OPS[c.reduce_op], "compression": _COMPRESSION[c.compression]}
+        if c.reduce_op == "average" and c.gradient_predivide_factor != 1.0:
+            self._allreduce_args.update(prescale_factor=1.0 / c.gradient_predivide_factor,
+                                        postscale_factor=c.gradient_predivide_factor)
+        batch = trainer._train_data.signature()
+        scalar = tf.TensorSpec((), tf.float64)
+        gradients = [tf.TensorSpec(v.shape, v.dtype) for v in trainer.model.trainable_variables]
+        self.gradients = tf.function(self._gradients, input_signature=[batch, scalar])
+        self._by_vote = {}
+        for with_vote in (False, True):
+            self._by_vote[with_vote] = _Variant(
+                train=tf.function(lambda b, w, v, wv=with_vote: self._train(b, w, v, wv),
+                                  input_signature=[batch, scalar, scalar]),
+                gradients=self.gradients,
+                apply=tf.function(lambda g, v, wv=with_vote: self._apply(g, v, wv),
+                                  input_signature=[gradients, scalar]))
+        if trainer._eval_data is not None:
+            self.evaluate = tf.function(self._evaluate, input_signature=[trainer._eval_data.signature()])
+
+    def for_vote(self, with_vote: bool) -> _Variant:
+        return self._by_vote[with_vote]
+
+    def _loss_and_metrics(self, batch: Any, weight: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        t = self.trainer
+        loss, metrics = _loss_and_metrics(t.training_step(t.model, batch))
+        weighted = loss * tf.cast(weight, loss.dtype)
+        if isinstance(t.optimizer, keras.optimizers.LossScaleOptimizer):
+            weighted = t.optimizer.scale_loss(weighted)
+        return weighted, {"loss": tf.cast(loss, tf.float64), **metrics}
+
+    def _gradients(self, batch: Any, weight: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
+        variables = self.trainer.model.trainable_variables
+        with tf.GradientTape() as tape:
+            weighted, metrics = self._loss_and_metrics(batch, weight)
+        gradients = tape.gradient(weighted, variables)
+        return [_dense(g, v) for g, v in zip(gradients, variables, strict=True)], metrics
+
+    def _train(self, batch: Any, weight: tf.Tensor, vote: tf.Tensor,
+               with_vote: bool) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+        gradients, metrics = self._gradients(batch, weight)
+        return metrics, self._apply(gradients, vote, with_vote)
+
+    def _apply(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool) -> tf.Tensor:
+        """The step's one grouped allreduce of the gradients (and the stop vote beside it), clipping of
+        the global norm, and the update."""
+        t = self.trainer
+        votes = hvd.allreduce(tf.reshape(vote, [1]), op=hvd.Sum, name="hvdazure.stop_vote")[0] \
+            if with_vote else vote
+        if t.world_size > 1:
+            gradients = hvd.grouped_allreduce(list(gradients), **self._allreduce_args)
+        if t.config.grad_clip_norm is not None:
+            gradients, _ = tf.clip_by_global_norm(gradients, t.config.grad_clip_norm)
+        t.optimizer.apply_gradients(zip(gradients, t.model.trainable_variables, strict=True))
+        return votes
+
+    def _evaluate(self, batch: Any) -> dict[str, tf.Tensor]:
+        t = self.trainer
+        metrics = t.validation_step(t.model, batch)
+        if not isinstance(metrics, Mapping):
+            raise TypeError(f"validation_step must return a dict of metrics, got {type(metrics).__name__}")
+        return {k: tf.cast(tf.reduce_mean(v), tf.float64) for k, v in metrics.items()}
+
+
+class _Variant:
+    """The compiled steps with or without a stop vote folded into the update."""
+
+    def __init__(self, train: Any, gradients: Any, apply: Any) -> None:
+        self.train, self.gradients, self.apply = train, gradients, apply
+
+
+def _loss_and_metrics(output: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    """Split training_step's output into the loss to differentiate (per-sample losses averaged) and the
+    metrics to report (as float64)."""
+    if isinstance(output, Mapping):
+        if "loss" not in output:
+            raise TypeError(f"training_step returned a dict without 'loss': {sorted(output)}")
+        metrics = {k: tf.cast(tf.reduce_mean(tf.stop_gradient(v)), tf.float64)
+                   for k, v in output.items() if k != "loss"}
+        return tf.reduce_mean(output["loss"]), metrics
+    if isinstance(output, tf.Tensor | np.ndarray | float):
+        return tf.reduce_mean(output), {}
+    raise TypeError("training_step must return a loss tensor or a dict with 'loss', got "
+                    f"{type(output).__name__}")
+
+
+def _dense(gradient: Any, variable: Any) -> tf.Tensor:
+    """A dense gradient for the allreduce: zeros for a variable the loss does not reach (another rank's
+    loss may), dense values for an embedding's IndexedSlices."""
+    if gradient is None:
+        return tf.zeros_like(variable)
+    return tf.convert_to_tensor(gradient)
