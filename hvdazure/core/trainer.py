@@ -224,7 +224,9 @@ class Trainer(ABC):
         self.callbacks = [cb for cb in self._default_callbacks() + self.user_callbacks
                           if self.is_main or not cb.main_only]
         if c.resume is not None:
-            source = self._checkpoints or TrainerCheckpoints(self, str(Path(c.resume).parent))
+            # the directory above the checkpoint, as a URL too (pathlib would make abfs://c/run abfs:/c)
+            parent = c.resume.rstrip("/").rpartition("/")[0] or "."
+            source = self._checkpoints or TrainerCheckpoints(self, parent)
             source.resume(c.resume)
         if c.max_steps is not None:  # a resume at another world size: max_steps counts the steps taken
             end = self.schedule_step + max(0, c.max_steps - self.state.step)
