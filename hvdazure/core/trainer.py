@@ -53,6 +53,7 @@ class Trainer(ABC):
         self.callbacks: list[Callback] = []
         self._checkpoints: TrainerCheckpoints | None = None
         self._signal: int | None = None  # a stop signal this rank received
+        self._signal_reason: str | None = None  # what asked for it, when not a real signal
 
     # --- what a binding provides -----------------------------------------------------------------------
     @abstractmethod
@@ -329,10 +330,19 @@ class Trainer(ABC):
         not caught (no checkpointing: they end the process as usual)."""
         return None if self._checkpoints is None else float(self._signal is not None)
 
+    def request_checkpoint_and_exit(self, reason: str, signum: int = signal.SIGTERM) -> None:
+        """Make every rank save a checkpoint at the next step and exit with 128 + `signum`, as a first
+        SIGTERM does (it travels in the same per-step vote: no collective of its own). Safe to call from
+        any thread of any rank, e.g. a watcher of the cloud's preemption notices. Needs checkpointing."""
+        if self._signal is None:
+            self._signal_reason = reason
+            self._signal = signum
+
     def _stop_for_signal(self) -> None:
         name = signal.Signals(self._signal).name if self._signal else "a stop signal on another rank"
-        saved = self.save_checkpoint(f"signal: {name}")
-        logger.warning(f"received {name}: saved checkpoint {saved}; exiting")
+        what = self._signal_reason or name
+        saved = self.save_checkpoint(f"signal: {what}")
+        logger.warning(f"received {what}: saved checkpoint {saved}; exiting")
         raise SystemExit(128 + (self._signal or signal.SIGTERM))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import signal
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -497,6 +498,36 @@ def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step_with_a_checkpoin
     assert [t.state.step for t in trainers] == [5, 5, 5]  # the step that voted was finished
     checkpoint, _ = CheckpointManager(str(tmp_path)).latest_valid()
     assert checkpoint is not None and checkpoint.step == 5
+
+
+class PreemptionNotice(Callback):
+    """A watcher thread on this rank calls request_checkpoint_and_exit during optimizer step `at_step`."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_step_begin(self, trainer: Trainer) -> None:
+        if trainer.state.step == self.at_step:
+            watcher = threading.Thread(target=trainer.request_checkpoint_and_exit,
+                                       args=("preemption notice for this VM",))
+            watcher.start()
+            watcher.join()
+
+
+def test_a_checkpoint_and_exit_requested_from_a_thread_of_rank_0_stops_every_rank_with_a_checkpoint(
+        tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    world, trainers = build(3, problem, exact_config(3, str(tmp_path)), momentum=EXACT_MOMENTUM,
+                            callbacks=lambda rank: [PreemptionNotice(4)] if rank == 0 else [])
+
+    with pytest.raises(SystemExit) as stopped:
+        world.run([trainer.fit for trainer in trainers])
+
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert [t.state.step for t in trainers] == [5, 5, 5]
+    checkpoint, _ = CheckpointManager(str(tmp_path)).latest_valid()
+    assert checkpoint is not None and checkpoint.step == 5
+    assert checkpoint.manifest["reason"] == "signal: preemption notice for this VM"
 
 
 @pytest.mark.parametrize("at_step", [4, 5])  # mid-epoch; the last step of an epoch (3 steps per epoch)
