@@ -64,10 +64,17 @@ class MLflowLogger(Callback):
 
         if self.tracking_uri.startswith("sqlite:///"):
             Path(self.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        # inside Azure ML: the job's run (the same on every rank) in the workspace's store. Read before
+        # set_tracking_uri, which rewrites MLFLOW_TRACKING_URI.
+        job_run, job_store = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.tracking_uri)
-        if not os.environ.get("MLFLOW_RUN_ID"):  # inside Azure ML the job's run is already active
-            mlflow.set_experiment(self.experiment)
-        self.run = mlflow.start_run()
+        if job_run and self.tracking_uri == job_store:
+            self.run = mlflow.start_run(run_id=job_run)
+        else:
+            experiment = mlflow.set_experiment(self.experiment)
+            # a tracking URI of the user's own: start_run() alone would look for the job's run in it
+            own = mlflow.MlflowClient().create_run(experiment.experiment_id).info.run_id if job_run else None
+            self.run = mlflow.start_run(run_id=own)
         params = {k: v for k, v in trainer.config.to_dict().items() if k != "extra"}
         params.update({f"extra.{k}": v for k, v in trainer.config.extra.items()})
         params.update(world_size=trainer.world_size, global_batch_size=trainer.global_batch_size,
