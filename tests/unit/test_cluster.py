@@ -94,6 +94,23 @@ def test_azureml_master_addr_drops_the_azure_batch_port() -> None:
     assert (info.launcher, info.master_addr) == ("azureml", "10.0.0.4")
 
 
+def test_azureml_prefers_the_multi_node_master_over_the_single_node_variable() -> None:
+    env = {**OPEN_MPI_RANK_1_OF_2, "AZ_BATCHAI_MPI_MASTER_NODE": "localhost",
+           "AZ_BATCH_MASTER_NODE": "10.0.0.4:6000"}
+    assert detect_cluster(env).master_addr == "10.0.0.4"
+
+
+def test_azureml_single_node_master_may_be_localhost() -> None:
+    info = detect_cluster({**OPEN_MPI_RANK_1_OF_2, "AZ_BATCHAI_MPI_MASTER_NODE": "localhost"})
+    assert (info.launcher, info.master_addr, info.num_nodes) == ("azureml", "localhost", 1)
+
+
+def test_mlflow_variables_alone_do_not_mean_an_azure_ml_job() -> None:
+    # an Azure ML compute instance, or a user's own tracking server, sets these outside any job
+    env = {"MLFLOW_TRACKING_URI": "azureml://example", "MLFLOW_RUN_ID": "run", **OPEN_MPI_RANK_1_OF_2}
+    assert detect_cluster(env).launcher == "openmpi"
+
+
 def test_azureml_job_without_a_distribution_is_one_process() -> None:
     assert detect_cluster({"AZUREML_RUN_ID": "run"}) == ClusterInfo(0, 1, 0, 1, 0, 1, None, "azureml")
 
