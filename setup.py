@@ -31,11 +31,15 @@ setup(
     extras_require={
         "torch": ["torch>=2.1"],
         "tensorflow": ["tensorflow>=2.16", "keras>=3"],  # hvdazure.tensorflow imports Keras 3 itself
-        # adlfs: checkpoints on abfs:// (Azure Blob / Data Lake) URLs, through fsspec
-        "azure": ["azure-ai-ml>=1.12", "azure-identity>=1.15", "adlfs>=2023.10"],
+        # adlfs: checkpoints on abfs:// (Azure Blob / Data Lake) URLs, through fsspec. azure-ai-ml: submission
+        # (hvdazure submit) builds on azure-ai-ml 1.35's entities and offline validation; pathspec reads
+        # .amlignore / .gitignore for the code snapshot.
+        "azure": ["azure-ai-ml>=1.35,<2", "azure-identity>=1.15", "pathspec>=0.11", "adlfs>=2023.10"],
+        # the legacy SDK v1 path (hvdazure submit --sdk v1); azureml-core is out of support since 2026-06-30
+        "azure-v1": ["azureml-core>=1.61", "azure-identity>=1.15", "pathspec>=0.11"],
         "tensorboard": ["tensorboard>=2.14"],
         "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=2", "alembic>=1.12"],
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.5", "scikit-learn>=1.3"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.5", "scikit-learn>=1.3", "responses>=0.25"],
     },
     entry_points={"console_scripts": ["hvdazure=hvdazure.cli:main"]},
     classifiers=[

@@ -75,8 +75,11 @@ pip_install --upgrade pip
 # index: asking it anyway costs retries on every package). torch_index.py prints the choice and why.
 torch_index=$("$py" scripts/torch_index.py "torch==${TORCH_VERSION}")
 read -ra torch_index_args <<<"$torch_index"
+# requirements/azure.txt (Azure ML submission, SDK v2 and v1) resolves only with pip 26 or newer: the
+# upgrade above brings it.
 pip_install ${torch_index_args[@]+"${torch_index_args[@]}"} \
-  "torch==${TORCH_VERSION}" "tensorflow-cpu==${TENSORFLOW_VERSION}" -r requirements/dev.txt
+  "torch==${TORCH_VERSION}" "tensorflow-cpu==${TENSORFLOW_VERSION}" -r requirements/dev.txt \
+  -r requirements/azure.txt
 
 # --- 3. Horovod, built once per (versions, python, MPI, build recipe) and cached as a wheel --------------
 if hvd_ok && "$py" -c "import horovod, sys; sys.exit(horovod.__version__ != '${HOROVOD_VERSION}')"; then
