@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import traceback
 
 from hvdazure._version import __version__
 
@@ -37,6 +39,58 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _submit(args: argparse.Namespace) -> int:
+    from hvdazure.azure import compute, errors, job_spec, submission
+
+    try:
+        spec = job_spec.JobSpec(
+            script=args.script, compute=args.compute, nodes=args.nodes, script_args=args.script_args,
+            processes_per_node=args.processes_per_node, code_dir=args.code, image=args.image,
+            conda_file=args.conda_file, environment=args.environment,
+            env=job_spec.parse_mapping(args.env, "--env"), tags=job_spec.parse_mapping(args.tag, "--tag"),
+            inputs=[job_spec.parse_input(text) for text in args.input],
+            outputs=[job_spec.parse_output(text) for text in args.output],
+            experiment=args.experiment, display_name=args.display_name, shm_size=args.shm_size,
+            vm_size=args.vm_size)
+        if args.dry_run:
+            result = submission.dry_run(spec, args.output_yaml or submission.DEFAULT_YAML, sdk=args.sdk)
+        elif args.output_yaml:
+            return _fail("--output-yaml goes with --dry-run")
+        else:
+            cluster = compute.ClusterSpec(args.compute, args.vm_size or "", max_nodes=args.nodes) \
+                if args.create_compute else None
+            result = submission.submit(spec, _workspace(args), sdk=args.sdk, stream=args.stream,
+                                       create_compute=cluster)
+    except errors.SubmitError as exc:
+        if args.verbose and exc.__cause__ is not None:
+            print(errors.redact("".join(traceback.format_exception(exc.__cause__))), file=sys.stderr, end="")
+        return _fail(errors.one_line(exc))
+    print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.report()))
+    return 0
+
+
+def _azure_compute_create(args: argparse.Namespace) -> int:
+    from hvdazure.azure import compute, errors, submission
+
+    try:
+        cluster = compute.ClusterSpec(args.name, args.vm_size, max_nodes=args.max_nodes,
+                                      min_nodes=args.min_nodes, low_priority=args.low_priority,
+                                      idle_seconds=args.idle_seconds)
+        cluster.validate()
+        info = submission.create_compute(cluster, _workspace(args))
+    except errors.SubmitError as exc:
+        return _fail(errors.one_line(exc))
+    print(json.dumps(dataclasses.asdict(info), indent=2) if args.json else info.describe())
+    return 0
+
+
+def _workspace(args: argparse.Namespace):  # -> hvdazure.azure.workspace.WorkspaceRef
+    from hvdazure.azure.workspace import WorkspaceRef
+
+    return WorkspaceRef.from_options(args.workspace_config, args.subscription, args.resource_group,
+                                     args.workspace)
+
+
 def _fail(message: str) -> int:
     print(f"hvdazure: error: {message}", file=sys.stderr)
     return 2
@@ -52,6 +106,112 @@ def _positive_float(text: str) -> float:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that, when `trailing_dest` is set, stores everything after the first `--` there
+    verbatim (a submitted script's own arguments), so that options may come before or after the script."""
+
+    trailing_dest: str | None = None
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        if self.trailing_dest is None or args is None:
+            return super().parse_known_args(args, namespace)
+        args = list(args)
+        split = args.index("--") if "--" in args else len(args)
+        namespace, extras = super().parse_known_args(args[:split], namespace)
+        setattr(namespace, self.trailing_dest, args[split + 1:])
+        return namespace, extras
+
+
+def _add_workspace_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("workspace (default: config.json in this directory or .azureml/)")
+    group.add_argument("--workspace-config", metavar="CONFIG.JSON", help="the workspace's config.json")
+    group.add_argument("--subscription", metavar="ID", help="with --resource-group and --workspace")
+    group.add_argument("--resource-group", metavar="NAME")
+    group.add_argument("--workspace", metavar="NAME")
+
+
+def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
+    submit = sub.add_parser(
+        "submit", help="run a training script as a multi-node MPI job on Azure ML",
+        description="Submit SCRIPT as an Azure ML command job with an MPI distribution: NODES x "
+                    "PROCESSES_PER_NODE ranks, each running `python SCRIPT ARGS` (Azure ML starts mpirun). "
+                    "Everything that can be checked offline is checked before anything is uploaded; "
+                    "--dry-run checks the job with no Azure access at all. SDK v2 (azure-ai-ml) by default; "
+                    "--sdk v1 uses azureml-core, which is out of support since 2026-06-30.",
+        epilog="the script's own arguments go after --. examples:\n"
+               "  hvdazure submit train.py --compute gpu-cluster --nodes 2 \\\n"
+               "      --image myacr.azurecr.io/hvdazure-gpu:0.1.0 --dry-run -- --set epochs=10\n"
+               "  hvdazure submit train.py --compute gpu-cluster --nodes 2 --processes-per-node 8 \\\n"
+               "      --environment azureml:hvdazure-gpu@latest --input data=azureml:digits@latest \\\n"
+               "      --stream -- --set extra.data_dir='${{inputs.data}}'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    submit.trailing_dest = "script_args"
+    submit.add_argument("script", help="the training script, inside the code directory")
+    layout = submit.add_argument_group("layout")
+    layout.add_argument("--compute", required=True, help="the Azure ML compute cluster")
+    layout.add_argument("--nodes", type=int, default=1, help="nodes (default: 1)")
+    layout.add_argument("--processes-per-node", "-ppn", type=int, metavar="N",
+                        help="ranks per node, usually one per GPU (default: the GPUs of the compute's VM "
+                             "size when hvdazure knows it)")
+    layout.add_argument("--vm-size", metavar="SIZE",
+                        help="the compute's VM size, for a dry run's defaults and for --create-compute")
+    layout.add_argument("--create-compute", action="store_true",
+                        help="create the compute if it does not exist (--vm-size, up to --nodes nodes, "
+                             "scaling to 0 when idle); see also `hvdazure azure compute create`")
+    layout.add_argument("--shm-size", metavar="SIZE",
+                        help="shared memory per container, e.g. 16g (default: 2g)")
+    environment = submit.add_argument_group("environment")
+    environment.add_argument("--image", help="Docker image with an MPI library (docker/: hvdazure-gpu)")
+    environment.add_argument("--conda-file", metavar="ENV.YML", help="with --image: conda environment on top")
+    environment.add_argument("--environment", metavar="azureml:NAME@latest",
+                             help="a registered environment instead of --image")
+    environment.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                             help="environment variable (repeatable; NCCL defaults for the VM size added)")
+    job = submit.add_argument_group("job")
+    job.add_argument("--code", metavar="DIR", help="directory to upload; the job starts there (default: .)")
+    job.add_argument("--input", action="append", default=[], metavar="NAME=URI[:MODE]",
+                     help="input (repeatable): azureml:ASSET@latest, azureml://datastores/..., a local path; "
+                          "mode ro_mount (default), download, ...; read it with ${{inputs.NAME}}")
+    job.add_argument("--output", action="append", default=[], metavar="NAME[=URI][:MODE]",
+                     help="output (repeatable), rw_mount by default; ${{outputs.NAME}}")
+    job.add_argument("--experiment", help="experiment name (default: the code directory's name)")
+    job.add_argument("--display-name", help="the job's display name")
+    job.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag (repeatable)")
+    _add_workspace_options(submit)
+    mode = submit.add_argument_group("mode")
+    mode.add_argument("--dry-run", action="store_true",
+                      help="write the job YAML and validate it offline; upload and submit nothing")
+    mode.add_argument("--output-yaml", metavar="PATH", help="with --dry-run: where to write the YAML "
+                                                            "(default: hvdazure-job.yml)")
+    mode.add_argument("--stream", action="store_true", help="follow the job's logs after submitting")
+    mode.add_argument("--sdk", default="v2", help="v2 (azure-ai-ml, default) or v1 (azureml-core, legacy, "
+                                                  "out of support since 2026-06-30)")
+    mode.add_argument("--json", action="store_true", help="print the result as JSON")
+    mode.add_argument("-v", "--verbose", action="store_true", help="show the SDK's traceback on failure")
+    submit.set_defaults(func=_submit, script_args=[])
+
+
+def _add_azure_parser(sub: argparse._SubParsersAction) -> None:
+    azure = sub.add_parser("azure", help="Azure ML resources (compute clusters)")
+    resources = azure.add_subparsers(dest="azure_resource", metavar="RESOURCE", required=True)
+    compute = resources.add_parser("compute", help="compute clusters")
+    actions = compute.add_subparsers(dest="compute_action", metavar="ACTION", required=True)
+    create = actions.add_parser("create", help="get or create an AmlCompute cluster (an existing one stays)",
+                                description="Create an AmlCompute cluster unless the workspace has one of "
+                                            "that name, which is used as it is.")
+    create.add_argument("name", help="cluster name (2-32 letters, digits, '-')")
+    create.add_argument("--vm-size", required=True, help="e.g. Standard_ND96asr_v4 (8 A100, InfiniBand)")
+    create.add_argument("--max-nodes", type=int, required=True, help="largest number of nodes")
+    create.add_argument("--min-nodes", type=int, default=0, help="nodes kept running (default: 0)")
+    create.add_argument("--low-priority", action="store_true", help="preemptible VMs (cheaper)")
+    create.add_argument("--idle-seconds", type=int, default=600,
+                        help="idle time before scaling down (default: 600)")
+    create.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_workspace_options(create)
+    create.set_defaults(func=_azure_compute_create)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(
@@ -59,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Horovod data-parallel training for PyTorch and TensorFlow, from a laptop to Azure ML.",
     )
     parser.add_argument("--version", action="version", version=f"hvdazure {__version__}")
-    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True, parser_class=_Parser)
 
     run = sub.add_parser(
         "run", help="run a script or command on N ranks (Gloo via horovodrun, or MPI via mpirun)",
@@ -95,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Exit status is non-zero when Horovod cannot run here.")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     doctor.set_defaults(func=_doctor)
+    _add_submit_parser(sub)
+    _add_azure_parser(sub)
     return parser
 
 

@@ -3,4 +3,34 @@
 Keep this file free of imports: the trainer imports hvdazure.azure.scheduled_events (stdlib only) inside
 every Azure ML job, and that import runs this file first. Modules that need the Azure SDKs import them
 themselves.
+
+The submission API (the options of `hvdazure submit`, as Python) is reached through this package and loaded
+on first use:
+
+    from hvdazure.azure import JobSpec, WorkspaceRef, dry_run, submit
+    spec = JobSpec(script="train.py", compute="gpu-cluster", nodes=2, processes_per_node=4,
+                   image="myacr.azurecr.io/hvdazure-gpu:0.1.0", script_args=["--set", "epochs=10"])
+    dry_run(spec, "job.yml")                     # offline: writes and validates the YAML
+    job = submit(spec, WorkspaceRef.from_config_file("config.json"))   # job.name, job.studio_url
 """
+
+_API = {
+    "JobSpec": "job_spec", "InputSpec": "job_spec", "OutputSpec": "job_spec", "JobPlan": "job_spec",
+    "parse_input": "job_spec", "parse_output": "job_spec",
+    "WorkspaceRef": "workspace", "ClusterSpec": "compute",
+    "SubmitError": "errors", "JobSpecError": "errors",
+    "dry_run": "submission", "submit": "submission", "create_compute": "submission",
+    "DryRunResult": "submission",
+}
+
+
+def __getattr__(name: str):  # PEP 562: the submission API, imported when first asked for
+    if name not in _API:
+        raise AttributeError(f"module 'hvdazure.azure' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"hvdazure.azure.{_API[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])

@@ -1,0 +1,44 @@
+"""Errors of a submission, and the one rule for every message hvdazure prints about one: no secrets.
+
+Azure SDK exceptions can carry SAS URLs (`...?sv=...&sig=...`), bearer tokens or storage keys in their text
+(a failed blob upload names the URL it used). Everything shown to the user passes through `redact` first.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class SubmitError(Exception):
+    """A submission cannot go ahead; the message is one line that says what to change."""
+
+
+class JobSpecError(SubmitError, ValueError):
+    """The job as asked is invalid (found offline, before anything is uploaded)."""
+
+
+_SECRETS = [
+    # SAS query parameters: the signature is the secret; the rest would only help to reuse it
+    (re.compile(r"([?&](?:sig|se|sp|sv|sr|st|skoid|sktid|skt|ske|sks|skv|spr|srt|ss)=)[^&\s'\"]*", re.I),
+     r"\1REDACTED"),
+    (re.compile(r"(Bearer\s+)[A-Za-z0-9\-_.~+/=]+", re.I), r"\1REDACTED"),
+    (re.compile(r"((?:AccountKey|SharedAccessSignature|SharedAccessKey|password|client_secret)\s*[=:]\s*)"
+                r"[^;\s'\"&]+", re.I), r"\1REDACTED"),
+    (re.compile(r"eyJ[A-Za-z0-9\-_]{8,}\.[A-Za-z0-9\-_]{8,}\.[A-Za-z0-9\-_]*"), "REDACTED-JWT"),
+]
+
+
+def redact(text: str) -> str:
+    """`text` without SAS signatures, bearer tokens, JWTs, storage keys or passwords."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one redacted line: its first non-empty line, prefixed with its type when that helps."""
+    text = redact(str(exc)).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if isinstance(exc, SubmitError):
+        return first
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

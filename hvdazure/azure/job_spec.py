@@ -1,0 +1,425 @@
+"""What the user asked `hvdazure submit` for, validated offline and resolved into a plan; no Azure SDK here.
+
+Azure ML accepts some wrong jobs silently (zero or negative counts, a script that was not uploaded) and
+reports others only after the code is uploaded and the job queued. Everything that can be checked without
+Azure is checked here, before anything is uploaded, each problem as one line naming the option:
+
+- nodes and processes per node are integers of at least 1; the script and the code directory exist, the
+  script is inside the code directory and not excluded by its .amlignore / .gitignore;
+- inputs, outputs, environment variables and tags parse; `${{inputs.x}}` / `${{outputs.x}}` in the script's
+  arguments name declared ones; no credential is put into the job in plain text;
+- the script's `--config` / `--set` arguments are parsed by `TrainConfig`, with the same code the job runs.
+
+The job runs `python SCRIPT ARGS` from the top of the code directory on every rank: Azure ML starts
+`mpirun` itself, with `nodes x processes_per_node` ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hvdazure.azure import vm_sizes
+from hvdazure.azure.code_snapshot import CodeSnapshot, scan
+from hvdazure.azure.errors import JobSpecError
+
+INPUT_TYPES = ("uri_folder", "uri_file")
+INPUT_MODES = ("ro_mount", "download", "rw_mount", "direct", "eval_mount", "eval_download")
+OUTPUT_MODES = ("rw_mount", "upload", "direct")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # input, output and environment variable names
+_EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,254}$")
+_SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$", re.I)
+_PLACEHOLDER = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
+_REGISTERED_ENV = re.compile(r"^(?:azureml:)?([A-Za-z0-9][A-Za-z0-9_.\-]*)(@latest|:[A-Za-z0-9_.\-]+)$")
+# Variables named like secrets (HF_TOKEN, WANDB_API_KEY, AZURE_CLIENT_SECRET; not TOKENIZERS_PARALLELISM)
+# would sit in the job definition in plain text.
+_SECRET_WORDS = {"SECRET", "PASSWORD", "PASSWD", "TOKEN", "SAS", "CREDENTIAL", "CREDENTIALS", "PAT"}
+_SECRET_VALUE = re.compile(r"[?&]sig=|eyJ[A-Za-z0-9\-_]{8,}\.|AccountKey=|SharedAccessSignature=", re.I)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A job input: an Azure ML data asset (`azureml:NAME@latest`, `azureml:NAME:VERSION`), a datastore path
+    (`azureml://datastores/...`), a storage URL without credentials, or a local path (uploaded)."""
+
+    name: str
+    uri: str
+    type: str = "uri_folder"
+    mode: str = "ro_mount"
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """A job output; without a URI, Azure ML picks a place in the workspace's default datastore."""
+
+    name: str
+    uri: str | None = None
+    type: str = "uri_folder"
+    mode: str = "rw_mount"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything `hvdazure submit` takes (the CLI's options, one field each). Paths are relative to the
+    current directory, as on the command line."""
+
+    script: str
+    compute: str
+    nodes: int = 1
+    processes_per_node: int | None = None  # default: the GPUs of `vm_size` (or of the compute, when known)
+    script_args: Sequence[str] = ()
+    code_dir: str | None = None  # default: the current directory; the job starts there
+    image: str | None = None  # a Docker image with an MPI library (docker/: hvdazure-gpu)
+    conda_file: str | None = None  # with `image`: a conda environment built on top of it
+    environment: str | None = None  # instead of `image`: a registered environment, azureml:NAME@latest
+    env: Mapping[str, str] = field(default_factory=dict)
+    inputs: Sequence[InputSpec] = ()
+    outputs: Sequence[OutputSpec] = ()
+    experiment: str | None = None  # default: the code directory's name
+    display_name: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    shm_size: str | None = None  # e.g. "16g"; Azure ML's default is 2g
+    vm_size: str | None = None  # the compute's VM size, when known before asking Azure
+
+
+@dataclass(frozen=True)
+class EnvironmentPlan:
+    """The Azure ML environment the job runs in. Ours are named and versioned by content, so a second
+    submission with the same image (and conda file) reuses the registered environment."""
+
+    name: str
+    version: str | None  # None for `@latest` of a registered environment
+    image: str | None = None
+    conda_file: Path | None = None
+    registered: bool = False  # True: the user's own, referenced and never created
+
+    @property
+    def reference(self) -> str:
+        which = "@latest" if self.version is None else f":{self.version}"
+        return f"azureml:{self.name}{which}"
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """A validated job: what will be uploaded and submitted, in the terms of both SDKs."""
+
+    code_dir: Path
+    script: str  # relative to code_dir, POSIX separators
+    script_args: tuple[str, ...]
+    compute: str
+    nodes: int
+    processes_per_node: int
+    environment: EnvironmentPlan
+    env: dict[str, str]
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[OutputSpec, ...]
+    experiment: str
+    display_name: str
+    tags: dict[str, str]
+    shm_size: str | None
+    vm_size: str | None
+    snapshot: CodeSnapshot
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    @property
+    def command(self) -> str:
+        """The job's command line; `${{inputs.x}}` placeholders stay as Azure ML substitutes them."""
+        return shlex.join(["python", self.script, *self.script_args])
+
+    def summary(self) -> list[str]:
+        """What a person checks before spending GPU hours, one fact per line (no secrets: see _check_env)."""
+        environment = self.environment
+        lines = [
+            f"MPI layout: {self.nodes} node(s) x {self.processes_per_node} process(es) = world size "
+            f"{self.world_size}, on compute {self.compute}" + (f" ({self.vm_size})" if self.vm_size else ""),
+            f"environment: {environment.reference}"
+            + (f" (image {environment.image})" if environment.image else "")
+            + (f" + conda file {environment.conda_file.name}" if environment.conda_file else ""),
+            f"command: {self.command}",
+            f"code: {self.code_dir} ({len(self.snapshot.files)} files, "
+            f"{self.snapshot.total_bytes / 2**20:.1f} MB)",
+            f"experiment: {self.experiment}; display name: {self.display_name}",
+        ]
+        if self.env:
+            lines.append("environment variables: "
+                         + " ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
+        for spec in self.inputs:
+            lines.append(f"input {spec.name}: {spec.type} {spec.uri} ({spec.mode})")
+        for out in self.outputs:
+            lines.append(f"output {out.name}: {out.type} {out.uri or '(default datastore)'} ({out.mode})")
+        return lines
+
+
+# --- parsing the CLI's strings --------------------------------------------------------------------------
+def parse_key_value(text: str, option: str) -> tuple[str, str]:
+    """`KEY=VALUE` (the value may be empty or hold more `=`)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise JobSpecError(f"{option} expects KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def parse_input(text: str) -> InputSpec:
+    """`NAME=[TYPE:]URI[:MODE]`, e.g. `data=azureml:digits@latest`, `data=azureml:digits:3:download`,
+    `weights=uri_file:azureml://datastores/ws/paths/w.pt`. A trailing `:MODE` is read as a mode only when
+    it is one (ro_mount, download, rw_mount, direct, ...); the type is uri_folder unless given."""
+    name, uri = parse_key_value(text, "--input")
+    kind = "uri_folder"
+    for candidate in INPUT_TYPES:
+        if uri.startswith(candidate + ":"):
+            kind, uri = candidate, uri[len(candidate) + 1:]
+    mode = "ro_mount"
+    head, sep, tail = uri.rpartition(":")
+    if sep and tail in INPUT_MODES:
+        uri, mode = head, tail
+    spec = InputSpec(name=name, uri=uri, type=kind, mode=mode)
+    _check_input(spec)
+    return spec
+
+
+def parse_output(text: str) -> OutputSpec:
+    """`NAME`, or `NAME=URI[:MODE]` (`azureml://datastores/NAME/paths/...`), mode rw_mount unless given."""
+    name, sep, uri = text.partition("=")
+    mode = "rw_mount"
+    head, colon, tail = uri.rpartition(":")
+    if colon and tail in OUTPUT_MODES:
+        uri, mode = head, tail
+    if sep and not uri:
+        raise JobSpecError(f"--output {text!r}: give NAME or NAME=URI[:MODE]")
+    spec = OutputSpec(name=name, uri=uri or None, mode=mode)
+    _check_output(spec)
+    return spec
+
+
+def parse_mapping(items: Sequence[str], option: str) -> dict[str, str]:
+    return dict(parse_key_value(item, option) for item in items)
+
+
+# --- validation and resolution ----------------------------------------------------------------------------
+def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = None,
+            snapshot: CodeSnapshot | None = None) -> JobPlan:
+    """Validate `spec` and work out the job: raises JobSpecError with one line naming what to change.
+    `vm_size` is the compute's size as Azure reports it, when known (else `spec.vm_size`); `snapshot` a
+    scan of the same code directory made earlier (a second resolve need not walk it again)."""
+    cwd = Path.cwd() if cwd is None else cwd
+    vm_size = vm_size or spec.vm_size
+    nodes = _count(spec.nodes, "--nodes")
+    processes = _processes_per_node(spec.processes_per_node, vm_size)
+    if not isinstance(spec.compute, str) or not spec.compute.strip():
+        raise JobSpecError("--compute: name the Azure ML compute cluster to run on")
+    code_dir, script = _code_and_script(spec, cwd)
+    if snapshot is None or snapshot.code_dir != code_dir:
+        snapshot = scan(code_dir)
+    if not snapshot.contains(script):
+        raise JobSpecError(f"script {script} is excluded by {code_dir / str(snapshot.ignore_file)}: "
+                           "it would not be uploaded")
+    inputs, outputs = tuple(spec.inputs), tuple(spec.outputs)
+    for item in inputs:
+        _check_input(item)
+    for out in outputs:
+        _check_output(out)
+    _unique([i.name for i in inputs], "--input")
+    _unique([o.name for o in outputs], "--output")
+    args = tuple(str(a) for a in spec.script_args)
+    _check_placeholders(args, inputs, outputs)
+    check_train_config_args(args, code_dir)
+    env = {**vm_sizes.nccl_environment(vm_size), **_check_env(spec.env)}
+    experiment = spec.experiment or _experiment_name(code_dir)
+    if not _EXPERIMENT.match(experiment):
+        raise JobSpecError(f"--experiment {experiment!r}: letters, digits, '_' and '-' only, starting with a "
+                           "letter or digit")
+    if spec.shm_size is not None and not _SHM_SIZE.match(str(spec.shm_size)):
+        raise JobSpecError(f"--shm-size {spec.shm_size!r}: a size such as 16g, 512m")
+    tags = {str(k): str(v) for k, v in spec.tags.items()}
+    warnings = [w for w in (snapshot.size_warning(), *_unreferenced(args, inputs, outputs)) if w]
+    return JobPlan(
+        code_dir=code_dir, script=script, script_args=args, compute=spec.compute.strip(), nodes=nodes,
+        processes_per_node=processes, environment=_environment(spec, cwd), env=env, inputs=inputs,
+        outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
+        f"{nodes}x{processes}", tags=tags, shm_size=spec.shm_size, vm_size=vm_size, snapshot=snapshot,
+        warnings=tuple(warnings))
+
+
+def check_train_config_args(script_args: Sequence[str], code_dir: Path) -> None:
+    """Parse the script's `--config FILE` and `--set FIELD=VALUE` arguments with TrainConfig's own parser,
+    as the job will on every rank, so a typo fails here instead of after the upload and the queue. Other
+    arguments are the script's own and are left alone. Placeholders stand for paths, and the config file
+    is read from the code directory, where the job starts. TrainConfig's defaults are used: a script that
+    passes its own defaults to `from_cli` is checked against TrainConfig's."""
+    from hvdazure.core.config import ConfigError, TrainConfig
+
+    argv: list[str] = []
+    items = list(script_args)
+    for index, arg in enumerate(items):
+        for option in ("--set", "--config"):
+            if arg == option and index + 1 < len(items):
+                value = items[index + 1]
+            elif arg.startswith(option + "="):
+                value = arg[len(option) + 1:]
+            else:
+                continue
+            value = _PLACEHOLDER.sub(lambda m: "/mnt/azureml/" + m.group(1).replace(".", "/"), value)
+            if option == "--config":
+                value = str(code_dir / value)
+            argv += [option, value]
+    if not argv:
+        return
+    try:
+        TrainConfig._from_cli(argv, {})  # the job's own parsing, minus its exit(2)
+    except ConfigError as exc:
+        raise JobSpecError(f"the script's arguments: {exc}") from None
+
+
+def environment_version(image: str, conda_text: str | None) -> str:
+    """A version that changes exactly when the environment's content does: the image's tag (readable) and
+    a hash of the image reference and conda file."""
+    digest = hashlib.sha256(f"{image}\n{conda_text or ''}".encode()).hexdigest()[:12]
+    tag = image.rsplit("/", 1)[-1].partition("@")[0].partition(":")[2]
+    tag = re.sub(r"[^A-Za-z0-9_.\-]", "-", tag)[:16].strip(".-")
+    return f"{tag}-{digest}" if tag else digest
+
+
+def _count(value: object, option: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobSpecError(f"{option} must be an integer, got {value!r}")
+    if value < 1:
+        raise JobSpecError(f"{option} must be at least 1, got {value}")
+    return value
+
+
+def _processes_per_node(value: int | None, vm_size: str | None) -> int:
+    if value is not None:
+        return _count(value, "--processes-per-node")
+    size = vm_sizes.lookup(vm_size)
+    if size is not None:
+        return size.gpus
+    known = f"VM size {vm_size} is not in hvdazure's table" if vm_size else "the compute's VM size is unknown"
+    raise JobSpecError(f"--processes-per-node is required: {known} (one process per GPU is usual; sizes "
+                       f"known: {', '.join(vm_sizes.known_sizes())})")
+
+
+def _code_and_script(spec: JobSpec, cwd: Path) -> tuple[Path, str]:
+    code_dir = (cwd / (spec.code_dir or ".")).resolve()
+    if not code_dir.is_dir():
+        raise JobSpecError(f"code directory not found: {spec.code_dir}")
+    if not spec.script:
+        raise JobSpecError("no script given: hvdazure submit train.py ...")
+    script_path = (cwd / spec.script).resolve()
+    if not script_path.is_file():
+        raise JobSpecError(f"script not found: {spec.script} (no such file in {cwd})")
+    try:
+        script = script_path.relative_to(code_dir).as_posix()
+    except ValueError:
+        raise JobSpecError(f"script {spec.script} is outside the code directory {code_dir}: only the code "
+                           f"directory is uploaded (pass --code {script_path.parent})") from None
+    return code_dir, script
+
+
+def _environment(spec: JobSpec, cwd: Path) -> EnvironmentPlan:
+    if spec.environment and (spec.image or spec.conda_file):
+        raise JobSpecError("--environment names a registered environment: give it alone, or --image "
+                           "(with --conda-file), not both")
+    if spec.environment:
+        match = _REGISTERED_ENV.match(spec.environment)
+        if not match:
+            raise JobSpecError(f"--environment {spec.environment!r}: expected azureml:NAME@latest or "
+                               "azureml:NAME:VERSION")
+        name, which = match.groups()
+        return EnvironmentPlan(name=name, version=None if which == "@latest" else which[1:], registered=True)
+    if not spec.image:
+        raise JobSpecError("no environment: give --image REGISTRY/IMAGE:TAG (docker/README.md builds "
+                           "hvdazure-gpu) or --environment azureml:NAME@latest")
+    if any(c.isspace() for c in spec.image) or "://" in spec.image:
+        raise JobSpecError(f"--image {spec.image!r}: expected REGISTRY/REPOSITORY[:TAG|@DIGEST]")
+    conda_file, conda_text = None, None
+    if spec.conda_file:
+        conda_file = (cwd / spec.conda_file).resolve()
+        if not conda_file.is_file():
+            raise JobSpecError(f"conda file not found: {spec.conda_file}")
+        conda_text = conda_file.read_text()
+    repository = spec.image.rsplit("/", 1)[-1].partition("@")[0].partition(":")[0]
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "-", repository).strip(".-_") or "hvdazure"
+    return EnvironmentPlan(name=name, version=environment_version(spec.image, conda_text), image=spec.image,
+                           conda_file=conda_file)
+
+
+def _check_input(spec: InputSpec) -> None:
+    if not _NAME.match(spec.name):
+        raise JobSpecError(f"--input name {spec.name!r}: letters, digits and '_', not starting with a digit")
+    if not spec.uri:
+        raise JobSpecError(f"--input {spec.name}: no URI (expected NAME=azureml:ASSET@latest, ...)")
+    if spec.type not in INPUT_TYPES:
+        raise JobSpecError(f"--input {spec.name}: type {spec.type!r} is not one of {', '.join(INPUT_TYPES)}")
+    if spec.mode not in INPUT_MODES:
+        raise JobSpecError(f"--input {spec.name}: mode {spec.mode!r} is not one of {', '.join(INPUT_MODES)}")
+    if _SECRET_VALUE.search(spec.uri):
+        raise JobSpecError(f"--input {spec.name}: the URI carries a credential (a SAS token?), which would "
+                           "be stored in the job; register a datastore or data asset and use azureml:...")
+
+
+def _check_output(spec: OutputSpec) -> None:
+    if not _NAME.match(spec.name):
+        raise JobSpecError(f"--output name {spec.name!r}: letters, digits and '_', not starting with a digit")
+    if spec.mode not in OUTPUT_MODES:
+        raise JobSpecError(f"--output {spec.name}: mode {spec.mode!r} is not one of "
+                           f"{', '.join(OUTPUT_MODES)}")
+    if spec.uri and _SECRET_VALUE.search(spec.uri):
+        raise JobSpecError(f"--output {spec.name}: the URI carries a credential (a SAS token?); use a "
+                           "datastore path, azureml://datastores/NAME/paths/...")
+
+
+def _check_env(env: Mapping[str, str]) -> dict[str, str]:
+    checked = {}
+    for name, value in env.items():
+        if not _NAME.match(str(name)):
+            raise JobSpecError(f"--env {name!r}: not a valid environment variable name")
+        words = str(name).upper().split("_")
+        secret_name = bool(_SECRET_WORDS & set(words)) or words[-1] == "KEY" or "CONNECTION_STRING" in str(
+            name).upper()
+        if secret_name or _SECRET_VALUE.search(str(value)):
+            raise JobSpecError(f"--env {name}: looks like a credential, and the job definition stores "
+                               "variables in plain text; give the job an identity or read it from Key Vault")
+        checked[str(name)] = str(value)
+    return checked
+
+
+def _check_placeholders(args: Sequence[str], inputs: Sequence[InputSpec],
+                        outputs: Sequence[OutputSpec]) -> None:
+    declared = {f"inputs.{i.name}" for i in inputs} | {f"outputs.{o.name}" for o in outputs}
+    for arg in args:
+        for reference in _PLACEHOLDER.findall(arg):
+            if reference not in declared:
+                hint = ("declare it with --input/--output" if reference.startswith(("inputs.", "outputs."))
+                        else "only ${{inputs.NAME}} and ${{outputs.NAME}} are substituted")
+                raise JobSpecError(f"the script's arguments use ${{{{{reference}}}}}, which the job does not "
+                                   f"define: {hint}")
+
+
+def _unreferenced(args: Sequence[str], inputs: Sequence[InputSpec],
+                  outputs: Sequence[OutputSpec]) -> list[str]:
+    used = {ref for arg in args for ref in _PLACEHOLDER.findall(arg)}
+    return [f"--{kind[:-1]} {name} is not referenced in the script's arguments, so the script is not told "
+            f"its path: pass it, e.g. -- --set extra.{name}='${{{{{kind}.{name}}}}}'"
+            for kind, names in (("inputs", [i.name for i in inputs]), ("outputs", [o.name for o in outputs]))
+            for name in names if f"{kind}.{name}" not in used]
+
+
+def _unique(names: list[str], option: str) -> None:
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise JobSpecError(f"{option} {name} is given twice")
+        seen.add(name)
+
+
+def _experiment_name(code_dir: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9_\-]", "-", code_dir.name).strip("-_")
+    return name or "hvdazure"

@@ -1,0 +1,189 @@
+"""`hvdazure submit` as functions: a dry run that needs no Azure, and a submission with SDK v2 or v1.
+
+Order of a submission, cheapest checks first, nothing uploaded before the last step:
+1. the JobSpec is validated offline (job_spec.resolve), and the SDK the user chose is importable;
+2. the workspace is named and a credential obtains a token (one line if not);
+3. the compute is looked up (or created with --create-compute): its VM size gives the processes per node
+   and the NCCL settings when they were not given;
+4. the job is written as YAML into a temporary directory and validated by the SDK, as in a dry run;
+5. the environment is registered if new, the code uploaded and the job created.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hvdazure.azure.compute import ClusterSpec, ComputeInfo
+from hvdazure.azure.errors import JobSpecError, SubmitError, one_line
+from hvdazure.azure.job_spec import JobPlan, JobSpec, resolve
+from hvdazure.azure.workspace import WorkspaceRef
+
+SDKS = ("v2", "v1")
+DEFAULT_YAML = "hvdazure-job.yml"
+_INSTALL_HINT = {"v2": "pip install 'hvdazure[azure]' (azure-ai-ml)",
+                 "v1": "pip install 'hvdazure[azure-v1]' (azureml-core)"}
+
+
+def _warn(message: str) -> None:
+    print(f"hvdazure: warning: {message}", file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class DryRunResult:
+    """A job checked offline: the files written and the request body the SDK would send."""
+
+    plan: JobPlan
+    files: list[Path]
+    body: dict[str, Any]
+    sdk: str
+
+    def as_dict(self) -> dict[str, Any]:
+        plan = self.plan
+        return {"dry_run": True, "sdk": self.sdk, "files": [str(f) for f in self.files], "nodes": plan.nodes,
+                "processes_per_node": plan.processes_per_node, "world_size": plan.world_size,
+                "command": plan.command, "environment": plan.environment.reference,
+                "image": plan.environment.image, "warnings": list(plan.warnings)}
+
+    def report(self) -> list[str]:
+        """What the dry run found, for a person: the layout, the files, what was checked, how to submit."""
+        names = [_display_path(f) for f in self.files]
+        if self.sdk == "v2":
+            checked = ("azure-ai-ml's load_job schema and the REST body (distributionType "
+                       f"{self.body['distribution']['distributionType']}, processCountPerInstance "
+                       f"{self.body['distribution']['processCountPerInstance']}, instanceCount "
+                       f"{self.body['resources']['instanceCount']})")
+            how = " && ".join([*(f"az ml environment create -f {n}" for n in names[:-1]),
+                               f"az ml job create -f {names[-1]}"])
+        else:
+            mpi = self.body["mpi"]
+            checked = ("azureml-core loads the run configuration back (mpi: processCountPerNode "
+                       f"{mpi['processCountPerNode']}, nodeCount {mpi['nodeCount']})")
+            how = "the same hvdazure submit --sdk v1 without --dry-run"
+        return [f"dry run (SDK {self.sdk}): nothing was uploaded or submitted", *self.plan.summary(),
+                f"wrote {', '.join(names)}", f"validated offline: {checked}", f"to submit: {how}"]
+
+
+def dry_run(spec: JobSpec, output_yaml: str | Path = DEFAULT_YAML, sdk: str = "v2",
+            warn: Callable[[str], None] = _warn) -> DryRunResult:
+    """Validate `spec`, write the job as YAML to `output_yaml` and validate that with the SDK, offline.
+    SDK v2 also writes `<stem>.environment.yml` when the environment needs registering."""
+    backend = _backend(sdk)
+    plan = resolve(spec)
+    if sdk == "v1":
+        backend.check_supported(plan)
+    for warning in plan.warnings:
+        warn(warning)
+    files = backend.write_yaml(plan, output_yaml)
+    return DryRunResult(plan=plan, files=files, body=backend.validate_offline(plan, files), sdk=sdk)
+
+
+def submit(spec: JobSpec, workspace: WorkspaceRef | None = None, sdk: str = "v2", stream: bool = False,
+           create_compute: ClusterSpec | None = None, credential: Any = None,
+           client_options: dict[str, Any] | None = None, warn: Callable[[str], None] = _warn) -> Any:
+    """Submit `spec` to Azure ML and return `Submitted(name, studio_url, sdk)`. `workspace` defaults to the
+    config.json found from the current directory; `credential` to DefaultAzureCredential.
+    `create_compute` gets or creates that cluster first. `client_options` go to SDK v2's MLClient (tests
+    pass a `transport`)."""
+    from hvdazure.azure import submit_v2
+    from hvdazure.azure import workspace as workspace_module
+
+    backend = _backend(sdk)
+    # 1. offline: everything but the processes per node, which may come from the compute's VM size
+    first = resolve(_with_placeholder_processes(spec))
+    if sdk == "v1":
+        backend.check_supported(first)
+    workspace = workspace or WorkspaceRef.from_options()
+    # 2. credentials
+    credential = credential or workspace_module.default_credential()
+    workspace_module.check_credential(credential)
+    try:
+        needs_v2 = sdk == "v2" or create_compute is not None  # clusters are created with SDK v2 only
+        ml_client = submit_v2.client(workspace, credential, **(client_options or {})) if needs_v2 else None
+        v1_workspace = backend.workspace(workspace, credential) if sdk == "v1" else None
+        # 3. the compute
+        if create_compute is not None:
+            vm_size = _get_or_create_compute(ml_client, create_compute).vm_size
+        else:
+            vm_size = backend.compute_vm_size(v1_workspace or ml_client, spec.compute)
+        if spec.vm_size and vm_size and spec.vm_size.lower() != vm_size.lower():
+            warn(f"compute {spec.compute} has VM size {vm_size}, not {spec.vm_size}: using {vm_size}")
+        plan = resolve(spec, vm_size=vm_size, snapshot=first.snapshot)
+        for warning in plan.warnings:
+            warn(warning)
+        # 4. the dry run's validation, on the job about to be sent
+        with tempfile.TemporaryDirectory(prefix="hvdazure-submit-") as tmp:
+            backend.validate_offline(plan, backend.write_yaml(plan, Path(tmp) / DEFAULT_YAML))
+        # 5. upload and submit
+        if sdk == "v1":
+            return backend.submit(plan, v1_workspace, stream=stream)
+        return backend.submit(plan, ml_client, stream=stream)
+    except SubmitError:
+        raise
+    except Exception as exc:  # the SDKs' many error types: one redacted line (the CLI's -v shows more)
+        raise SubmitError(f"Azure ML: {one_line(exc)}") from exc
+
+
+def create_compute(cluster: ClusterSpec, workspace: WorkspaceRef | None = None, credential: Any = None,
+                   client_options: dict[str, Any] | None = None) -> ComputeInfo:
+    """Get or create an AmlCompute cluster (SDK v2)."""
+    from hvdazure.azure import submit_v2
+    from hvdazure.azure import workspace as workspace_module
+
+    cluster.validate()
+    _backend("v2")
+    workspace = workspace or WorkspaceRef.from_options()
+    credential = credential or workspace_module.default_credential()
+    workspace_module.check_credential(credential)
+    try:
+        return _get_or_create_compute(submit_v2.client(workspace, credential, **(client_options or {})),
+                                      cluster)
+    except SubmitError:
+        raise
+    except Exception as exc:
+        raise SubmitError(f"Azure ML: {one_line(exc)}") from exc
+
+
+def _get_or_create_compute(ml_client: Any, cluster: ClusterSpec) -> ComputeInfo:
+    from hvdazure.azure import compute
+
+    return compute.get_or_create(ml_client, cluster)
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _backend(sdk: str) -> Any:
+    """The submit module for `sdk`, with its SDK importable (checked now, before any work)."""
+    if sdk not in SDKS:
+        raise JobSpecError(f"--sdk {sdk!r}: expected v2 (azure-ai-ml, the default) or v1 (azureml-core, "
+                           "legacy)")
+    try:
+        if sdk == "v1":
+            import azureml.core  # noqa: F401
+
+            from hvdazure.azure import submit_v1 as module
+        else:
+            import azure.ai.ml  # noqa: F401
+
+            from hvdazure.azure import submit_v2 as module
+    except ImportError as exc:
+        raise SubmitError(f"--sdk {sdk} needs {_INSTALL_HINT[sdk]}: {one_line(exc)}") from None
+    return module
+
+
+def _with_placeholder_processes(spec: JobSpec) -> JobSpec:
+    """The spec with some process count, so the offline checks run before the compute's size is known."""
+    if spec.processes_per_node is not None:
+        return spec
+    return dataclasses.replace(spec, processes_per_node=1)
+

@@ -1,0 +1,112 @@
+"""Which Azure ML workspace to talk to, and with which credential.
+
+A workspace is named by its three ids, given explicitly or read from the `config.json` that the workspace's
+portal page downloads (searched for like the SDKs do: in the current directory, its `.azureml/`, and their
+parents). Both SDKs then get the ids, so v1 and v2 submissions find the same workspace.
+
+The credential is azure-identity's `DefaultAzureCredential` (environment variables, workload or managed
+identity, the Azure CLI's `az login`, ...). It is asked for a token once before anything is uploaded, so a
+missing login is one line at the start rather than a stack trace after the upload; the token itself is
+never printed or stored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hvdazure.azure.errors import SubmitError, one_line
+
+ARM_SCOPE = "https://management.azure.com/.default"
+_CONFIG_NAMES = ("config.json", ".azureml/config.json")
+
+
+@dataclass(frozen=True)
+class WorkspaceRef:
+    """An Azure ML workspace by its ids. Build it with `from_options` (what the CLI takes)."""
+
+    subscription_id: str
+    resource_group: str
+    workspace_name: str
+
+    @classmethod
+    def from_options(cls, config: str | None = None, subscription_id: str | None = None,
+                     resource_group: str | None = None, workspace_name: str | None = None,
+                     cwd: Path | None = None) -> WorkspaceRef:
+        """Explicit ids (all three), or a config.json (given, or found from `cwd` upwards)."""
+        explicit = [subscription_id, resource_group, workspace_name]
+        if any(explicit):
+            if config:
+                raise SubmitError("give --workspace-config or --subscription/--resource-group/--workspace, "
+                                  "not both")
+            missing = [flag for flag, value in zip(("--subscription", "--resource-group", "--workspace"),
+                                                   explicit, strict=True) if not value]
+            if missing:
+                raise SubmitError(f"the workspace is named by three ids: {', '.join(missing)} missing")
+            return cls(str(subscription_id), str(resource_group), str(workspace_name))
+        path = Path(config) if config else find_config(cwd or Path.cwd())
+        if path is None:
+            raise SubmitError("no Azure ML workspace given: pass --workspace-config config.json (the "
+                              "workspace's portal page downloads it) or --subscription, --resource-group and "
+                              "--workspace, or put config.json in this directory or .azureml/")
+        return cls.from_config_file(path)
+
+    @classmethod
+    def from_config_file(cls, path: str | Path) -> WorkspaceRef:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise SubmitError(f"workspace config not found: {path}") from None
+        except (OSError, ValueError) as exc:
+            raise SubmitError(f"workspace config {path} is not readable JSON: {one_line(exc)}") from None
+        if not isinstance(data, dict):
+            raise SubmitError(f"workspace config {path}: expected a JSON object")
+        # the portal writes subscription_id / resource_group / workspace_name; older files say "Scope"
+        ids = [data.get("subscription_id"), data.get("resource_group"), data.get("workspace_name")]
+        if not all(ids) and isinstance(data.get("Scope"), str):
+            parts = data["Scope"].strip("/").split("/")
+            ids = [_after(parts, key) for key in ("subscriptions", "resourceGroups", "workspaces")]
+        if not all(isinstance(i, str) and i for i in ids):
+            raise SubmitError(f"workspace config {path} lacks subscription_id, resource_group or "
+                              "workspace_name")
+        return cls(*ids)
+
+    @property
+    def arm_id(self) -> str:
+        return (f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}/providers/"
+                f"Microsoft.MachineLearningServices/workspaces/{self.workspace_name}")
+
+
+def find_config(start: Path) -> Path | None:
+    """config.json or .azureml/config.json in `start` or the nearest parent that has one."""
+    for directory in [start, *start.parents]:
+        for name in _CONFIG_NAMES:
+            if (directory / name).is_file():
+                return directory / name
+    return None
+
+
+def default_credential() -> Any:
+    """DefaultAzureCredential, without the interactive browser (a submission may run where none opens)."""
+    from azure.identity import DefaultAzureCredential
+
+    return DefaultAzureCredential(exclude_interactive_browser_credential=True)
+
+
+def check_credential(credential: Any) -> None:
+    """Ask `credential` for an ARM token now: no credential is one line before any upload."""
+    from azure.core.exceptions import ClientAuthenticationError
+
+    try:
+        credential.get_token(ARM_SCOPE)
+    except ClientAuthenticationError as exc:
+        raise SubmitError("no Azure credentials: run `az login`, or set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
+                          f"AZURE_CLIENT_SECRET, or use a managed identity ({one_line(exc)[:200]})") from None
+
+
+def _after(parts: list[str], key: str) -> str | None:
+    lowered = [p.lower() for p in parts]
+    index = lowered.index(key.lower()) if key.lower() in lowered else -1
+    return parts[index + 1] if 0 <= index < len(parts) - 1 else None
