@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hvdazure.core.callbacks import Callback
+from hvdazure.core.rank_logging import logger
 
 if TYPE_CHECKING:
     from hvdazure.core.trainer import Trainer
@@ -79,7 +80,13 @@ class MLflowLogger(Callback):
         params.update({f"extra.{k}": v for k, v in trainer.config.extra.items()})
         params.update(world_size=trainer.world_size, global_batch_size=trainer.global_batch_size,
                       scaled_lr=trainer.schedule.peak_lr)
-        mlflow.log_params({k: str(v) for k, v in params.items()})
+        # A job Azure ML runs again (after a preemption) logs into the same run, whose params cannot change
+        logged = self.run.data.params
+        changed = sorted(k for k, v in params.items() if k in logged and logged[k] != str(v))
+        if changed:
+            logger.warning(f"MLflow run {self.run.info.run_id} keeps the values of its first attempt for "
+                           f"{', '.join(changed)} (MLflow params cannot change)")
+        mlflow.log_params({k: str(v) for k, v in params.items() if k not in logged})
 
     def on_step_end(self, trainer: Trainer) -> None:
         import mlflow

@@ -53,3 +53,29 @@ def test_a_tracking_uri_of_the_users_own_inside_azure_ml_gets_a_run_there(azure_
     assert [r.info.run_id for r in runs] == [logger.run.info.run_id] != [azure_ml_job.run_id]
     assert runs[0].data.params["global_batch_size"] == "64"
     assert azure_ml_job.client.get_run(azure_ml_job.run_id).data.params == {}  # the job's run untouched
+
+
+def test_a_restarted_job_keeps_its_runs_first_params_and_adds_new_ones(azure_ml_job, caplog_hvdazure):
+    # Azure ML runs a preempted job again in the same run; a setting may differ between attempts
+    azure_ml_job.client.log_param(azure_ml_job.run_id, "epochs", "1")  # the first attempt's
+    logger = MLflowLogger(default_mlflow_uri("outputs"))
+    logger.on_train_start(_trainer())  # was: MlflowException "Changing param values is not allowed"
+    logger.on_train_end(_trainer())
+
+    params = azure_ml_job.client.get_run(azure_ml_job.run_id).data.params
+    assert params["epochs"] == "1" and params["world_size"] == "2"
+    assert any("keeps the values of its first attempt for epochs" in m for m in caplog_hvdazure)
+
+
+@pytest.fixture
+def caplog_hvdazure():
+    import logging
+
+    from hvdazure.core.rank_logging import logger
+
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger.addHandler(handler)
+    yield messages
+    logger.removeHandler(handler)
