@@ -116,13 +116,13 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | None = None, sdk: str = "v2"
         plan = resolve(spec, vm_size=vm_size, snapshot=first.snapshot)
         for warning in plan.warnings:
             warn(warning)
-        # 4. the dry run's validation, on the job about to be sent
+        # 4. the dry run's validation, on the job about to be sent; 5. upload and submit
         with tempfile.TemporaryDirectory(prefix="hvdazure-submit-") as tmp:
-            backend.validate_offline(plan, backend.write_yaml(plan, Path(tmp) / DEFAULT_YAML))
-        # 5. upload and submit
-        if sdk == "v1":
-            return backend.submit(plan, v1_workspace, stream=stream)
-        return backend.submit(plan, ml_client, stream=stream)
+            files = backend.write_yaml(plan, Path(tmp) / DEFAULT_YAML)
+            backend.validate_offline(plan, files)
+            if sdk == "v1":
+                return backend.submit(plan, v1_workspace, stream=stream)
+            return backend.submit(plan, ml_client, files[-1], stream=stream)
     except SubmitError:
         raise
     except Exception as exc:  # the SDKs' many error types: one redacted line (the CLI's -v shows more)

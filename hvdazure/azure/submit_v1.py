@@ -128,6 +128,7 @@ def compute_vm_size(ws: Any, compute: str) -> str | None:
 
 
 def submit(plan: JobPlan, ws: Any, stream: bool = False) -> Submitted:
+    """Upload the snapshot and start the run (the same ScriptRunConfig write_yaml serialises)."""
     from azureml.core import Experiment
 
     run = Experiment(ws, plan.experiment).submit(build_run_config(plan, ws),

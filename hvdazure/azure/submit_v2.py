@@ -165,10 +165,14 @@ def ensure_environment(ml_client: Any, plan: JobPlan) -> None:
         ml_client.environments.create_or_update(environment)
 
 
-def submit(plan: JobPlan, ml_client: Any, stream: bool = False) -> Submitted:
-    """Register the environment if needed, upload the code and create the job; optionally follow its logs."""
+def submit(plan: JobPlan, ml_client: Any, job_yaml: Path, stream: bool = False) -> Submitted:
+    """Register the environment if needed, upload the code and create the job; optionally follow its logs.
+    The job sent is `job_yaml` (write_yaml's, checked by validate_offline) loaded as `az ml job create -f`
+    loads it: what a dry run validates is what is submitted."""
+    from azure.ai.ml import load_job
+
     ensure_environment(ml_client, plan)
-    created = ml_client.jobs.create_or_update(build_job(plan))
+    created = ml_client.jobs.create_or_update(load_job(job_yaml))
     if stream:
         ml_client.jobs.stream(created.name)
     return Submitted(name=created.name, studio_url=created.studio_url, sdk="v2")

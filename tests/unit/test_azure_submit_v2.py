@@ -1,0 +1,379 @@
+"""End-to-end submission with SDK v2 (azure-ai-ml), up to HTTP: nothing here reaches Azure.
+
+`MLClient(..., transport=...)` sends every ARM call to a fake workspace (FakeWorkspace) that records it;
+the code upload builds its own blob client and ignores that transport, so the blob requests are recorded
+at the requests level with `responses`. The tests assert on the order of the calls (compute lookup,
+environment lookup and registration, code upload, job PUT) and on the job PUT's body, which is what Azure
+ML would run. Response shapes: tests/unit/fixtures/azure/README.md.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import responses
+from azure.core.credentials import AccessToken, AccessTokenInfo
+from azure.core.exceptions import ClientAuthenticationError
+from azure.core.pipeline.transport import RequestsTransport, RequestsTransportResponse
+from azure.core.rest._requests_basic import RestRequestsTransportResponse
+
+from hvdazure.azure import submission, submit_v2
+from hvdazure.azure.compute import ClusterSpec
+from hvdazure.azure.errors import SubmitError
+from hvdazure.azure.job_spec import InputSpec, JobSpec
+from hvdazure.azure.workspace import WorkspaceRef
+from hvdazure.cli import main
+
+# azure-ai-ml 1.35.2 defines marshmallow fields that marshmallow deprecates: hundreds of warnings per import
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+FIXTURES = Path(__file__).parent / "fixtures" / "azure"
+WS = "/subscriptions/sub-id/resourceGroups/rg/providers/Microsoft.MachineLearningServices/workspaces/ws"
+WORKSPACE = WorkspaceRef("sub-id", "rg", "ws")
+IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
+SAS_SIGNATURE = "FAKE-SAS-SIGNATURE"
+BLOB_HOST = re.compile(r"https://acct\.blob\.core\.windows\.net/.*")
+
+
+def fixture(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+class FakeCredential:
+    """Hands out a fixed token; counts the requests for one."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def get_token(self, *scopes, **kwargs) -> AccessToken:
+        self.requests += 1
+        return AccessToken("fake-arm-token", int(time.time()) + 3600)
+
+    def get_token_info(self, *scopes, options=None) -> AccessTokenInfo:
+        self.requests += 1
+        return AccessTokenInfo("fake-arm-token", int(time.time()) + 3600)
+
+
+class FakeWorkspace:
+    """The ARM side of workspace `ws`, as far as a command-job submission goes. Every request is appended
+    to `calls` as (method, path below the workspace, JSON body); blob requests join the same list."""
+
+    def __init__(self, computes: dict[str, str] | None = None) -> None:
+        self.calls: list[tuple[str, str, dict | None]] = []
+        computes = computes or {"gpu-cluster": "v2_compute_nd96asr.json"}
+        self.computes = {name: fixture(f) for name, f in computes.items()}
+        self.environments: dict[str, dict] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.refuse_uploads = False  # the storage account answers 403, naming the URL (with its SAS)
+
+    def answer(self, method: str, url: str, body: dict | None) -> tuple[int, dict]:
+        path = url.split("?")[0].split(WS, 1)[-1]
+        self.calls.append((method, path, body))
+        arm_id = WS + path
+        if path == "":
+            return 200, fixture("v2_workspace.json")
+        if match := re.fullmatch(r"/computes/([^/]+)", path):
+            name = match.group(1)
+            if method == "PUT":
+                self.computes[name] = {"id": arm_id, "name": name, "location": "eastus",
+                                       "properties": {**body["properties"], "provisioningState": "Succeeded"}}
+            return (200, self.computes[name]) if name in self.computes else _not_found(path)
+        if re.fullmatch(r"/environments/[^/]+/versions/[^/]+", path):
+            if method == "PUT":
+                self.environments[path] = {"id": arm_id, "name": path.rsplit("/", 1)[1],
+                                           "properties": body["properties"]}
+                return 201, self.environments[path]
+            return (200, self.environments[path]) if path in self.environments else _not_found(path)
+        if re.fullmatch(r"/codes/[^/]+/versions", path):
+            return 200, {"value": []}  # no code version with this content hash yet
+        if path.endswith("/startPendingUpload"):
+            return 200, fixture("v2_pending_upload.json")
+        if re.fullmatch(r"/codes/[^/]+/versions/[^/]+", path) and method == "PUT":
+            return 200, {"id": arm_id, "name": path.rsplit("/", 1)[1], "properties": body["properties"]}
+        if match := re.fullmatch(r"/data/([^/]+)", path):
+            return 200, {"id": arm_id, "name": match.group(1), "properties": {"latestVersion": "3"}}
+        if re.fullmatch(r"/data/[^/]+/versions/[^/]+", path):
+            return 200, {"id": arm_id, "name": path.rsplit("/", 1)[1],
+                         "properties": {"dataType": "uri_folder",
+                                        "dataUri": "azureml://datastores/workspaceblobstore/paths/digits/"}}
+        if match := re.fullmatch(r"/jobs/([^/]+)", path):
+            name = match.group(1)
+            properties = {**body["properties"], "status": "Starting", "services": {"Studio": {
+                "jobServiceType": "Studio", "endpoint": f"https://ml.azure.com/runs/{name}?wsid={WS}"}}}
+            return 201, {"id": arm_id, "name": name, "properties": properties,
+                         "type": "Microsoft.MachineLearningServices/workspaces/jobs"}
+        return _not_found(path)
+
+    def blob(self, request: requests.PreparedRequest):
+        """The storage account: PUT stores, HEAD finds; the SAS query is recorded as sent."""
+        key = request.url.split("?")[0]
+        self.calls.append((request.method, "blob:" + key.split("/LocalUpload/0001/", 1)[-1], None))
+        headers = {"ETag": '"0x1"', "Last-Modified": "Thu, 01 Jan 2026 00:00:00 GMT",
+                   "x-ms-request-server-encrypted": "true"}
+        if self.refuse_uploads and request.method == "PUT":
+            return 403, {"x-ms-error-code": "AuthenticationFailed"}, f"<Error>denied: {request.url}</Error>"
+        if request.method == "HEAD":
+            if key not in self.blobs:
+                return 404, {}, ""
+            headers |= {"Content-Length": str(len(self.blobs[key])), "x-ms-blob-type": "BlockBlob"}
+            return 200, headers, ""
+        if "comp=metadata" not in request.url:
+            body = request.body or b""
+            self.blobs[key] = body.encode() if isinstance(body, str) else bytes(body)
+        return (200 if "comp=" in request.url else 201), headers, ""
+
+    def arm_calls(self) -> list[tuple[str, str]]:
+        return [(m, _kind(p)) for m, p, _ in self.calls if not p.startswith("blob:")]
+
+    def job_put(self) -> dict:
+        (body,) = [b for m, p, b in self.calls if m == "PUT" and p.startswith("/jobs/")]
+        return body["properties"]
+
+
+def _not_found(path: str) -> tuple[int, dict]:
+    return 404, {"error": {"code": "ResourceNotFound", "message": f"{path} not found"}}
+
+
+def _kind(path: str) -> str:
+    """A call's path without its generated parts (code asset ids, job names), for sequence checks."""
+    path = re.sub(r"/codes/[^/]+", "/codes/*", path)
+    return re.sub(r"/jobs/[^/]+", "/jobs/*", path)
+
+
+class RecordingTransport(RequestsTransport):
+    """azure-core transport that answers from a FakeWorkspace instead of the network."""
+
+    def __init__(self, workspace: FakeWorkspace) -> None:
+        super().__init__()
+        self.workspace = workspace
+
+    def send(self, request, **kwargs):
+        raw = getattr(request, "content", None) or getattr(request, "body", None) or b""
+        body = json.loads(raw) if raw else None
+        status, answer = self.workspace.answer(request.method, request.url, body)
+        response = requests.Response()
+        response.status_code, response.url, response.reason = status, request.url, "fake"
+        response.headers["Content-Type"] = "application/json"
+        response.raw = io.BytesIO(json.dumps(answer).encode())
+        if hasattr(request, "content"):  # an azure.core.rest request (newer generated clients)
+            wrapped = RestRequestsTransportResponse(request=request, internal_response=response)
+            if not kwargs.get("stream"):
+                wrapped.read()
+            return wrapped
+        return RequestsTransportResponse(request, response)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    directory = tmp_path / "project"
+    directory.mkdir()
+    (directory / "train.py").write_text("print('training')\n")
+    (directory / "data").mkdir()
+    (directory / "data" / "big.bin").write_bytes(b"x" * 1000)
+    (directory / ".amlignore").write_text("data/\n")
+    monkeypatch.chdir(directory)
+    return directory
+
+
+@pytest.fixture
+def fake():
+    workspace = FakeWorkspace()
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as blob_store:
+        for method in ("PUT", "HEAD", "GET"):
+            blob_store.add_callback(method, BLOB_HOST, callback=workspace.blob)
+        yield workspace
+
+
+def submit(fake: FakeWorkspace, **overrides):
+    spec = JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 2, "image": IMAGE,
+                      "script_args": ["--set", "epochs=3"], **overrides})
+    return submission.submit(spec, WORKSPACE, credential=FakeCredential(),
+                             client_options={"transport": RecordingTransport(fake)})
+
+
+def test_submission_looks_up_the_compute_registers_the_environment_uploads_the_code_then_puts_the_job(
+        project, fake):
+    submitted = submit(fake)
+
+    version = next(p for m, p, _ in fake.calls if m == "PUT" and "/environments/" in p).rsplit("/", 1)[1]
+    assert fake.arm_calls() == [
+        ("GET", "/computes/gpu-cluster"),
+        ("GET", f"/environments/hvdazure-gpu/versions/{version}"),
+        ("PUT", f"/environments/hvdazure-gpu/versions/{version}"),
+        ("GET", "/codes/*/versions"),  # is this content hash uploaded already?
+        ("POST", "/codes/*/versions/1/startPendingUpload"),
+        ("PUT", "/codes/*/versions/1"),
+        ("PUT", "/jobs/*"),
+    ]
+    kinds = [p for _, p, _ in fake.calls]
+    first_blob = next(i for i, p in enumerate(kinds) if p.startswith("blob:"))
+    assert kinds.index("/computes/gpu-cluster") < first_blob < next(i for i, p in enumerate(kinds)
+                                                                    if p.startswith("/jobs/"))
+    (job_path,) = [p for m, p, _ in fake.calls if m == "PUT" and p.startswith("/jobs/")]
+    assert (submitted.name, submitted.sdk) == (job_path.rsplit("/", 1)[1], "v2")
+    assert submitted.studio_url.startswith(f"https://ml.azure.com/runs/{submitted.name}")
+
+
+def test_the_job_put_is_an_mpi_job_of_nodes_times_processes_running_python_on_the_script(project, fake):
+    submit(fake, env={"NCCL_DEBUG": "INFO"}, experiment="digits", display_name="digits 2x8", shm_size="16g")
+
+    body = fake.job_put()
+    assert body["jobType"] == "Command"
+    # ND96asr_v4 has 8 GPUs: one rank each, set explicitly (without it the service runs one rank per node)
+    assert body["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 8}
+    assert body["resources"]["instanceCount"] == 2
+    assert body["resources"]["shmSize"] == "16g"
+    assert body["command"] == "python train.py --set epochs=3"  # Azure ML starts mpirun itself
+    assert body["computeId"] == WS + "/computes/gpu-cluster"
+    assert re.fullmatch(re.escape(WS) + r"/environments/hvdazure-gpu/versions/0\.1\.0-[0-9a-f]{12}",
+                        body["environmentId"])
+    assert re.fullmatch(re.escape(WS) + r"/codes/[^/]+/versions/1", body["codeId"])
+    assert (body["experimentName"], body["displayName"]) == ("digits", "digits 2x8")
+    assert body["environmentVariables"] == {
+        "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+        "UCX_IB_PCI_RELAXED_ORDERING": "on", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def test_the_registered_environment_is_named_by_the_image_and_holds_it(project, fake):
+    submit(fake)
+
+    ((path, environment),) = fake.environments.items()
+    assert path.startswith("/environments/hvdazure-gpu/versions/0.1.0-")
+    assert environment["properties"]["image"] == IMAGE
+    assert environment["properties"].get("isAnonymous") in (None, False)
+
+
+def test_a_second_submission_of_the_same_image_reuses_the_environment(project, fake):
+    submit(fake)
+    fake.calls.clear()
+    submit(fake)
+
+    environment_calls = [c for c in fake.arm_calls() if "/environments/" in c[1]]
+    assert [method for method, _ in environment_calls] == ["GET"]  # found: not registered again
+
+
+def test_the_upload_honours_amlignore(project, fake):
+    submit(fake)
+
+    uploaded = {p[len("blob:"):] for m, p, _ in fake.calls if m == "PUT" and p.startswith("blob:")}
+    assert "project/train.py" in uploaded
+    assert not any("big.bin" in p for p in uploaded)
+
+
+def test_an_input_asset_is_resolved_to_its_version_and_mounted_read_only(project, fake):
+    submit(fake, inputs=[InputSpec("data", "azureml:digits@latest")],
+           script_args=["--set", "extra.data=${{inputs.data}}"])
+
+    body = fake.job_put()
+    assert body["inputs"]["data"]["mode"] == "ReadOnlyMount"
+    assert body["inputs"]["data"]["uri"].endswith("/data/digits/versions/3")
+    assert body["command"] == "python train.py --set 'extra.data=${{inputs.data}}'"
+
+
+def test_processes_per_node_given_explicitly_win_over_the_vm_size(project, fake):
+    submit(fake, processes_per_node=2)
+
+    assert fake.job_put()["distribution"]["processCountPerInstance"] == 2
+
+
+def test_an_unknown_compute_stops_the_submission_before_any_upload(project, fake):
+    with pytest.raises(SubmitError, match="compute 'cpu-cluster' not found in the workspace: create it with"):
+        submit(fake, compute="cpu-cluster")
+
+    assert fake.arm_calls() == [("GET", "/computes/cpu-cluster")]
+
+
+def test_create_compute_creates_a_missing_cluster_then_takes_the_processes_from_its_size(project, fake):
+    spec = JobSpec(script="train.py", compute="nc-cluster", nodes=2, image=IMAGE)
+    submission.submit(spec, WORKSPACE, credential=FakeCredential(),
+                      create_compute=ClusterSpec("nc-cluster", "Standard_NC48ads_A100_v4", max_nodes=2),
+                      client_options={"transport": RecordingTransport(fake)})
+
+    assert fake.arm_calls()[:3] == [("GET", "/computes/nc-cluster"), ("GET", ""),  # the workspace's region
+                                    ("PUT", "/computes/nc-cluster")]
+    body = fake.job_put()
+    assert body["distribution"]["processCountPerInstance"] == 2  # NC48ads A100 v4: 2 GPUs
+    assert body["environmentVariables"]["NCCL_IB_DISABLE"] == "1"  # no InfiniBand on NC sizes
+
+
+def test_missing_credentials_are_one_line_before_any_request(project, fake):
+    class NoCredential:
+        def get_token(self, *scopes, **kwargs):
+            raise ClientAuthenticationError("DefaultAzureCredential failed to retrieve a token.\nMore.")
+
+    spec = JobSpec(script="train.py", compute="gpu-cluster", image=IMAGE, processes_per_node=1)
+    with pytest.raises(SubmitError) as error:
+        submission.submit(spec, WORKSPACE, credential=NoCredential(),
+                          client_options={"transport": RecordingTransport(fake)})
+
+    assert str(error.value).startswith("no Azure credentials: run `az login`")
+    assert "\n" not in str(error.value)
+    assert fake.calls == []
+
+
+def test_a_failed_upload_is_one_line_without_the_sas_signature(project, fake, capsys):
+    fake.refuse_uploads = True
+    with pytest.raises(SubmitError) as error:
+        submit(fake)
+
+    printed = capsys.readouterr()
+    assert SAS_SIGNATURE not in str(error.value) + printed.out + printed.err
+    assert "\n" not in str(error.value)
+    assert not [c for c in fake.arm_calls() if c[1].startswith("/jobs/")]
+
+
+def test_nothing_printed_or_written_by_a_submission_holds_the_sas_signature_or_the_token(project, fake,
+                                                                                         capsys):
+    submit(fake)
+
+    printed = capsys.readouterr()
+    written = "".join(p.read_text(errors="replace") for p in project.rglob("*") if p.is_file())
+    for secret in (SAS_SIGNATURE, "fake-arm-token"):
+        assert secret not in printed.out + printed.err + written
+    assert not any(SAS_SIGNATURE in json.dumps(b) for m, p, b in fake.calls if p.startswith("/jobs/"))
+
+
+def test_the_cli_prints_the_job_name_and_studio_url(project, fake, monkeypatch, capsys):
+    real_client = submit_v2.client
+    monkeypatch.setattr("hvdazure.azure.workspace.default_credential", FakeCredential)
+    monkeypatch.setattr("hvdazure.azure.submit_v2.client",
+                        lambda ws, cred, **kw: real_client(ws, cred, transport=RecordingTransport(fake)))
+    code = main(["submit", "train.py", "--compute", "gpu-cluster", "--nodes", "2", "--image", IMAGE,
+                 "--subscription", "sub-id", "--resource-group", "rg", "--workspace", "ws", "--json",
+                 "--", "--set", "epochs=3"])
+
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["sdk"] == "v2"
+    assert result["studio_url"] == f"https://ml.azure.com/runs/{result['name']}?wsid={WS}"
+    assert fake.job_put()["command"] == "python train.py --set epochs=3"
+
+
+def test_compute_create_creates_a_cluster_that_scales_to_zero(fake):
+    info = submission.create_compute(
+        ClusterSpec("nc-cluster", "Standard_NC48ads_A100_v4", max_nodes=3, low_priority=True), WORKSPACE,
+        credential=FakeCredential(), client_options={"transport": RecordingTransport(fake)})
+
+    (put,) = [b for m, p, b in fake.calls if m == "PUT" and p == "/computes/nc-cluster"]
+    properties = put["properties"]["properties"]
+    assert put["properties"]["computeType"] == "AmlCompute"
+    assert properties["vmSize"] == "Standard_NC48ads_A100_v4"
+    assert properties["vmPriority"] == "LowPriority"
+    assert properties["scaleSettings"] == {"maxNodeCount": 3, "minNodeCount": 0,
+                                           "nodeIdleTimeBeforeScaleDown": "PT10M"}
+    assert info.created
+    assert info.describe().startswith("compute nc-cluster created: Standard_NC48ads_A100_v4, 2 GPU(s)")
+
+
+def test_compute_create_keeps_an_existing_cluster(fake):
+    cluster = ClusterSpec("gpu-cluster", "Standard_ND96asr_v4", max_nodes=8)
+    info = submission.create_compute(cluster, WORKSPACE, credential=FakeCredential(),
+                                     client_options={"transport": RecordingTransport(fake)})
+
+    assert fake.arm_calls() == [("GET", "/computes/gpu-cluster")]
+    assert (info.created, info.vm_size, info.max_nodes) == (False, "STANDARD_ND96ASR_V4", 4)
