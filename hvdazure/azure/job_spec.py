@@ -34,7 +34,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # input, output and environment
 _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,254}$")
 _SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$", re.I)
 _PLACEHOLDER = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
-_REGISTERED_ENV = re.compile(r"^(?:azureml:)?([A-Za-z0-9][A-Za-z0-9_.\-]*)(@latest|:[A-Za-z0-9_.\-]+)$")
+_REGISTERED_ENV = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)(@latest|:[A-Za-z0-9_.\-]+)$")  # after azureml:
 # Variables named like secrets (HF_TOKEN, WANDB_API_KEY, AZURE_CLIENT_SECRET; not TOKENIZERS_PARALLELISM)
 # would sit in the job definition in plain text.
 _SECRET_WORDS = {"SECRET", "PASSWORD", "PASSWD", "TOKEN", "SAS", "CREDENTIAL", "CREDENTIALS", "PAT"}
@@ -328,7 +328,7 @@ def _environment(spec: JobSpec, cwd: Path) -> EnvironmentPlan:
         raise JobSpecError("--environment names a registered environment: give it alone, or --image "
                            "(with --conda-file), not both")
     if spec.environment:
-        match = _REGISTERED_ENV.match(spec.environment)
+        match = _REGISTERED_ENV.match(spec.environment.removeprefix("azureml:"))
         if not match:
             raise JobSpecError(f"--environment {spec.environment!r}: expected azureml:NAME@latest or "
                                "azureml:NAME:VERSION")
