@@ -234,12 +234,18 @@ class _CompiledSteps:
 
     def _apply(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool) -> tf.Tensor:
         """The step's one grouped allreduce of the gradients (and the stop vote beside it), clipping of
-        the global norm, and the update."""
+        the global norm, and the update.
+
+        Horovod pairs the ranks' collectives by name, and names an unnamed one after its input tensors and
+        name scope: a rank with samples runs this inside the fused train step, a rank without (the short
+        last step of an epoch) inside `apply`, so the names are fixed and free of name scopes, or the two
+        would wait for each other forever."""
         t = self.trainer
-        votes = hvd.allreduce(tf.reshape(vote, [1]), op=hvd.Sum, name="hvdazure.stop_vote")[0] \
-            if with_vote else vote
+        votes = hvd.allreduce(tf.reshape(vote, [1]), op=hvd.Sum, name="hvdazure.stop_vote",
+                              ignore_name_scope=True)[0] if with_vote else vote
         if t.world_size > 1:
-            gradients = hvd.grouped_allreduce(list(gradients), **self._allreduce_args)
+            gradients = hvd.grouped_allreduce(list(gradients), name="hvdazure.gradients",
+                                              ignore_name_scope=True, **self._allreduce_args)
         if t.config.grad_clip_norm is not None:
             gradients, _ = tf.clip_by_global_norm(gradients, t.config.grad_clip_norm)
         t.optimizer.apply_gradients(zip(gradients, t.model.trainable_variables, strict=True))

@@ -1,0 +1,151 @@
+"""TensorFlowTrainer on real ranks: what every data-parallel user relies on, asserted across processes (the
+TensorFlow side of test_torch_trainer.py).
+
+TensorFlow takes seconds to start on every rank, so the jobs are few and shared: each (variant, number of
+ranks) below runs once per module, on first use, and each test asserts one behaviour on the runs it needs.
+"""
+
+import pytest
+from harness import CONTROLLERS, run_job
+
+JOB = "tf_job.py"
+# Global batches of 8 (2 ranks x 4, or 1 x 8); base_batch_size 4: the LR is scaled linearly to 2 x lr for
+# that global batch, for 1 and for 2 ranks alike.
+COMMON = ("epochs=3", "lr=0.025", "base_batch_size=4", "warmup_steps=3")
+BATCH = {2: "batch_size=4", 1: "batch_size=8"}
+# variant: (its settings, the controller of its 2-rank run); 1-rank runs use MPI (no horovodrun to start)
+VARIANTS = {
+    # 37 samples: every epoch ends with a step of 5 (3 + 2 over 2 ranks). 9 eval samples: 5 + 4 over 2
+    # ranks, in batches of 4 + 1 and of 4
+    "plain": (("extra.n_train=37", "extra.n_eval=9"), "gloo"),
+    # global batch 16: the last step's 5 samples fill 2 of the 4 (rank, micro-batch) cells, so both ranks
+    # have an empty micro-batch in it; 1 eval sample: rank 1 has none
+    "accumulation": (("extra.n_train=37", "grad_accum_steps=2", "extra.n_eval=1"), "gloo"),
+    # 33 samples: the last step holds 1, and rank 1 trains on nothing in it (it sends zero gradients)
+    "clipping": (("extra.n_train=33", "grad_clip_norm=0.5"), "mpi"),
+}
+
+
+def train(out, *settings, np=2, controller="gloo"):
+    out.mkdir()
+    job = run_job(JOB, *[arg for s in settings for arg in ("--set", s)], out_dir=out, np=np,
+                  controller=controller, timeout=240)
+    assert job.returncode == 0, job.output
+    assert sorted(job.reports) == list(range(np)), job.output
+    return job
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """runs(variant, np): that run's job, started on first use and shared by the module's tests."""
+    done = {}
+
+    def get(variant, np):
+        if (variant, np) not in done:
+            settings, controller = VARIANTS[variant]
+            out = tmp_path_factory.mktemp(f"{variant}-{np}") / "run"
+            done[variant, np] = train(out, *COMMON, *settings, BATCH[np], np=np,
+                                      controller=controller if np == 2 else "mpi")
+        return done[variant, np]
+
+    return get
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_weights_are_bit_identical_across_ranks_after_training(runs, controller):
+    variant = next(name for name, (_, used) in VARIANTS.items() if used == controller)
+    reports = runs(variant, 2).reports
+
+    assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
+    assert reports[0]["history"] == reports[1]["history"]
+
+
+def test_a_rank_without_samples_in_a_step_joins_the_steps_allreduce_instead_of_hanging(runs):
+    # 33 samples: rank 0 trains on the last step's one sample in the fused train step, while rank 1 sends
+    # zero gradients from the separate update step (was: a hang, both waiting in differently named
+    # allreduces; run_job fails a job that hangs)
+    reports = runs("clipping", 2).reports
+
+    assert [len(reports[rank]["seen"]["0"]) for rank in (0, 1)] == [17, 16]
+    assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_two_ranks_with_batch_b_match_one_rank_with_batch_2b_in_float64(runs, variant):
+    two, one = runs(variant, 2).reports[0], runs(variant, 1).reports[0]
+
+    assert two["dtypes"] == one["dtypes"] == ["float64"]
+    assert two["steps_per_epoch"] == one["steps_per_epoch"]
+    for w2, w1 in zip(two["params"], one["params"], strict=True):
+        assert w2 == pytest.approx(w1, rel=0, abs=1e-10)
+    for r2, r1 in zip(two["history"], one["history"], strict=True):
+        assert r2["train_loss"] == pytest.approx(r1["train_loss"], rel=0, abs=1e-10)
+
+
+@pytest.mark.parametrize("variant", ["plain", "accumulation"])
+def test_every_sample_is_used_exactly_once_per_epoch_and_the_order_changes_between_epochs(runs, variant):
+    reports = runs(variant, 2).reports
+
+    for epoch in ("0", "1", "2"):
+        used = reports[0]["seen"][epoch] + reports[1]["seen"][epoch]
+        assert sorted(used) == list(range(37)), f"epoch {epoch}"
+    assert reports[0]["seen"]["0"] != reports[0]["seen"]["1"]
+    assert reports[0]["not_the_planned_batch"] == reports[1]["not_the_planned_batch"] == 0
+
+
+def test_pytorch_and_tensorflow_runs_of_the_same_config_train_each_rank_on_the_same_samples(runs, tmp_path):
+    settings, _ = VARIANTS["plain"]
+    out = tmp_path / "torch"
+    out.mkdir()
+    torch = run_job("torch_job.py", *[a for s in (*COMMON, *settings, BATCH[2]) for a in ("--set", s)],
+                    out_dir=out, timeout=240)
+    assert torch.returncode == 0, torch.output
+    tensorflow = runs("plain", 2).reports
+
+    for rank in (0, 1):
+        assert tensorflow[rank]["seen"] == torch.reports[rank]["seen"], f"rank {rank}"
+
+
+def test_evaluation_on_an_odd_sized_set_equals_the_single_process_result(runs):
+    # eval "index" is the mean of the sample indices 0..8: exactly 4.0 only if each counts once
+    two, one = runs("plain", 2).reports, runs("plain", 1).reports
+
+    assert [r["eval_index"] for r in two[0]["history"]] == [4.0, 4.0, 4.0]
+    assert [r["eval_index"] for r in one[0]["history"]] == [4.0, 4.0, 4.0]
+    assert two[0]["history"][-1]["eval_mse"] == pytest.approx(one[0]["history"][-1]["eval_mse"], abs=1e-10)
+
+
+def test_evaluation_on_a_set_smaller_than_the_world_size_reports_it_on_every_rank(runs):
+    reports = runs("accumulation", 2).reports
+
+    assert reports[0]["history"][-1]["eval_index"] == reports[1]["history"][-1]["eval_index"] == 0.0
+    assert reports[0]["history"][-1]["eval_mse"] == reports[1]["history"][-1]["eval_mse"]
+
+
+@pytest.mark.parametrize("variant", ["plain", "accumulation"])
+@pytest.mark.parametrize("np_", [1, 2])
+def test_lr_follows_warmup_to_the_linearly_scaled_lr_at_every_optimizer_step(runs, variant, np_):
+    lr, base, warmup = 0.025, 4, 3
+    accum = 2 if variant == "accumulation" else 1
+    reports = runs(variant, np_).reports
+
+    peak = lr * 8 * accum / base  # global batch 8 x accum on 1 and on 2 ranks
+    lrs = reports[0]["lrs"]
+    assert len(lrs) == 3 * -(-37 // (8 * accum))  # one LR per optimizer step, three epochs
+    for step, used in enumerate(lrs):
+        expected = lr + (peak - lr) * step / warmup if step < warmup else peak
+        assert used == pytest.approx(expected, rel=1e-12), step
+    assert reports[0]["history"][-1]["lr"] == pytest.approx(peak, rel=1e-12)
+
+
+@pytest.mark.parametrize(("variant", "np_"),
+                         [("plain", 2), ("plain", 1), ("accumulation", 2), ("clipping", 2)])
+def test_the_steps_are_traced_once_not_per_epoch_or_batch_size(runs, variant, np_):
+    # for 3 epochs, the plain 2-rank run trains on batches of 4, 3 and 2 and evaluates on batches of 4 and 1;
+    # the others also update from accumulated gradients, or from zeros on a rank without samples
+    job = runs(variant, np_)
+
+    for rank, report in job.reports.items():
+        assert report["traces"]["training_step"] == 1, rank
+        assert report["traces"]["validation_step"] <= 1, rank
+    assert "retracing" not in job.output

@@ -1,0 +1,122 @@
+"""A small, exactly reproducible TensorFlowTrainer job: linear regression in float64 (Keras 3) on synthetic
+data; the TensorFlow twin of torch_job.py (the same data, drawn from the same seeds).
+
+Configured through TrainConfig's CLI (`--set batch_size=4 --set extra.n_train=37 ...`). Each rank reports its
+final weights (model.get_weights), their sha256, the history, the sample indices it trained on per epoch (in
+order, read from the batches the compiled step received), the LR the optimizer held at every optimizer step,
+and how often training_step and validation_step were traced into a tf.function.
+
+extra: n_train, n_eval, features, step_sleep (seconds per step, to make a job slow enough to interrupt),
+       load_weights (after training, rank 0 also reports the weights of a new model given
+       `load_weights(checkpoint_dir, which)` by set_weights, for which in latest and best).
+Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts.
+"""
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+from _report import report_rank
+
+from hvdazure import Callback, TrainConfig
+from hvdazure.tensorflow import TensorFlowTrainer, load_weights
+
+keras.config.set_floatx("float64")  # weights, optimizer variables (the LR among them) and losses in float64
+
+
+def regression(n: int, features: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sample index, x, y), float64; the same numbers as torch_job.py's Regression(n, features, seed)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, features))
+    w = rng.normal(size=(features, 1))
+    y = x @ w + 0.1 * rng.normal(size=(n, 1))
+    return np.arange(n, dtype=np.int64), x, y
+
+
+class Recorder(Callback):
+    """Records the LR the optimizer holds during each step (what the compiled update reads)."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_train_start(self, trainer) -> None:
+        (Path(os.environ["HVDAZURE_TEST_OUT"]) / f"pid-{trainer.rank}").write_text(str(os.getpid()))
+
+    def on_step_end(self, trainer) -> None:
+        time.sleep(trainer.config.extra.get("step_sleep", 0))
+        self.lrs.append(float(trainer.optimizer.learning_rate.numpy()))
+
+
+class RegressionTrainer(TensorFlowTrainer):
+    def __init__(self, config: TrainConfig) -> None:
+        self.recorder = Recorder()
+        super().__init__(config, callbacks=[self.recorder])
+        self.seen: dict[int, list[int]] = {}
+        self.not_the_planned_batch = 0  # batches whose indices differ from trainer.micro_batch's
+        self.traces = {"training_step": 0, "validation_step": 0}
+
+    def build_model(self):
+        features = self.config.extra.get("features", 3)
+        return keras.Sequential([keras.Input((features,)), keras.layers.Dense(1)])
+
+    def build_optimizer(self, lr):
+        return keras.optimizers.SGD(learning_rate=lr)
+
+    def train_dataset(self):
+        extra = self.config.extra
+        return regression(extra.get("n_train", 37), extra.get("features", 3), seed=1)
+
+    def eval_dataset(self):
+        n_eval = self.config.extra.get("n_eval")
+        return regression(n_eval, self.config.extra.get("features", 3), seed=2) if n_eval else None
+
+    def training_step(self, model, batch):
+        index, x, y = batch
+        self.traces["training_step"] += 1  # Python code here runs when the step is traced, not per call
+        tf.py_function(self._record_indices, [index], [])  # runs at every call of the compiled step
+        return keras.ops.mean(keras.ops.square(model(x, training=True) - y))
+
+    def _record_indices(self, index: tf.Tensor) -> None:
+        indices = index.numpy().tolist()
+        self.seen.setdefault(self.state.epoch, []).extend(indices)
+        self.not_the_planned_batch += indices != self.micro_batch.indices
+
+    def validation_step(self, model, batch):
+        index, x, y = batch
+        self.traces["validation_step"] += 1
+        return {"mse": keras.ops.mean(keras.ops.square(model(x, training=False) - y)),
+                "index": keras.ops.mean(keras.ops.cast(index, "float64"))}
+
+
+def loaded_weights(trainer: RegressionTrainer) -> dict[str, list[list[float]]]:
+    """What a new model holds after set_weights(load_weights(...)) of the latest and the best checkpoint."""
+    loaded = {}
+    for which in ("latest", "best"):
+        model = trainer.build_model()
+        model.set_weights(load_weights(trainer.config.checkpoint_dir, which))
+        loaded[which] = [w.flatten().tolist() for w in model.get_weights()]
+    return loaded
+
+
+if __name__ == "__main__":
+    trainer = RegressionTrainer(TrainConfig.from_cli(log_every=1, progress_bar=False))
+    history = trainer.fit()
+    weights = trainer.model.get_weights()
+    report_rank(trainer.rank, {
+        "world_size": trainer.world_size,
+        "params": [w.flatten().tolist() for w in weights],
+        "dtypes": sorted({str(w.dtype) for w in weights}),
+        "params_sha256": hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest(),
+        "history": history,
+        "seen": {str(k): v for k, v in trainer.seen.items()},
+        "not_the_planned_batch": trainer.not_the_planned_batch,
+        "lrs": trainer.recorder.lrs,
+        "steps_per_epoch": trainer.steps_per_epoch,
+        "traces": trainer.traces,
+        **({"loaded": loaded_weights(trainer)} if trainer.is_main and trainer.config.extra.get("load_weights")
+           else {}),
+    })
