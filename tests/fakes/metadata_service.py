@@ -59,6 +59,11 @@ class FakeMetadataService:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_port}{EVENTS_PATH}?api-version=2020-07-01"
 
+    def play(self, timeline: list[dict]) -> None:
+        """Start over with another timeline, at the same address (a restarted job's VM asks it again)."""
+        with self._lock:
+            self.timeline, self.requests = timeline, []
+
     def served(self) -> list[int]:
         """The timeline index served to each Scheduled Events request, in order (-1: an HTTP 500)."""
         with self._lock:
