@@ -12,6 +12,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -227,3 +228,13 @@ def test_help_of_the_azure_commands_loads_no_azure_module(argv):
 
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [0, []]
     assert "out of support since 2026-06-30" in proc.stdout or argv[0] == "azure"
+
+
+def test_the_python_api_sample_dry_runs_the_digits_job(tmp_path):
+    sample = Path(__file__).resolve().parents[2] / "samples" / "azure_submit.py"
+    proc = subprocess.run([sys.executable, str(sample)], cwd=tmp_path, capture_output=True, text=True)
+
+    assert proc.returncode == 0, proc.stderr
+    assert "MPI layout: 2 node(s) x 1 process(es) = world size 2" in proc.stdout
+    assert "command: python torch_digits.py --set epochs=15 --set lr=0.05" in proc.stdout
+    assert (tmp_path / "azure-job" / "job.yml").is_file()
