@@ -51,7 +51,7 @@ def _submit(args: argparse.Namespace) -> int:
             inputs=[job_spec.parse_input(text) for text in args.input],
             outputs=[job_spec.parse_output(text) for text in args.output],
             experiment=args.experiment, display_name=args.display_name, shm_size=args.shm_size,
-            vm_size=args.vm_size)
+            docker_args=args.docker_args, vm_size=args.vm_size)
         if args.dry_run:
             result = submission.dry_run(spec, args.output_yaml or submission.DEFAULT_YAML, sdk=args.sdk)
         elif args.output_yaml:
@@ -161,6 +161,8 @@ def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
                              "scaling to 0 when idle); see also `hvdazure azure compute create`")
     layout.add_argument("--shm-size", metavar="SIZE",
                         help="shared memory per container, e.g. 16g (default: 2g)")
+    layout.add_argument("--docker-args", metavar="ARGS",
+                        help="extra `docker run` arguments, e.g. --docker-args='--user root'")
     environment = submit.add_argument_group("environment")
     environment.add_argument("--image", help="Docker image with an MPI library (docker/: hvdazure-gpu)")
     environment.add_argument("--conda-file", metavar="ENV.YML", help="with --image: conda environment on top")

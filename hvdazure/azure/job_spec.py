@@ -83,6 +83,7 @@ class JobSpec:
     display_name: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     shm_size: str | None = None  # e.g. "16g"; Azure ML's default is 2g
+    docker_args: str | None = None  # extra `docker run` arguments, e.g. "--user root"
     vm_size: str | None = None  # the compute's VM size, when known before asking Azure
 
 
@@ -121,6 +122,7 @@ class JobPlan:
     display_name: str
     tags: dict[str, str]
     shm_size: str | None
+    docker_args: str | None
     vm_size: str | None
     snapshot: CodeSnapshot
     warnings: tuple[str, ...] = ()
@@ -148,6 +150,8 @@ class JobPlan:
             f"{self.snapshot.total_bytes / 2**20:.1f} MB)",
             f"experiment: {self.experiment}; display name: {self.display_name}",
         ]
+        if self.docker_args:
+            lines.append(f"docker arguments: {self.docker_args}")
         if self.env:
             lines.append("environment variables: "
                          + " ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
@@ -244,8 +248,8 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
         code_dir=code_dir, script=script, script_args=args, compute=spec.compute.strip(), nodes=nodes,
         processes_per_node=processes, environment=_environment(spec, cwd), env=env, inputs=inputs,
         outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
-        f"{nodes}x{processes}", tags=tags, shm_size=spec.shm_size, vm_size=vm_size, snapshot=snapshot,
-        warnings=tuple(warnings))
+        f"{nodes}x{processes}", tags=tags, shm_size=spec.shm_size, docker_args=spec.docker_args or None,
+        vm_size=vm_size, snapshot=snapshot, warnings=tuple(warnings))
 
 
 def check_train_config_args(script_args: Sequence[str], code_dir: Path) -> None:

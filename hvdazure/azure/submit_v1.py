@@ -14,6 +14,7 @@ path the script is given.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,8 @@ def build_run_config(plan: JobPlan, workspace: Any = None) -> Any:
         environment=environment,
         distributed_job_config=MpiConfiguration(process_count_per_node=plan.processes_per_node,
                                                 node_count=plan.nodes),
-        docker_runtime_config=DockerConfiguration(use_docker=True, shm_size=plan.shm_size or "2g"),
+        docker_runtime_config=DockerConfiguration(use_docker=True, shm_size=plan.shm_size or "2g",
+                                                  arguments=shlex.split(plan.docker_args or "")),
     )
     config.run_config.environment_variables = dict(plan.env)
     return config

@@ -108,6 +108,12 @@ def test_inputs_and_outputs_reach_the_rest_body(project, tmp_path):
                                "--set 'checkpoint_dir=${{outputs.ckpt}}'")
 
 
+def test_docker_arguments_reach_the_rest_body(project, tmp_path):
+    result = submission.dry_run(spec(docker_args="--user root"), tmp_path / "job.yml")
+
+    assert result.body["resources"]["dockerArgs"] == "--user root"
+
+
 def test_the_processes_per_node_of_a_dry_run_come_from_vm_size(project, tmp_path):
     result = submission.dry_run(spec(processes_per_node=None, vm_size="Standard_ND96isr_H100_v5"),
                                 tmp_path / "job.yml")
