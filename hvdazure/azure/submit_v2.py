@@ -154,15 +154,22 @@ def compute_vm_size(ml_client: Any, compute: str) -> str | None:
 
 
 def ensure_environment(ml_client: Any, plan: JobPlan) -> None:
-    """Register the plan's environment unless that name and version exist (versions follow the content)."""
+    """Register the plan's environment unless that name and version exist (versions follow the content).
+    A registered environment the user named must exist: checked now, before the code is uploaded (the SDK
+    itself resolves `@latest` only after the upload)."""
     from azure.core.exceptions import ResourceNotFoundError
 
     environment = build_environment(plan)
-    if environment is None:
-        return
+    wanted = plan.environment
     try:
+        if environment is None:
+            ml_client.environments.get(wanted.name, **({"version": wanted.version} if wanted.version
+                                                        else {"label": "latest"}))
+            return
         ml_client.environments.get(environment.name, version=environment.version)
     except ResourceNotFoundError:
+        if environment is None:
+            raise SubmitError(f"environment {wanted.reference} not found in the workspace") from None
         ml_client.environments.create_or_update(environment)
 
 

@@ -13,6 +13,7 @@ import io
 import json
 import re
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from azure.core.rest._requests_basic import RestRequestsTransportResponse
 from hvdazure.azure import submission, submit_v2
 from hvdazure.azure.compute import ClusterSpec
 from hvdazure.azure.errors import SubmitError
-from hvdazure.azure.job_spec import InputSpec, JobSpec
+from hvdazure.azure.job_spec import InputSpec, JobSpec, resolve
 from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 
@@ -83,6 +84,10 @@ class FakeWorkspace:
                 self.computes[name] = {"id": arm_id, "name": name, "location": "eastus",
                                        "properties": {**body["properties"], "provisioningState": "Succeeded"}}
             return (200, self.computes[name]) if name in self.computes else _not_found(path)
+        if match := re.fullmatch(r"/environments/([^/]+)/versions", path):  # newest first, as asked
+            prefix = f"/environments/{match.group(1)}/"
+            found = [e for p, e in self.environments.items() if p.startswith(prefix)]
+            return 200, {"value": found[::-1]}
         if re.fullmatch(r"/environments/[^/]+/versions/[^/]+", path):
             if method == "PUT":
                 self.environments[path] = {"id": arm_id, "name": path.rsplit("/", 1)[1],
@@ -257,6 +262,22 @@ def test_a_second_submission_of_the_same_image_reuses_the_environment(project, f
     assert [method for method, _ in environment_calls] == ["GET"]  # found: not registered again
 
 
+def test_a_registered_environment_is_looked_up_before_the_upload_and_referenced_by_version(project, fake):
+    fake.environments["/environments/team-env/versions/2"] = {
+        "id": WS + "/environments/team-env/versions/2", "name": "2", "properties": {"image": IMAGE}}
+    submit(fake, image=None, environment="azureml:team-env@latest")
+
+    assert fake.arm_calls()[1] == ("GET", "/environments/team-env/versions")
+    assert fake.job_put()["environmentId"] == WS + "/environments/team-env/versions/2"
+
+
+def test_an_unknown_registered_environment_stops_the_submission_before_the_upload(project, fake):
+    with pytest.raises(SubmitError, match=r"^environment azureml:team-env:7 not found in the workspace$"):
+        submit(fake, image=None, environment="azureml:team-env:7")
+
+    assert not [p for _, p, _ in fake.calls if p.startswith(("blob:", "/codes/"))]
+
+
 def test_the_upload_honours_amlignore(project, fake):
     submit(fake)
 
@@ -377,3 +398,22 @@ def test_compute_create_keeps_an_existing_cluster(fake):
 
     assert fake.arm_calls() == [("GET", "/computes/gpu-cluster")]
     assert (info.created, info.vm_size, info.max_nodes) == (False, "STANDARD_ND96ASR_V4", 4)
+
+
+def test_stream_follows_the_logs_of_the_job_just_created(project, tmp_path):
+    """Wiring only: streaming needs a live run (azure-ai-ml polls the run's logs), which no test here has."""
+    streamed = []
+
+    class Jobs:
+        def create_or_update(self, job):
+            return types.SimpleNamespace(name="job-1", studio_url="https://ml.azure.com/runs/job-1")
+
+        def stream(self, name):
+            streamed.append(name)
+
+    client = types.SimpleNamespace(jobs=Jobs(), environments=types.SimpleNamespace(get=lambda *a, **k: None))
+    plan = resolve(JobSpec(script="train.py", compute="c", processes_per_node=1, image=IMAGE))
+    files = submit_v2.write_yaml(plan, tmp_path / "job.yml")
+
+    assert submit_v2.submit(plan, client, files[-1], stream=True).name == "job-1"
+    assert streamed == ["job-1"]
