@@ -6,6 +6,7 @@ the test asserts on those files, the job's exit code and its output, in the pare
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -49,12 +50,29 @@ def run_job(
     cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", str(np), f"--{controller}", *launcher_args,
            str(script), *args]
     job_env = {**os.environ, "HVDAZURE_TEST_OUT": str(out_dir), **(env or {})}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env,
+                            cwd=REPO)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=job_env, cwd=REPO)
-    except subprocess.TimeoutExpired as exc:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)  # the ranks too: a hung job's ranks would spin on and load the machine
+        stdout, stderr = proc.communicate()
         raise AssertionError(f"job hung: {' '.join(cmd)} still running after {timeout}s\n"
-                             f"{exc.stdout}\n{exc.stderr}") from None
-    return JobRun(proc.returncode, proc.stdout, proc.stderr, read_reports(out_dir))
+                             f"{stdout}\n{stderr}") from None
+    return JobRun(proc.returncode, stdout, stderr, read_reports(out_dir))
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every process below it."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(procs, timeout=10)
 
 
 def read_reports(out_dir: Path) -> dict[int, dict]:
