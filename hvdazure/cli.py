@@ -59,7 +59,7 @@ def _submit(args: argparse.Namespace) -> int:
         else:
             cluster = compute.ClusterSpec(args.compute, args.vm_size or "", max_nodes=args.nodes) \
                 if args.create_compute else None
-            result = submission.submit(spec, _workspace(args), sdk=args.sdk, stream=args.stream,
+            result = submission.submit(spec, lambda: _workspace(args), sdk=args.sdk, stream=args.stream,
                                        create_compute=cluster)
     except errors.SubmitError as exc:
         if args.verbose and exc.__cause__ is not None:

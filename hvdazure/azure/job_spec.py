@@ -228,6 +228,8 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     inputs, outputs = tuple(spec.inputs), tuple(spec.outputs)
     for item in inputs:
         _check_input(item)
+        if is_local_path(item.uri) and not (cwd / item.uri).exists():
+            raise JobSpecError(f"--input {item.name}: {item.uri} does not exist (a local path is uploaded)")
     for out in outputs:
         _check_output(out)
     _unique([i.name for i in inputs], "--input")
@@ -280,6 +282,11 @@ def check_train_config_args(script_args: Sequence[str], code_dir: Path) -> None:
         TrainConfig._from_cli(argv, {})  # the job's own parsing, minus its exit(2)
     except ConfigError as exc:
         raise JobSpecError(f"the script's arguments: {exc}") from None
+
+
+def is_local_path(uri: str) -> bool:
+    """True for a path on this machine (uploaded with the job), False for azureml:, https:, abfss:, ..."""
+    return ":" not in uri.split("/", 1)[0]
 
 
 def environment_version(image: str, conda_text: str | None) -> str:

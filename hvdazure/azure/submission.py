@@ -83,11 +83,12 @@ def dry_run(spec: JobSpec, output_yaml: str | Path = DEFAULT_YAML, sdk: str = "v
     return DryRunResult(plan=plan, files=files, body=backend.validate_offline(plan, files), sdk=sdk)
 
 
-def submit(spec: JobSpec, workspace: WorkspaceRef | None = None, sdk: str = "v2", stream: bool = False,
-           create_compute: ClusterSpec | None = None, credential: Any = None,
+def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] | None = None, sdk: str = "v2",
+           stream: bool = False, create_compute: ClusterSpec | None = None, credential: Any = None,
            client_options: dict[str, Any] | None = None, warn: Callable[[str], None] = _warn) -> Any:
     """Submit `spec` to Azure ML and return `Submitted(name, studio_url, sdk)`. `workspace` defaults to the
-    config.json found from the current directory; `credential` to DefaultAzureCredential.
+    config.json found from the current directory (a function is called after the offline checks, so a
+    wrong job is reported before a missing workspace); `credential` to DefaultAzureCredential.
     `create_compute` gets or creates that cluster first. `client_options` go to SDK v2's MLClient (tests
     pass a `transport`)."""
     from hvdazure.azure import submit_v2
@@ -98,7 +99,9 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | None = None, sdk: str = "v2"
     first = resolve(_with_placeholder_processes(spec))
     if sdk == "v1":
         backend.check_supported(first)
-    workspace = workspace or WorkspaceRef.from_options()
+    if create_compute is not None:
+        create_compute.validate()
+    workspace = workspace() if callable(workspace) else workspace or WorkspaceRef.from_options()
     # 2. credentials
     credential = credential or workspace_module.default_credential()
     workspace_module.check_credential(credential)

@@ -22,7 +22,7 @@ from typing import Any
 
 from hvdazure._version import __version__
 from hvdazure.azure.errors import SubmitError, one_line
-from hvdazure.azure.job_spec import JobPlan
+from hvdazure.azure.job_spec import JobPlan, is_local_path
 from hvdazure.azure.workspace import WorkspaceRef
 
 # azure-ai-ml announces its own internal experimental classes on stderr while loading a job; the user did
@@ -188,9 +188,7 @@ def submit(plan: JobPlan, ml_client: Any, job_yaml: Path, stream: bool = False) 
 
 def _input_path(plan: JobPlan, uri: str) -> str:
     """Local paths are uploaded by the SDK: resolve them from the current directory, like the CLI option."""
-    if ":" in uri.split("/", 1)[0]:  # azureml:..., azureml://..., https://..., abfss://...
-        return uri
-    return str(Path(uri).resolve())
+    return str(Path(uri).resolve()) if is_local_path(uri) else uri
 
 
 def _relative(target: Path, start: Path) -> str:

@@ -214,6 +214,14 @@ def test_cli_refuses_a_bad_job_in_one_line(project, capsys, argv, message):
     assert err.count("\n") == 1
 
 
+def test_cli_create_compute_needs_a_vm_size_before_anything_else(project, capsys):
+    code = main(["submit", "train.py", "--compute", "gpu-cluster", "-ppn", "1", "--image", IMAGE,
+                 "--create-compute"])
+
+    assert code == 2
+    assert capsys.readouterr().err.startswith("hvdazure: error: --vm-size is required to create a compute")
+
+
 def test_cli_submit_without_a_workspace_says_how_to_name_one(project, capsys):
     code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE])
 

@@ -259,6 +259,14 @@ def test_an_input_the_script_is_not_told_about_is_a_warning(project):
                              "told its path: pass it, e.g. -- --set extra.data='${{inputs.data}}'",)
 
 
+def test_a_local_input_must_exist(project):
+    (project / "digits").mkdir()
+
+    assert resolve(spec(inputs=[InputSpec("data", "digits")], script_args=["${{inputs.data}}"])).inputs
+    assert refused(inputs=[InputSpec("data", "missing/")]) == (
+        "--input data: missing/ does not exist (a local path is uploaded)")
+
+
 def test_inputs_and_outputs_are_unique(project):
     two = [InputSpec("data", "azureml:a@latest"), InputSpec("data", "azureml:b@latest")]
     assert refused(inputs=two) == "--input data is given twice"
