@@ -13,6 +13,7 @@ never printed or stored.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,11 +100,17 @@ def check_credential(credential: Any) -> None:
     """Ask `credential` for an ARM token now: no credential is one line before any upload."""
     from azure.core.exceptions import ClientAuthenticationError
 
+    # DefaultAzureCredential also logs every credential it tried (20 lines); the error below says what to do
+    identity_logger = logging.getLogger("azure.identity")
+    level = identity_logger.level
+    identity_logger.setLevel(logging.CRITICAL)
     try:
         credential.get_token(ARM_SCOPE)
     except ClientAuthenticationError as exc:
         raise SubmitError("no Azure credentials: run `az login`, or set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
                           f"AZURE_CLIENT_SECRET, or use a managed identity ({one_line(exc)[:200]})") from None
+    finally:
+        identity_logger.setLevel(level)
 
 
 def _after(parts: list[str], key: str) -> str | None:
