@@ -30,10 +30,10 @@ from hvdazure.azure.workspace import WorkspaceRef
 logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
 
 JOB_SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
+ENVIRONMENT_SCHEMA = "https://azuremlschemas.azureedge.net/latest/environment.schema.json"
 # the order a person reads a job in; empty sections the SDK writes (properties, parameters) are left out
 _YAML_ORDER = ("type", "display_name", "experiment_name", "compute", "code", "command", "environment",
                "environment_variables", "resources", "distribution", "inputs", "outputs", "tags")
-ENVIRONMENT_SCHEMA = "https://azuremlschemas.azureedge.net/latest/environment.schema.json"
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def build_job(plan: JobPlan) -> Any:
                                            docker_args=plan.docker_args),
         distribution=MpiDistribution(process_count_per_instance=plan.processes_per_node),
         environment_variables=dict(plan.env),
-        inputs={i.name: Input(type=i.type, path=_input_path(plan, i.uri), mode=i.mode) for i in plan.inputs},
+        inputs={i.name: Input(type=i.type, path=_input_path(i.uri), mode=i.mode) for i in plan.inputs},
         outputs={o.name: Output(type=o.type, path=o.uri, mode=o.mode) for o in plan.outputs},
         experiment_name=plan.experiment,
         display_name=plan.display_name,
@@ -186,7 +186,7 @@ def submit(plan: JobPlan, ml_client: Any, job_yaml: Path, stream: bool = False) 
     return Submitted(name=created.name, studio_url=created.studio_url, sdk="v2")
 
 
-def _input_path(plan: JobPlan, uri: str) -> str:
+def _input_path(uri: str) -> str:
     """Local paths are uploaded by the SDK: resolve them from the current directory, like the CLI option."""
     return str(Path(uri).resolve()) if is_local_path(uri) else uri
 
