@@ -11,22 +11,10 @@ from __future__ import annotations
 
 import horovod.tensorflow as hvd
 import keras
-import numpy as np
-from sklearn.datasets import load_digits
+from tf_digits import digits_split  # the same split as the TensorFlowTrainer sample, beside this file
 
 import hvdazure.tensorflow.keras as hk
 from hvdazure import TrainConfig
-
-
-def digits_split(seed: int = 0, eval_fraction: float = 0.2) -> tuple[tuple, tuple]:
-    """The same train/eval split on every rank (and as samples/tf_digits.py): a fixed permutation."""
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(x))
-    n_eval = int(len(x) * eval_fraction)
-    eval_idx, train_idx = order[:n_eval], order[n_eval:]
-    return (x[train_idx], y[train_idx]), (x[eval_idx], y[eval_idx])
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,3 +40,23 @@ class TensorFlowCollectives(Collectives):
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
         return [blob[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
 
+
+def init_horovod() -> bool:
+    """Start Horovod and place this rank: one GPU per local rank (memory allocated as needed), or on CPU
+    TensorFlow's threads limited to this rank's share of the node's cores unless OMP_NUM_THREADS or
+    TF_NUM_INTRAOP_THREADS is set. Returns whether a GPU is used. Call it before building a model:
+    TensorFlow fixes its devices and threads when it runs its first operation (later, this changes
+    nothing)."""
+    hvd.init()
+    gpus = tf.config.list_physical_devices("GPU")
+    try:
+        if gpus:
+            tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+            tf.config.experimental.set_memory_growth(gpus[hvd.local_rank() % len(gpus)], True)
+        elif not {"OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"} & set(os.environ):
+            share = max(1, len(os.sched_getaffinity(0)) // hvd.local_size())
+            tf.config.threading.set_intra_op_parallelism_threads(share)
+            tf.config.threading.set_inter_op_parallelism_threads(min(2, share))
+    except RuntimeError:  # TensorFlow already ran an operation: its devices and threads are fixed
+        pass
+    return bool(gpus)

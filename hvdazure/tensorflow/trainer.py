@@ -9,7 +9,6 @@ core's exact data plan over random-access arrays, and mixed precision through Ke
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -24,12 +23,11 @@ from hvdazure.core.config import ConfigError
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.sharding import MicroBatch, eval_range
 from hvdazure.core.trainer import Trainer
-from hvdazure.tensorflow.collectives import TensorFlowCollectives
+from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
 from hvdazure.tensorflow.data import ArrayData
+from hvdazure.tensorflow.gradients import allreduce_gradients, allreduce_options, dense_gradients
 from hvdazure.tensorflow.state import KerasState, broadcast_variables, model_weights
 
-_OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
-_COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 _POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
@@ -68,19 +66,7 @@ class TensorFlowTrainer(Trainer):
 
     # --- the binding -------------------------------------------------------------------------------------
     def _init_distributed(self) -> Collectives:
-        hvd.init()
-        gpus = tf.config.list_physical_devices("GPU")
-        try:
-            if gpus:  # one GPU per local rank, allocated as needed rather than all at once
-                tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
-                tf.config.experimental.set_memory_growth(gpus[hvd.local_rank() % len(gpus)], True)
-            elif not {"OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"} & set(os.environ):
-                share = max(1, len(os.sched_getaffinity(0)) // hvd.local_size())  # ranks share the node
-                tf.config.threading.set_intra_op_parallelism_threads(share)
-                tf.config.threading.set_inter_op_parallelism_threads(min(2, share))
-        except RuntimeError:  # TensorFlow already ran an operation: its devices and threads are fixed
-            pass
-        self._on_gpu = bool(gpus)
+        self._on_gpu = init_horovod()
         return TensorFlowCollectives()
 
     def _load_datasets(self) -> int:
@@ -190,10 +176,7 @@ class _CompiledSteps:
     def __init__(self, trainer: TensorFlowTrainer) -> None:
         self.trainer = trainer
         c = trainer.config
-        self._allreduce_args = {"op": _OPS[c.reduce_op], "compression": _COMPRESSION[c.compression]}
-        if c.reduce_op == "average" and c.gradient_predivide_factor != 1.0:
-            self._allreduce_args.update(prescale_factor=1.0 / c.gradient_predivide_factor,
-                                        postscale_factor=c.gradient_predivide_factor)
+        self._allreduce_options = allreduce_options(c.reduce_op, c.compression, c.gradient_predivide_factor)
         batch = trainer._train_data.signature()
         scalar = tf.TensorSpec((), tf.float64)
         gradients = [tf.TensorSpec(v.shape, v.dtype) for v in trainer.model.trainable_variables]
@@ -225,7 +208,7 @@ class _CompiledSteps:
         with tf.GradientTape() as tape:
             weighted, metrics = self._loss_and_metrics(batch, weight)
         gradients = tape.gradient(weighted, variables)
-        return [_dense(g, v) for g, v in zip(gradients, variables, strict=True)], metrics
+        return dense_gradients(gradients, variables), metrics
 
     def _train(self, batch: Any, weight: tf.Tensor, vote: tf.Tensor,
                with_vote: bool) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
@@ -243,9 +226,7 @@ class _CompiledSteps:
         t = self.trainer
         votes = hvd.allreduce(tf.reshape(vote, [1]), op=hvd.Sum, name="hvdazure.stop_vote",
                               ignore_name_scope=True)[0] if with_vote else vote
-        if t.world_size > 1:
-            gradients = hvd.grouped_allreduce(list(gradients), name="hvdazure.gradients",
-                                              ignore_name_scope=True, **self._allreduce_args)
+        gradients = allreduce_gradients(gradients, self._allreduce_options)
         if t.config.grad_clip_norm is not None:
             gradients, _ = tf.clip_by_global_norm(gradients, t.config.grad_clip_norm)
         t.optimizer.apply_gradients(zip(gradients, t.model.trainable_variables, strict=True))
@@ -280,10 +261,3 @@ def _loss_and_metrics(output: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     raise TypeError("training_step must return a loss tensor or a dict with 'loss', got "
                     f"{type(output).__name__}")
 
-
-def _dense(gradient: Any, variable: Any) -> tf.Tensor:
-    """A dense gradient for the allreduce: zeros for a variable the loss does not reach (another rank's
-    loss may), dense values for an embedding's IndexedSlices."""
-    if gradient is None:
-        return tf.zeros_like(variable)
-    return tf.convert_to_tensor(gradient)

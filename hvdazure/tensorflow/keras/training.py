@@ -10,37 +10,24 @@ ever receives gradients. (Wrapping each optimizer class would also need a dynami
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdazure.tensorflow.trainer import _COMPRESSION, _OPS, _dense
+from hvdazure.tensorflow.collectives import init_horovod
+from hvdazure.tensorflow.gradients import allreduce_gradients, allreduce_options, dense_gradients
 
 # The dict key under which shard_for_fit's batches carry the number of samples in the whole optimizer step.
 STEP_SAMPLES = "hvdazure_step_samples"
 
 
 def init() -> None:
-    """Start Horovod and place this rank: one GPU per local rank (memory allocated as needed), or on CPU
-    TensorFlow's threads limited to this rank's share of the cores unless OMP_NUM_THREADS or
-    TF_NUM_INTRAOP_THREADS is set. Call it first, before building a model: TensorFlow fixes its devices
-    and threads when it runs its first operation."""
-    # The same placement as TensorFlowTrainer._init_distributed, which cannot be called without a trainer.
-    hvd.init()
-    gpus = tf.config.list_physical_devices("GPU")
-    try:
-        if gpus:
-            tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
-            tf.config.experimental.set_memory_growth(gpus[hvd.local_rank() % len(gpus)], True)
-        elif not {"OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"} & set(os.environ):
-            share = max(1, len(os.sched_getaffinity(0)) // hvd.local_size())
-            tf.config.threading.set_intra_op_parallelism_threads(share)
-            tf.config.threading.set_inter_op_parallelism_threads(min(2, share))
-    except RuntimeError:  # TensorFlow already ran an operation: its devices and threads are fixed
-        pass
+    """Start Horovod and place this rank (hvdazure.tensorflow.collectives.init_horovod): one GPU per local
+    rank, or on CPU TensorFlow's threads limited to the rank's share of the cores. Call it first, before
+    building a model: TensorFlow fixes its devices and threads when it runs its first operation."""
+    init_horovod()
 
 
 def data_parallel(model: keras.Model, *, reduce_op: str = "average", compression: str = "none",
@@ -54,17 +41,7 @@ def data_parallel(model: keras.Model, *, reduce_op: str = "average", compression
     Batches from `shard_for_fit` get the exact step mean: each rank's loss is weighted by its share of the
     step's samples, and a rank left without samples in a short last step runs no forward pass but still
     joins the allreduce with zeros. Other datasets get Horovod's plain average of the ranks' gradients."""
-    if reduce_op not in _OPS:
-        raise ValueError(f"reduce_op must be one of {sorted(_OPS)}, got {reduce_op!r}")
-    if compression not in _COMPRESSION:
-        raise ValueError(f"compression must be one of {sorted(_COMPRESSION)}, got {compression!r}")
-    if gradient_predivide_factor <= 0 or (reduce_op != "average" and gradient_predivide_factor != 1.0):
-        raise ValueError(f"gradient_predivide_factor {gradient_predivide_factor!r} must be positive, and 1.0 "
-                         "unless reduce_op is 'average'")
-    allreduce_args: dict[str, Any] = {"op": _OPS[reduce_op], "compression": _COMPRESSION[compression]}
-    if gradient_predivide_factor != 1.0:
-        allreduce_args.update(prescale_factor=1.0 / gradient_predivide_factor,
-                              postscale_factor=gradient_predivide_factor)
+    allreduce_args = allreduce_options(reduce_op, compression, gradient_predivide_factor)
     model.train_step = DataParallelStep(model, allreduce_args, ranks_averaged=1 if reduce_op == "sum" else
                                         hvd.size())
     model.train_function = None  # a train function made before holds the old step
@@ -98,14 +75,13 @@ class DataParallelStep:
                 weighted = loss * tf.cast(self._loss_weight(rows, step_samples), loss.dtype)
                 scaled = model.optimizer.scale_loss(weighted)
             model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-            return [_dense(g, v) for g, v in zip(tape.gradient(scaled, variables), variables, strict=True)]
+            return dense_gradients(tape.gradient(scaled, variables), variables)
 
         def no_samples() -> list[tf.Tensor]:
             return [tf.zeros_like(v) for v in variables]
 
         gradients = tf.cond(rows > 0, forward_and_backward, no_samples)
-        if hvd.size() > 1:
-            gradients = hvd.grouped_allreduce(gradients, **self.allreduce_args)
+        gradients = allreduce_gradients(gradients, self.allreduce_args)
         model.optimizer.apply(gradients, variables)
         return model.get_metrics_result()
 
