@@ -46,6 +46,7 @@ class AzureMLJob:
             "MLFLOW_EXPERIMENT_ID": experiment_id,
             "HVDAZURE_VM_NAME": "",  # the name comes from the stand-in's compute/name
             "HVDAZURE_TEST_CWD": str(self.dir),
+            "HVDAZURE_TEST_POLL": "0.05",  # 13 polls take well under the 5 s of training
         }
         self.attempts = 0
 
@@ -70,9 +71,9 @@ def uninterrupted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("uninterrupted")
     job = AzureMLJob(tmp, "job")
     timeline = (_phase(document(1), 3)
-                + _phase(document(2, preempt("P-far", "vm-0", not_before=InSeconds(600))), 5)
-                + _phase(document(3), 5)  # withdrawn
-                + _phase(OTHER_VM_IMMINENT, 5)
+                + _phase(document(2, preempt("P-far", "vm-0", not_before=InSeconds(600))), 3)
+                + _phase(document(3), 3)  # withdrawn
+                + _phase(OTHER_VM_IMMINENT, 3)
                 + [document(5, preempt("P-other", "vm-1", status="Started", not_before=""))])
     with FakeMetadataService(timeline, vm_name="vm-0") as service:
         result = job.run(service)
