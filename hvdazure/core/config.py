@@ -71,7 +71,7 @@ class TrainConfig:
     scheduled_events_url: str = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
     tensorboard: bool = False
     mlflow: bool = False
-    mlflow_tracking_uri: str | None = None  # default: Azure ML's when inside it, else ./outputs/mlruns
+    mlflow_tracking_uri: str | None = None  # default: Azure ML's inside it, else sqlite in output_dir
     progress_bar: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # user settings, e.g. hidden_size: 64
 
