@@ -13,18 +13,19 @@ from hvdazure._version import __version__
 
 def _run(args: argparse.Namespace) -> int:
     from hvdazure.launch.command import LaunchSpec, check_script_exists
+    from hvdazure.launch.network import NetworkInterfaceError
     from hvdazure.launch.supervisor import run_job
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     try:
         spec = LaunchSpec(num_proc=args.np, command=command, hosts=args.hosts, hostfile=args.hostfile,
-                          controller=args.controller)
+                          controller=args.controller, network_interface=args.network_interface)
         check_script_exists(spec)
     except ValueError as exc:
         return _fail(str(exc))
     try:
         return run_job(spec, timeout_s=args.timeout, grace_s=args.grace, verbose=args.verbose).exit_code
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, NetworkInterfaceError) as exc:
         return _fail(str(exc))
 
 
@@ -242,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="Gloo controller via horovodrun (default)")
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
                             help="MPI controller via mpirun")
+    run.add_argument("--network-interface", metavar="IFACE|CIDR",
+                     help="the interface ranks on different nodes talk over, by name (eth0) or subnet "
+                          "(10.0.0.0/24); default: the route to the other hosts, when unambiguous")
     run.add_argument("--timeout", type=_positive_float, metavar="S",
                      help="stop every rank and exit 124 after S seconds")
     run.add_argument("--grace", type=_positive_float, default=30.0, metavar="S",

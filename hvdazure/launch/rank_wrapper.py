@@ -10,6 +10,9 @@ SIGKILL if the wrapper dies; the wrapper gets SIGTERM if its parent dies, passes
 command if it is still running `HVDAZURE_GRACE_S` seconds later (`hvdazure run --grace`; default 30).
 This covers ranks on other nodes too, which no process of `hvdazure run` can see.
 
+The wrapper also says where the rank started, and that it exited when it did not fail (see
+launch/exit_status.py): a rank that says neither was lost, with its node or the network to it.
+
 The command's output is re-emitted a whole line per write: mpirun tags every chunk it reads, so an
 unbuffered `print` (text and newline written separately) would otherwise come out split across tags.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +29,15 @@ import time
 from typing import BinaryIO
 
 from hvdazure.core.cluster import detect_cluster
-from hvdazure.launch.exit_status import PEER_SHUTDOWN_MARKERS, RankFailure, exit_code_of
+from hvdazure.launch.exit_status import (
+    PEER_SHUTDOWN_MARKERS,
+    PEER_TIMEOUT_DETAIL,
+    PEER_TIMEOUT_MARKER,
+    RankFailure,
+    exit_code_of,
+    exited_line,
+    started_line,
+)
 from hvdazure.launch.lifetime import die_with_parent, die_with_this_process
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -46,6 +58,7 @@ class _LinePump(threading.Thread):
         super().__init__(daemon=True)
         self.source, self.sink = source, sink
         self.saw_peer_shutdown = False
+        self.saw_peer_timeout = False
 
     def run(self) -> None:
         sink: BinaryIO | None = self.sink
@@ -58,6 +71,8 @@ class _LinePump(threading.Thread):
                     sink = None
             if not self.saw_peer_shutdown and any(m in line for m in PEER_SHUTDOWN_MARKERS):
                 self.saw_peer_shutdown = True
+            if PEER_TIMEOUT_MARKER in line:
+                self.saw_peer_timeout = True
 
 
 class _Forwarder:
@@ -135,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     forward = _Forwarder()
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, forward)
+    _say(started_line(rank, socket.gethostname()))
     try:
         child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, preexec_fn=die_with_this_process(signal.SIGKILL))
@@ -157,10 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     # An exit the forwarded signal explains is the launcher's doing, not a failure of this rank. Anything
     # else is reported, signal or not.
     if code != 0 and not forward.explains(code):
-        follow_on = any(pump.saw_peer_shutdown for pump in pumps)
+        timed_out = any(pump.saw_peer_timeout for pump in pumps)
+        follow_on = not timed_out and any(pump.saw_peer_shutdown for pump in pumps)
+        if timed_out:
+            detail += PEER_TIMEOUT_DETAIL
         if follow_on:  # let the rank that failed first report first
             forward.signalled.wait(_FOLLOW_ON_DELAY_S)
         _say(RankFailure(follow_on, exited_at, rank, code, detail).line())
+    else:
+        _say(exited_line(rank, code))
     return code
 
 

@@ -12,16 +12,21 @@ killer), and tears its ranks down; `hvdazure run` is the subreaper of its descen
 parent died is re-parented to it rather than lost; and whatever is left when the launcher exits, however
 it exits, is stopped (see launch/lifetime.py).
 
-What users read: rank output, tagged with its rank; the launcher's own lines until a rank fails or the
-job is being stopped (after that they repeat what the summary says, with a traceback: `verbose` keeps
-them); and one summary line.
+What users read: on several nodes, which interface their ranks talk over (launch/network.py); rank output,
+tagged with its rank; the launcher's own lines until a rank fails or the job is being stopped (after that
+they repeat what the summary says, with a traceback: `verbose` keeps them); and one summary line. It names
+the rank that failed first (and its host, on several), or a node none of whose ranks said how they ended
+(each rank's wrapper says where it started and how it ended, in lines read here and not shown): that node,
+or the network to it, went down.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,8 +38,16 @@ from typing import TextIO
 import psutil
 
 from hvdazure.launch.command import RANK_WRAPPER_MODULE, LaunchSpec, build_command
-from hvdazure.launch.exit_status import RankFailure, exit_code_of, readable
+from hvdazure.launch.exit_status import (
+    RankFailure,
+    exit_code_of,
+    lost_node,
+    parse_exited,
+    parse_started,
+    readable,
+)
 from hvdazure.launch.lifetime import die_with_this_process, is_child_subreaper, set_child_subreaper
+from hvdazure.launch.network import CrossNodeInterface, choose_interface, host_names, this_machine
 from hvdazure.launch.rank_wrapper import GRACE_ENV
 
 TIMEOUT_EXIT_CODE = 124  # as coreutils' timeout(1)
@@ -76,6 +89,8 @@ class _Job:
         self.verbose = verbose
         self.started_at = time.time()  # wall clock: rank failure lines carry wall-clock times
         self.failures: list[RankFailure] = []
+        self.hosts: dict[int, str] = {}  # rank -> the host it started on, from each rank's started line
+        self.exited: set[int] = set()  # ranks that said how they ended (failed or not)
         self.failed_at: float | None = None  # when the first failure line arrived (monotonic clock)
         self.stop_requested = threading.Event()
         self.stopped_by_signal: int | None = None  # the first stop signal `hvdazure run` received
@@ -106,6 +121,8 @@ class _Job:
                     out.write(line)
                     out.flush()
                 continue
+            if self._note_start_or_exit(line):
+                continue
             failure = RankFailure.parse(line)
             if failure is not None:
                 self._record(failure)
@@ -120,8 +137,21 @@ class _Job:
             return True
         return not (self.stopping or self.failures or _LAUNCHER_IMPORT_NOISE.match(line))
 
+    def _note_start_or_exit(self, line: str) -> bool:
+        """Record a rank's started or exited line (not shown to users); say whether it was one."""
+        started = parse_started(line)
+        if started is not None:
+            self.hosts[started[0]] = started[1]
+            return True
+        exited = parse_exited(line)
+        if exited is not None:
+            self.exited.add(exited)
+            return True
+        return False
+
     def _record(self, failure: RankFailure) -> None:
         self.failures.append(failure)
+        self.exited.add(failure.rank)
         if self.failed_at is None:
             self.failed_at = time.monotonic()
             self.stop_requested.set()
@@ -203,7 +233,10 @@ def run_job(
     `verbose`: show the launcher's own output after a failure too (horovodrun's traceback, mpirun's report).
     Every process this process starts while the job runs is treated as part of the job."""
     out, err = out or sys.stdout, err or sys.stderr
-    argv, job_env = build_command(spec, env)
+    interface = cross_node_interface(spec, env)
+    if interface is not None:
+        err.write(_interface_line(spec, interface))
+    argv, job_env = build_command(spec, env, interface)
     job_env[GRACE_ENV] = f"{grace_s:g}"  # ranks whose launcher dies stop within the same grace
     start = time.monotonic()
     job = _Job(verbose)
@@ -221,6 +254,21 @@ def run_job(
     if pump.ident is not None:  # started
         pump.join(timeout=5)
     return _report(job, timed_out, timeout_s, time.monotonic() - start, err)
+
+
+def cross_node_interface(spec: LaunchSpec, env: Mapping[str, str] | None = None) -> CrossNodeInterface | None:
+    """The interface ranks on different nodes talk over (launch/network.py); NetworkInterfaceError if
+    --network-interface names none here."""
+    hosts = host_names(spec.hosts, spec.hostfile)
+    return choose_interface(spec.network_interface, hosts, os.environ if env is None else env, this_machine())
+
+
+def _interface_line(spec: LaunchSpec, interface: CrossNodeInterface) -> str:
+    if spec.controller == "mpi":
+        setting = f"mpirun -mca btl_tcp_if_include/oob_tcp_if_include {interface.mpi_include}"
+    else:
+        setting = f"horovodrun --network-interfaces {interface.name}"
+    return f"hvdazure run: ranks on different nodes talk over {interface.name} ({interface.why}): {setting}\n"
 
 
 def _supervise(job: _Job, start: float, timeout_s: float | None, grace_s: float,
@@ -254,15 +302,29 @@ def _report(job: _Job, timed_out: bool, timeout_s: float | None, duration: float
         name = signal.Signals(job.stopped_by_signal).name
         err.write(f"hvdazure run: received {name}; stopped all ranks\n")
         return JobResult(128 + job.stopped_by_signal, None, False, duration)
+    code, detail = exit_code_of(job.proc.wait())
+    # A node whose ranks all vanished without a word explains the failure better than peers' follow-ons.
+    lost = lost_node(job.hosts, job.exited, here=socket.gethostname())
+    if lost is not None and code != 0 and all(failure.follow_on for failure in job.failures):
+        host, ranks = lost
+        listed = ", ".join(map(str, ranks))
+        err.write(f"hvdazure run: rank {ranks[0]} on {host} failed first: {host} was lost (none of its "
+                  f"ranks, {listed}, said how it ended: the node, or the network to it, went down); stopped "
+                  f"all ranks ({duration:.1f}s after start)\n")
+        return JobResult(code, ranks[0], False, duration)
     if job.failures:
         first = min(job.failures)  # the root cause: not a follow-on failure, and earliest
-        err.write(f"hvdazure run: rank {first.rank} failed first, with exit code {first.code}{first.detail}; "
-                  f"stopped all ranks ({duration:.1f}s after start)\n")
+        err.write(f"hvdazure run: rank {first.rank}{_on_host(job, first.rank)} failed first, with exit code "
+                  f"{first.code}{first.detail}; stopped all ranks ({duration:.1f}s after start)\n")
         return JobResult(first.code, first.rank, False, duration)
-    code, detail = exit_code_of(job.proc.wait())
     if code != 0:
         err.write(f"hvdazure run: launcher exited with code {code}{detail}\n")
     return JobResult(code, None, False, duration)
+
+
+def _on_host(job: _Job, rank: int) -> str:
+    """" on HOST" when the job ran on several hosts (on one, naming it says nothing)."""
+    return f" on {job.hosts[rank]}" if len(set(job.hosts.values())) > 1 and rank in job.hosts else ""
 
 
 def _wait(proc: subprocess.Popen, seconds: float) -> bool:

@@ -73,3 +73,25 @@ def test_the_cli_reports_a_missing_script_with_exit_status_2(tmp_path):
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr.startswith("hvdazure: error: script not found: nope.py")
     assert proc.stderr.count("\n") == 1
+
+
+def test_the_network_interface_option_reaches_the_launch_request(monkeypatch):
+    seen = {}
+
+    def fake_run_job(spec, timeout_s, grace_s, verbose):
+        seen["spec"] = spec
+        return type("Result", (), {"exit_code": 0})()
+
+    monkeypatch.setattr("hvdazure.launch.supervisor.run_job", fake_run_job)
+    argv = ["run", "-np", "4", "-H", "node1:2,node2:2", "--network-interface", "10.0.0.0/24", "t.py"]
+    assert main(argv) == 0
+    assert seen["spec"].network_interface == "10.0.0.0/24"
+
+
+def test_a_network_interface_this_machine_lacks_fails_in_one_line_before_any_rank_starts(capsys, monkeypatch):
+    monkeypatch.setattr(subprocess, "Popen", _must_not_start)
+
+    assert main(["run", "-np", "2", "--network-interface", "nosuch0", "--", "python", "-c", "pass"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hvdazure: error: --network-interface nosuch0: no such interface here (here: lo ")
+    assert err.count("\n") == 1

@@ -2,7 +2,16 @@
 
 import signal
 
-from hvdazure.launch.exit_status import RankFailure, exit_code_of, readable
+from hvdazure.launch.exit_status import (
+    RankFailure,
+    exit_code_of,
+    exited_line,
+    lost_node,
+    parse_exited,
+    parse_started,
+    readable,
+    started_line,
+)
 from hvdazure.launch.supervisor import normalize_line
 
 
@@ -46,3 +55,22 @@ def test_users_read_failure_times_as_seconds_after_the_start_not_epoch_seconds()
     assert readable(line, started_at=1795980010.0) == (
         "[1]<stderr>:hvdazure: rank 1 failed with exit code 2 (2.3s after start)\n")
     assert readable("[0]<stdout>:epoch 1 at 1795980012.5\n", 0.0) == "[0]<stdout>:epoch 1 at 1795980012.5\n"
+
+
+def test_start_and_exit_lines_survive_rank_tagging_and_parse_back():
+    assert parse_started(f"[2]<stderr>:{started_line(2, 'node1')}\n") == (2, "node1")
+    assert parse_exited(f"[1,3]<stderr>:{exited_line(3, 143)}\n") == 3
+    assert parse_started("[0]<stdout>:rank 0 started on a new epoch\n") is None
+    assert parse_exited(RankFailure(False, 1.0, 1, 3).line()) is None
+
+
+def test_a_node_none_of_whose_ranks_said_how_they_ended_is_the_lost_one():
+    hosts = {0: "node0", 1: "node0", 2: "node1", 3: "node1", 4: "node2", 5: "node2"}
+
+    # rank 1's exit line was lost in the launcher's teardown: node0 is not lost for that
+    assert lost_node(hosts, exited={0, 4}, here="node0") == ("node1", [2, 3])
+    assert lost_node(hosts, exited={0, 1, 3, 4}, here="node0") is None  # node1 is not silent
+    # never the node `hvdazure run` runs on, which is plainly up
+    assert lost_node(hosts, exited={2, 4}, here="node0") is None
+    assert lost_node(hosts, exited=set(), here="login") == ("node0", [0, 1])  # the lowest, if several
+    assert lost_node({}, exited=set(), here="node0") is None

@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from hvdazure.launch.command import (
+    MPI_NODE_KEEPALIVE,
     LaunchSpec,
     build_command,
     check_script_exists,
@@ -12,6 +13,7 @@ from hvdazure.launch.command import (
     resolve_user_command,
     script_of,
 )
+from hvdazure.launch.network import CrossNodeInterface
 
 ENV = {"PATH": "/usr/bin", "HOROVOD_FUSION_THRESHOLD": "0", "NCCL_DEBUG": "INFO", "SECRET_TOKEN": "x"}
 
@@ -109,3 +111,46 @@ def test_a_missing_script_is_reported_only_when_every_rank_runs_here(tmp_path, m
     check_script_exists(LaunchSpec(num_proc=8, command=["gone.py"], hosts="node1:4,node2:4"))
     (tmp_path / "here.py").write_text("")
     check_script_exists(LaunchSpec(num_proc=2, command=["python", "here.py"]))
+
+
+def _mca(argv):
+    return {argv[i + 1]: argv[i + 2] for i, arg in enumerate(argv) if arg == "-mca"}
+
+
+def test_mpi_traffic_between_nodes_and_mpiruns_own_go_over_the_chosen_interface():
+    interface = CrossNodeInterface("eth0", "10.0.0.0/24", "the route to node2")
+    spec = LaunchSpec(num_proc=4, command=["t.py"], hosts="node1:2,node2:2", controller="mpi")
+    argv, env = build_command(spec, ENV, interface)
+
+    assert _mca(argv)["btl_tcp_if_include"] == _mca(argv)["oob_tcp_if_include"] == "10.0.0.0/24"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+    _, env = build_command(spec, {**ENV, "NCCL_SOCKET_IFNAME": "ib0"}, interface)
+    assert env["NCCL_SOCKET_IFNAME"] == "ib0"  # the user's choice for NCCL stands
+
+
+def test_gloo_gets_the_chosen_interface_by_name_through_horovodrun():
+    interface = CrossNodeInterface("eth0", "10.0.0.0/24", "the route to node2")
+    argv, _ = build_command(LaunchSpec(num_proc=4, command=["t.py"], hosts="node1:2,node2:2"), ENV, interface)
+
+    assert _after(argv, "--network-interfaces") == "eth0"
+
+
+def test_without_a_chosen_interface_the_launchers_choose_their_own():
+    for controller in ("gloo", "mpi"):
+        argv, _ = build_command(LaunchSpec(num_proc=2, command=["t.py"], controller=controller), ENV)
+        assert "--network-interfaces" not in argv
+        assert not {"btl_tcp_if_include", "oob_tcp_if_include"} & set(_mca(argv))
+
+
+def test_mpirun_notices_a_lost_node_within_a_minute_unless_the_environment_says_otherwise():
+    spec = LaunchSpec(num_proc=2, command=["t.py"], controller="mpi")
+    argv, _ = build_command(spec, ENV)
+    mca = _mca(argv)
+    assert {name: mca[name] for name in MPI_NODE_KEEPALIVE} == MPI_NODE_KEEPALIVE
+    seconds = int(mca["oob_tcp_keepalive_time"]) + int(mca["oob_tcp_keepalive_intvl"]) * int(
+        mca["oob_tcp_keepalive_probes"])
+    assert seconds <= 60
+
+    argv, _ = build_command(spec, {**ENV, "OMPI_MCA_oob_tcp_keepalive_time": "5"})
+    assert "oob_tcp_keepalive_time" not in _mca(argv)  # -mca would override the environment
+    assert "oob_tcp_keepalive_probes" in _mca(argv)

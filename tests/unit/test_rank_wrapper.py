@@ -5,6 +5,7 @@ Real processes, no Horovod: the wrapper runs a small Python command directly (a 
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import psutil
 import pytest
 
 from hvdazure.launch import rank_wrapper
+from hvdazure.launch.exit_status import RankFailure
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals: Linux")
 
@@ -147,3 +149,22 @@ def test_signals_are_forwarded_from_before_the_command_starts(monkeypatch, capsy
     for sig, handler in handlers_at_start.items():
         assert callable(handler) and handler is not signal.default_int_handler, sig.name
     assert "rank 0 failed with exit code 127 (cannot start 'true'" in capsys.readouterr().err
+
+
+def test_a_rank_says_where_it_started_and_that_it_exited(capfd, restore_signal_handlers):
+    assert rank_wrapper.main(["--", sys.executable, "-c", "pass"]) == 0
+
+    assert capfd.readouterr().err.splitlines() == [
+        f"hvdazure: rank 0 started on {socket.gethostname()}", "hvdazure: rank 0 exited with code 0"]
+
+
+def test_a_gloo_timeout_is_reported_as_a_root_cause_naming_the_network_and_the_setting(
+        capfd, restore_signal_handlers):
+    says_timeout = "import sys; print('gloo: Timed out waiting 30000ms for recv operation to complete', " \
+                   "file=sys.stderr); print('HorovodInternalError', file=sys.stderr); sys.exit(1)"
+    assert rank_wrapper.main(["--", sys.executable, "-c", says_timeout]) == 1
+
+    failure = RankFailure.parse(capfd.readouterr().err.splitlines()[-1])
+    assert failure is not None and not failure.follow_on
+    assert failure.detail.startswith(" (timed out waiting for another rank: the network between nodes")
+    assert "HOROVOD_GLOO_TIMEOUT_SECONDS" in failure.detail
