@@ -7,7 +7,9 @@ peer died, or in a long evaluation. A second signal therefore exits immediately 
 Python runs signal handlers in the main thread between bytecodes, never while that thread waits inside a
 C++ collective, so the second signal is caught by a watcher thread instead: the interpreter's C-level
 handler writes the signal number to a wakeup pipe (signal.set_wakeup_fd) even when the main thread is
-blocked, and the watcher counts them.
+blocked, and the watcher counts them. Copies of one stop arrive together (seen here: a launcher and the
+rank's wrapper both passing one SIGTERM on, 0.1 ms apart): signals within DUPLICATE_WINDOW_S of the first
+count as that one.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DUPLICATE_WINDOW_S = 0.5
 
 
 @contextlib.contextmanager
@@ -49,13 +53,14 @@ def stop_signals_caught(on_first: Callable[[int], None]) -> Iterator[None]:
 
 
 def _exit_on_second_signal(read_end: int) -> None:
-    stops = 0
+    first: float | None = None
     while data := os.read(read_end, 64):
         for signum in data:
             if signum not in STOP_SIGNALS:
                 continue
-            stops += 1
-            if stops >= 2:
+            if first is None:
+                first = time.monotonic()
+            elif time.monotonic() - first >= DUPLICATE_WINDOW_S:
                 name = signal.Signals(signum).name
                 message = (f"hvdazure: second {name} while stopping: exiting now, without waiting for the "
                            f"other ranks or a final checkpoint (exit {128 + signum})\n")
