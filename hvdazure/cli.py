@@ -29,6 +29,20 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from hvdazure.core.config import ConfigError
+    from hvdazure.launch.network import NetworkInterfaceError
+    from hvdazure.sweep.launch import run_sweep
+    from hvdazure.sweep.options import from_namespace
+
+    try:
+        return run_sweep(from_namespace(args), args.np, hosts=args.hosts, hostfile=args.hostfile,
+                         network_interface=args.network_interface, timeout_s=args.timeout, grace_s=args.grace,
+                         verbose=args.verbose).exit_code
+    except (ConfigError, ValueError, FileNotFoundError, NetworkInterfaceError) as exc:
+        return _fail(str(exc))
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from hvdazure import doctor
 
@@ -215,6 +229,41 @@ def _add_azure_parser(sub: argparse._SubParsersAction) -> None:
     create.set_defaults(func=_azure_compute_create)
 
 
+def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
+    from hvdazure.sweep.options import add_arguments
+
+    sweep = sub.add_parser(
+        "sweep", help="hyperparameter search: many data-parallel trials at once in one MPI job (Optuna)",
+        description="Run SCRIPT (unmodified, as for `hvdazure run`) as the trials of a hyperparameter search on "
+                    "N ranks under one mpirun: the ranks are split into groups of --ranks-per-trial, each group "
+                    "trains one trial at a time with Horovod on its own MPI sub-communicator and takes the next "
+                    "trial when done. Each trial's config is the script's config plus the trial's parameters, "
+                    "with its own output and checkpoint folder under --output. Results: a table, results.json, "
+                    "results.csv, best.yaml (for --config) and sweep.png in --output. Started again with the "
+                    "same --output, a stopped sweep resumes. Uses the MPI controller (Horovod ignores "
+                    "sub-communicators under Gloo) and mpi4py built against Horovod's MPI.",
+        epilog="the script's own arguments go after --. example:\n"
+               "  hvdazure sweep -np 8 --ranks-per-trial 2 train.py --space space.yaml --trials 24 \\\n"
+               "      --metric eval_loss --mode min --pruner median --output sweeps/run1 -- --set epochs=10",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweep.trailing_dest = "script_args"
+    sweep.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
+                       help="ranks in all: a multiple of --ranks-per-trial")
+    add_arguments(sweep)
+    hosts = sweep.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", help="host:slots,... (default: localhost:N)")
+    hosts.add_argument("--hostfile", help="file with one `host slots=N` per line")
+    sweep.add_argument("--network-interface", metavar="IFACE|CIDR",
+                       help="the interface ranks on different nodes talk over (as for `hvdazure run`)")
+    sweep.add_argument("--timeout", type=_positive_float, metavar="S",
+                       help="stop the sweep after S seconds (running trials checkpoint; rerun to resume)")
+    sweep.add_argument("--grace", type=_positive_float, default=30.0, metavar="S",
+                       help="seconds trials get after SIGTERM to save a checkpoint (default: 30)")
+    sweep.add_argument("-v", "--verbose", action="store_true", help="also show mpirun's report on a failure")
+    sweep.set_defaults(func=_sweep, script_args=[])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(
@@ -257,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or -- COMMAND [args]")
     run.set_defaults(func=_run, controller="gloo")
 
+    _add_sweep_parser(sub)
     doctor = sub.add_parser("doctor", help="report versions, Horovod's build, MPI, GPUs and what is missing",
                             description="Exit status is non-zero when Horovod cannot run here.")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdazure.core import run_context
 from hvdazure.core.binding import Collectives, FrameworkState
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
 from hvdazure.core.checkpoint import CheckpointError
@@ -42,9 +43,17 @@ class Trainer(ABC):
 
     framework_name = "none"
 
-    def __init__(self, config: TrainConfig | None = None, callbacks: Sequence[Callback] = ()) -> None:
-        self.config = config if config is not None else TrainConfig()
-        self.user_callbacks = list(callbacks)
+    def __init__(self, config: TrainConfig | None = None, callbacks: Sequence[Callback] = (),
+                 comm: Any = None) -> None:
+        """`comm`: an mpi4py communicator to start Horovod on, for a program that runs several trainings in
+        one MPI job (under the MPI controller only); default: every rank of the job. Inside
+        `hvdazure sweep`, the trial's group of ranks, its parameters and callbacks (core/run_context.py)."""
+        context = run_context.current()
+        config = config if config is not None else TrainConfig()
+        self.config = context.apply(config) if context is not None else config
+        self.user_callbacks = list(callbacks) + (list(context.callbacks) if context is not None else [])
+        self.mpi_comm = comm if comm is not None else (context.communicator if context is not None else None)
+        self._context = context
         self.state = TrainState()
         self.rank, self.world_size, self.local_rank = 0, 1, 0
         self.comm: Collectives  # set by fit(): the binding's collectives over all ranks
@@ -59,7 +68,12 @@ class Trainer(ABC):
     # --- what a binding provides -----------------------------------------------------------------------
     @abstractmethod
     def _init_distributed(self) -> Collectives:
-        """Start Horovod (pin devices, share the cores); return the collectives over all ranks."""
+        """Start Horovod on `self.mpi_comm`'s ranks (None: all; pin devices, share the cores); return the
+        collectives over its ranks."""
+
+    @abstractmethod
+    def _shutdown_distributed(self) -> None:
+        """Shut Horovod down (a program running several trainings starts it afresh for each)."""
 
     @abstractmethod
     def _load_datasets(self) -> int:
@@ -209,6 +223,9 @@ class Trainer(ABC):
     # --- pieces of the loop --------------------------------------------------------------------------------
     def _prepare(self) -> None:
         self.comm = self._init_distributed()
+        if self._context is not None:
+            self._context.shutdowns.append(self._shutdown_distributed)
+        run_context.check_world(self.mpi_comm, self.comm.size)
         self.rank, self.world_size, self.local_rank = self.comm.rank, self.comm.size, self.comm.local_rank
         configure_logging(self.rank)
         c = self.config

@@ -66,8 +66,11 @@ class TensorFlowTrainer(Trainer):
 
     # --- the binding -------------------------------------------------------------------------------------
     def _init_distributed(self) -> Collectives:
-        self._on_gpu = init_horovod()
+        self._on_gpu = init_horovod(self.mpi_comm)
         return TensorFlowCollectives()
+
+    def _shutdown_distributed(self) -> None:
+        hvd.shutdown()
 
     def _load_datasets(self) -> int:
         self._train_data = ArrayData(self.train_dataset(), "train_dataset()")

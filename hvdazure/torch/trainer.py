@@ -67,7 +67,7 @@ class TorchTrainer(Trainer):
 
     # --- the binding -------------------------------------------------------------------------------------
     def _init_distributed(self) -> TorchCollectives:
-        hvd.init()
+        hvd.init(comm=self.mpi_comm)
         if torch.cuda.is_available():
             torch.cuda.set_device(hvd.local_rank())
             self.device = torch.device("cuda", hvd.local_rank())
@@ -76,6 +76,9 @@ class TorchTrainer(Trainer):
             if "OMP_NUM_THREADS" not in os.environ:  # ranks on one node share its cores
                 torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // hvd.local_size()))
         return TorchCollectives(self.device)
+
+    def _shutdown_distributed(self) -> None:
+        hvd.shutdown()
 
     def _load_datasets(self) -> int:
         self._train_data = self.train_dataset()

@@ -335,6 +335,9 @@ class ThreadRanksTrainer(Trainer):
     def _init_distributed(self) -> ThreadCollectives:
         return ThreadCollectives(self.world, self._world_rank)
 
+    def _shutdown_distributed(self) -> None:
+        pass
+
     def _load_datasets(self) -> int:
         return self.problem.num_samples
 

@@ -1,0 +1,132 @@
+"""The settings of a sweep, shared by `hvdazure sweep` (which launches the ranks), the per-rank entry point
+`python -m hvdazure.sweep` (what Azure ML's mpirun starts for an in-job sweep) and the Python API.
+
+Everything that can be checked before a process starts is checked here, in one line per problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hvdazure.sweep.space import SearchSpace, SpaceError
+
+SAMPLERS = ("tpe", "random", "grid")
+PRUNERS = ("none", "median", "hyperband")
+SETTINGS_FILE = "sweep.json"  # the settings a sweep started with, in its output folder
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """What to search: SCRIPT (run unmodified, with its own ARGS) once per trial on `ranks_per_trial` ranks,
+    `trials` trials in all, optimising `metric` (a key of the trainer's history, e.g. eval_loss)."""
+
+    script: str
+    space: str  # the space.yaml file
+    metric: str
+    trials: int = 10
+    ranks_per_trial: int = 1
+    mode: str = "min"
+    sampler: str = "tpe"
+    pruner: str = "none"
+    seed: int = 0
+    output: str = "sweeps/sweep"
+    script_args: Sequence[str] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "script_args", tuple(self.script_args))
+
+    def check(self, world_size: int | None = None) -> SearchSpace:
+        """Validate everything (the space included) and return the search space; SpaceError on a problem."""
+        if not Path(self.script).is_file():
+            raise SpaceError(f"script not found: {self.script}")
+        if self.trials < 1:
+            raise SpaceError(f"--trials must be at least 1, got {self.trials}")
+        if self.ranks_per_trial < 1:
+            raise SpaceError(f"--ranks-per-trial must be at least 1, got {self.ranks_per_trial}")
+        if world_size is not None and (world_size < 1 or world_size % self.ranks_per_trial):
+            raise SpaceError(f"-np {world_size} is not a multiple of --ranks-per-trial {self.ranks_per_trial}: "
+                             "every rank must belong to a trial's group")
+        if self.mode not in ("min", "max"):
+            raise SpaceError(f"--mode must be min or max, got {self.mode!r}")
+        if self.sampler not in SAMPLERS:
+            raise SpaceError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        if self.pruner not in PRUNERS:
+            raise SpaceError(f"--pruner must be one of {', '.join(PRUNERS)}, got {self.pruner!r}")
+        if not self.metric:
+            raise SpaceError("--metric must name a metric of the trainer's history, e.g. eval_loss")
+        space = SearchSpace.from_yaml(self.space)
+        space.optuna_distributions()  # distributions Optuna has no equivalent of fail here
+        if self.sampler == "grid":
+            space.grid()
+        return space
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.output)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "script_args": list(self.script_args)}
+
+    def save(self, space: SearchSpace) -> None:
+        """Write the settings into the output folder; a restarted sweep must search the same thing."""
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        settings = {**self.to_dict(), "space_parameters": [p.describe() for p in space.parameters]}
+        (self.output_dir / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+
+    def check_same_as_saved(self) -> None:
+        """A sweep restarted in the same --output goes on with the trials there: it must search the same
+        script, space and objective (trial counts and the script's arguments may change)."""
+        path = self.output_dir / SETTINGS_FILE
+        if not path.is_file():
+            return
+        saved = json.loads(path.read_text())
+        space_now = SearchSpace.from_yaml(self.space)
+        for key in ("metric", "mode", "sampler", "ranks_per_trial"):
+            if saved.get(key) != getattr(self, key):
+                raise SpaceError(f"--output {self.output} holds a sweep with {key.replace('_', '-')} "
+                                 f"{saved.get(key)!r}, not {getattr(self, key)!r}: use another --output to start "
+                                 "a new sweep")
+        saved_space = saved.get("space_parameters")
+        if saved_space is not None and saved_space != [p.describe() for p in space_now.parameters]:
+            raise SpaceError(f"--output {self.output} holds a sweep of another search space ({'; '.join(saved_space)})"
+                             ": use another --output to start a new sweep")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sweep's options, as `hvdazure sweep` and `python -m hvdazure.sweep` take them."""
+    parser.add_argument("script", help="the training script (the same as for `hvdazure run`)")
+    parser.add_argument("--space", required=True, metavar="SPACE.yaml",
+                        help="search space: TrainConfig fields / extra.NAME with Azure ML-style distributions")
+    parser.add_argument("--trials", type=int, default=10, help="trials in all (default: 10; a grid: at most "
+                                                               "its size)")
+    parser.add_argument("--ranks-per-trial", type=int, default=1, metavar="R",
+                        help="ranks of each trial's data-parallel group (default: 1)")
+    parser.add_argument("--metric", required=True, help="the history key to optimise, e.g. eval_loss")
+    parser.add_argument("--mode", default="min", choices=("min", "max"), help="minimise (default) or maximise")
+    parser.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="Optuna sampler (default: tpe)")
+    parser.add_argument("--pruner", default="none", choices=PRUNERS,
+                        help="stop unpromising trials early from their per-epoch metric (default: none)")
+    parser.add_argument("--seed", type=int, default=0, help="the sampler's seed; trial N trains with seed+N")
+    parser.add_argument("--output", default="sweeps/sweep", metavar="DIR",
+                        help="results, trials and the Optuna journal; run again with the same DIR to resume")
+
+
+def from_namespace(args: argparse.Namespace) -> SweepOptions:
+    return SweepOptions(script=args.script, space=args.space, metric=args.metric, trials=args.trials,
+                        ranks_per_trial=args.ranks_per_trial, mode=args.mode, sampler=args.sampler,
+                        pruner=args.pruner, seed=args.seed, output=args.output,
+                        script_args=list(args.script_args))
+
+
+def per_rank_command(options: SweepOptions, python: str) -> list[str]:
+    """The command every rank runs: `python -m hvdazure.sweep` with the same options."""
+    o = options
+    return [python, "-m", "hvdazure.sweep", o.script, "--space", o.space, "--trials", str(o.trials),
+            "--ranks-per-trial", str(o.ranks_per_trial), "--metric", o.metric, "--mode", o.mode,
+            "--sampler", o.sampler, "--pruner", o.pruner, "--seed", str(o.seed), "--output", o.output,
+            "--", *o.script_args]

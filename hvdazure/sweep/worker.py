@@ -1,0 +1,296 @@
+"""What every rank of a sweep runs (`python -m hvdazure.sweep`): split the MPI world into groups of
+--ranks-per-trial ranks, and in each group run trial after trial of the user's unmodified script.
+
+A trial is the script run in this process (runpy) inside a RunContext (core/run_context.py): the trainers it
+builds start Horovod on the group's communicator, take the trial's parameters over the script's config, and
+report their per-epoch metric to the coordinator through a callback (pruning). After each trial, success or
+not, Horovod is shut down on every rank of the group: a rank whose trial raised thereby releases its peers
+from the collectives they wait in ("Horovod has been shut down"), and the group starts the next trial afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import runpy
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from hvdazure.core.callbacks import Callback
+from hvdazure.core.config import ConfigError
+from hvdazure.core.run_context import RunContext, active
+from hvdazure.sweep import messages
+from hvdazure.sweep.coordinator import COMPLETE, DIVERGED, FAILED, PRUNED
+from hvdazure.sweep.options import SweepOptions
+from hvdazure.sweep.space import overrides
+
+LAUNCHED_ENV = "HVDAZURE_SWEEP_LAUNCHED"  # set by `hvdazure sweep`, which prints the results table itself
+
+
+class SweepMetricError(ConfigError):
+    """The metric to optimise is not among the trial's metrics: every trial would fail the same way."""
+
+
+class TrialReporter(Callback):
+    """On every rank of a trial: follows the optimised metric epoch by epoch, stops a diverged trial, and on
+    the group leader asks the coordinator whether to prune (the leader's stop request reaches the other ranks
+    at the epoch's end, through the trainer's own stop vote: no collective is added)."""
+
+    def __init__(self, metric: str, mode: str, should_prune: Callable[[int, float], bool] | None) -> None:
+        self.metric, self.mode, self.should_prune = metric, mode, should_prune
+        self.history: list[dict[str, Any]] = []
+        self.pruned = self.diverged = self.ended = False
+
+    def on_epoch_end(self, trainer: Any) -> None:
+        self.history = list(trainer.state.history)
+        record = self.history[-1]
+        value = self._value(record)
+        bad = [k for k, v in record.items() if k.startswith("train_loss") and not _finite(v)]
+        if value is not None and not _finite(value):
+            bad.insert(0, self.metric)
+        if bad:
+            self.diverged = True
+            trainer.state.request_stop(f"the trial diverged ({bad[0]} is {record.get(bad[0])})")
+        elif value is not None and self.should_prune is not None and self.should_prune(record["epoch"], value):
+            self.pruned = True
+            trainer.state.request_stop("pruned by the sweep")
+
+    def on_train_end(self, trainer: Any) -> None:
+        self.history = list(trainer.state.history)
+        self.ended = True
+        if not self.values():
+            keys = sorted({k for r in self.history for k in r} - {"epoch", "step", "samples_seen", "lr"})
+            raise SweepMetricError(f"--metric {self.metric!r} is not in the trial's history; its metrics are "
+                                   f"{', '.join(keys) or 'none (no epoch finished)'}")
+
+    def _value(self, record: dict[str, Any]) -> float | None:
+        if self.metric in record:
+            return float(record[self.metric])
+        evaluated = any(k.startswith("eval_") for k in record)
+        if self.metric.startswith("eval_") and not evaluated:
+            return None  # no evaluation this epoch (eval_every)
+        keys = sorted(set(record) - {"epoch", "step", "samples_seen", "lr"})
+        raise SweepMetricError(f"--metric {self.metric!r} is not in the trial's history; its metrics are "
+                               f"{', '.join(keys)}")
+
+    def values(self) -> list[float]:
+        return [float(r[self.metric]) for r in self.history if self.metric in r]
+
+    def best(self) -> float | None:
+        finite = [v for v in self.values() if _finite(v)]
+        if not finite:
+            return None
+        return min(finite) if self.mode == "min" else max(finite)
+
+
+def main(options: SweepOptions) -> int:
+    """Run this rank's part of the sweep; the exit status of the process."""
+    _share_cores_among_ranks()
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    control, done = world.Dup(), world.Dup()  # the coordinator's messages; the final barrier
+    problem = None
+    try:
+        space = options.check(world.Get_size())
+        if world.Get_rank() == 0:
+            options.check_same_as_saved()
+    except ConfigError as exc:
+        problem = str(exc)
+    problem = control.bcast(problem, root=0) or problem  # rank 0 alone reads the output folder
+    if problem:
+        sys.stderr.write(f"hvdazure sweep: error: {problem}\n")
+        return 2
+    group_index = world.Get_rank() // options.ranks_per_trial
+    group = world.Split(group_index, world.Get_rank())
+    leaders = world.Get_size() // options.ranks_per_trial
+    console = os.fdopen(os.dup(1), "w", buffering=1)  # trials' own output goes to their log files
+    coordinator = thread = None
+    if world.Get_rank() == 0:
+        coordinator, thread = _start_coordinator(options, space, control, leaders, console)
+    ranks = list(range(group_index * options.ranks_per_trial, (group_index + 1) * options.ranks_per_trial))
+    exit_code = _run_group(options, control, group, ranks)
+    messages.barrier(done)
+    if thread is not None and coordinator is not None:
+        thread.join()
+        from hvdazure.sweep.results import write_results
+
+        results = write_results(options, coordinator.study, space)
+        if not os.environ.get(LAUNCHED_ENV):
+            console.write(results.table() + "\n")
+        if coordinator.aborted:
+            sys.stderr.write(f"hvdazure sweep: error: {coordinator.aborted}\n")
+            exit_code = exit_code or 1
+    console.flush()
+    return exit_code
+
+
+def _start_coordinator(options: SweepOptions, space: Any, control: Any, leaders: int, console: Any) -> tuple:
+    from hvdazure.sweep.coordinator import Coordinator, printer, start_thread
+    from hvdazure.sweep.study import make_study, total_trials
+
+    options.save(space)
+    study = make_study(options, space)
+    coordinator = Coordinator(options, space, study, total_trials(options, space), printer(console))
+    return coordinator, start_thread(coordinator, control, leaders)
+
+
+def _run_group(options: SweepOptions, control: Any, group: Any, ranks: list[int]) -> int:
+    """Trial after trial on this group until the coordinator has none left; the process's exit status."""
+    leader, size = group.Get_rank() == 0, group.Get_size()
+    exit_code = 0
+    while True:
+        if leader:
+            assignment = messages.request(control, {"op": "next", "ranks": ranks})
+            for member in range(1, size):
+                group.send(assignment, dest=member, tag=messages.TAG_ASSIGN)
+        else:
+            assignment = messages.receive(group, 0, messages.TAG_ASSIGN)
+        if assignment.get("trial") is None:
+            break
+        outcome = _run_trial(options, assignment, group, control if leader else None)
+        if leader:
+            outcomes = [outcome] + [messages.receive(group, m, messages.TAG_OUTCOME) for m in range(1, size)]
+            messages.request(control, _summary(assignment["trial"], outcomes))
+        else:
+            group.send(outcome, dest=0, tag=messages.TAG_OUTCOME)
+        if outcome.get("interrupted"):
+            exit_code = outcome["exit_code"]
+            break
+    if leader:
+        control.send({"op": "bye"}, dest=0, tag=messages.TAG_REQUEST)
+    return exit_code
+
+
+def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, control: Any | None) -> dict:
+    """Run the script once as this rank of the trial; how it ended, as a message for the leader."""
+    number, directory = assignment["trial"], Path(assignment["dir"])
+    directory.mkdir(parents=True, exist_ok=True)
+    changes = {**overrides(assignment["params"]), "output_dir": str(directory),
+               "checkpoint_dir": str(directory / "checkpoints"), "resume": "auto", "seed": assignment["seed"],
+               "progress_bar": False}
+
+    def should_prune(epoch: int, value: float) -> bool:
+        assert control is not None
+        reply = messages.request(control, {"op": "report", "trial": number, "step": epoch, "value": value})
+        return bool(reply.get("prune"))
+
+    reporter = TrialReporter(options.metric, options.mode, should_prune if control is not None else None)
+    context = RunContext(communicator=group, config_overrides=changes, callbacks=[reporter])
+    log = directory / ("trial.log" if group.Get_rank() == 0 else f"trial.rank{group.Get_rank()}.log")
+    outcome: dict[str, Any] = {"error": None, "error_kind": None, "interrupted": False, "exit_code": 0}
+    start = time.time()
+    with _output_to(log), active(context), _script_argv(options):
+        try:
+            runpy.run_path(options.script, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if code >= 128:  # a stop signal: the trainer saved a checkpoint; the trial resumes on restart
+                outcome.update(interrupted=True, exit_code=code, error=f"exit {code} (stop signal)")
+            elif code:
+                outcome.update(error=f"the script exited with status {code} (see {log})", error_kind="exit")
+        except BaseException as exc:  # noqa: BLE001 - a trial's failure is its outcome, not the sweep's
+            traceback.print_exc()
+            outcome.update(error=_one_line(exc),
+                           error_kind="sweep" if isinstance(exc, SweepMetricError)
+                           else "horovod" if _is_peer_shutdown(exc) else "error")
+            if isinstance(exc, KeyboardInterrupt):
+                outcome.update(interrupted=True, exit_code=130)
+        finally:
+            context.shut_down()
+    outcome.update(start=start, end=time.time(), ended=reporter.ended, pruned=reporter.pruned,
+                   diverged=reporter.diverged, best=reporter.best(), values=reporter.values(),
+                   epochs=len(reporter.history))
+    if outcome["error"] is None and not reporter.ended:
+        outcome.update(error="the script ended without training (no Trainer.fit() ran to its end)",
+                       error_kind="error")
+    return outcome
+
+
+def _summary(number: int, outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trial's outcome from its ranks' outcomes: the leader's view, with the first real error (a rank
+    released by a peer's failure only says "Horovod has been shut down")."""
+    lead = outcomes[0]
+    errors = [o for o in outcomes if o["error"]]
+    real = [o for o in errors if o["error_kind"] != "horovod"] or errors
+    interrupted = any(o["interrupted"] for o in outcomes)
+    values = lead["values"]
+    message: dict[str, Any] = {"op": "finish", "trial": number, "interrupted": interrupted,
+                               "best": lead["best"], "final": values[-1] if values else None,
+                               "epochs": lead["epochs"]}
+    if interrupted:
+        message.update(state=FAILED, error=next((o["error"] for o in outcomes if o["interrupted"]), None))
+    elif real:
+        message.update(state=FAILED, error=real[0]["error"], error_kind=real[0]["error_kind"])
+    elif lead["diverged"] or lead["best"] is None:
+        message.update(state=DIVERGED, error=f"diverged: the loss or the metric became non-finite "
+                                             f"after {lead['epochs']} epoch(s)")
+    elif lead["pruned"]:
+        message.update(state=PRUNED)
+    else:
+        message.update(state=COMPLETE)
+    return message
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Send this process's stdout and stderr (Python's and the libraries' own, at the file descriptors) to
+    `path` while a trial runs: concurrent trials would interleave on one console."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a", buffering=1) as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+@contextlib.contextmanager
+def _script_argv(options: SweepOptions) -> Iterator[None]:
+    """The script sees the arguments it would under `hvdazure run`, and its own directory on sys.path."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [options.script, *options.script_args]
+    sys.path.insert(0, str(Path(options.script).resolve().parent))
+    try:
+        yield
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _share_cores_among_ranks() -> None:
+    """Each trial's Horovod sees only its group, so its local size says nothing of the other trials'
+    processes on this node: share the node's cores among all of them, before a framework is imported."""
+    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
+    share = str(max(1, len(os.sched_getaffinity(0)) // local))
+    for name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        os.environ.setdefault(name, share)
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", str(min(2, int(share))))
+
+
+def _is_peer_shutdown(exc: BaseException) -> bool:
+    return "Horovod has been shut down" in str(exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
