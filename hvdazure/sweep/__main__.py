@@ -1,5 +1,5 @@
-"""`python -m hvdazure.sweep SCRIPT --space SPACE.yaml ... -- ARGS`: one rank of a sweep, as `mpirun` starts it
-(`hvdazure sweep` does, and Azure ML does for an in-job sweep). See hvdazure/sweep/worker.py."""
+"""`python -m hvdazure.sweep SCRIPT --space SPACE.yaml ... -- ARGS`: one rank of a sweep, as `mpirun` starts
+it (`hvdazure sweep` does, and Azure ML does for an in-job sweep). See hvdazure/sweep/worker.py."""
 
 from __future__ import annotations
 

@@ -103,12 +103,15 @@ class Coordinator:
         trial.set_user_attr("state", state)
         trial.set_user_attr("end", time.time())
         trial.set_user_attr("duration_s", round(time.time() - start, 3))
-        if state == COMPLETE:
-            self.study.tell(trial, message["best"], state=optuna.trial.TrialState.COMPLETE)
-        elif state == PRUNED:
-            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        else:
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        states = {COMPLETE: optuna.trial.TrialState.COMPLETE, PRUNED: optuna.trial.TrialState.PRUNED}
+        try:
+            self.study.tell(trial, message["best"] if state == COMPLETE else None,
+                            state=states.get(state, optuna.trial.TrialState.FAIL))
+        except RuntimeError as exc:
+            # GridSampler calls study.stop() once its grid is used up, which raises outside optimize(); the
+            # trial is stored by then (Optuna stores it in a `finally`)
+            if "Study.stop" not in str(exc):
+                raise
         if message.get("error_kind") == "sweep":  # every trial would fail the same way: stop the sweep
             self.aborted = message["error"]
         self.say(self._finish_line(number, state, message))
@@ -119,8 +122,8 @@ class Coordinator:
         metric = self.options.metric
         if state == COMPLETE:
             best = self.study.best_trial
-            return (f"trial {number} complete in {duration:.1f} s: {metric} {message['best']:.6g} (best so far: "
-                    f"trial {best.number}, {best.value:.6g})")
+            return (f"trial {number} complete in {duration:.1f} s: {metric} {message['best']:.6g} "
+                    f"(best so far: trial {best.number}, {best.value:.6g})")
         if state == PRUNED:
             return f"trial {number} pruned after {message.get('epochs', '?')} epoch(s), {duration:.1f} s"
         return f"trial {number} {state} after {duration:.1f} s: {message.get('error')}"
@@ -147,16 +150,17 @@ def serve(coordinator: Coordinator, comm: Any, leaders: int) -> None:
             continue
         try:
             reply = coordinator.handle(message)
-        except Exception as exc:  # noqa: BLE001 - reported, and the sweep ends instead of hanging
-            coordinator.aborted = coordinator.aborted or f"the sweep's coordinator failed: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # reported, and the sweep ends instead of hanging
+            failure = f"the sweep's coordinator failed: {type(exc).__name__}: {exc}"
+            coordinator.aborted = coordinator.aborted or failure
             coordinator.say(coordinator.aborted)
             reply = {"trial": None, "prune": False, "ok": False}
         comm.send(reply, dest=source, tag=TAG_REPLY)
 
 
 def start_thread(coordinator: Coordinator, comm: Any, leaders: int) -> threading.Thread:
-    thread = threading.Thread(target=serve, args=(coordinator, comm, leaders), name="hvdazure-sweep-coordinator",
-                              daemon=True)
+    thread = threading.Thread(target=serve, args=(coordinator, comm, leaders),
+                              name="hvdazure-sweep-coordinator", daemon=True)
     thread.start()
     return thread
 

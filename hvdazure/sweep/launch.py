@@ -66,7 +66,7 @@ def sweep(script: str, space: str, metric: str, num_proc: int, *, ranks_per_tria
           output: str = "sweeps/sweep", script_args: Sequence[str] = (), **launch: Any) -> SweepRun:
     """The Python API of `hvdazure sweep`: run `script` as trials of a hyperparameter search on `num_proc`
     ranks, `ranks_per_trial` per trial; `launch` takes run_sweep's hosts, timeout_s, grace_s, ..."""
-    options = SweepOptions(script=script, space=space, metric=metric, trials=trials, ranks_per_trial=ranks_per_trial,
-                           mode=mode, sampler=sampler, pruner=pruner, seed=seed, output=output,
-                           script_args=script_args)
+    options = SweepOptions(script=script, space=space, metric=metric, trials=trials,
+                           ranks_per_trial=ranks_per_trial, mode=mode, sampler=sampler, pruner=pruner,
+                           seed=seed, output=output, script_args=script_args)
     return run_sweep(options, num_proc, **launch)

@@ -49,8 +49,8 @@ class SweepOptions:
         if self.ranks_per_trial < 1:
             raise SpaceError(f"--ranks-per-trial must be at least 1, got {self.ranks_per_trial}")
         if world_size is not None and (world_size < 1 or world_size % self.ranks_per_trial):
-            raise SpaceError(f"-np {world_size} is not a multiple of --ranks-per-trial {self.ranks_per_trial}: "
-                             "every rank must belong to a trial's group")
+            raise SpaceError(f"-np {world_size} is not a multiple of --ranks-per-trial "
+                             f"{self.ranks_per_trial}: every rank must belong to a trial's group")
         if self.mode not in ("min", "max"):
             raise SpaceError(f"--mode must be min or max, got {self.mode!r}")
         if self.sampler not in SAMPLERS:
@@ -89,25 +89,25 @@ class SweepOptions:
         for key in ("metric", "mode", "sampler", "ranks_per_trial"):
             if saved.get(key) != getattr(self, key):
                 raise SpaceError(f"--output {self.output} holds a sweep with {key.replace('_', '-')} "
-                                 f"{saved.get(key)!r}, not {getattr(self, key)!r}: use another --output to start "
-                                 "a new sweep")
+                                 f"{saved.get(key)!r}, not {getattr(self, key)!r}: use another --output to "
+                                 "start a new sweep")
         saved_space = saved.get("space_parameters")
         if saved_space is not None and saved_space != [p.describe() for p in space_now.parameters]:
-            raise SpaceError(f"--output {self.output} holds a sweep of another search space ({'; '.join(saved_space)})"
-                             ": use another --output to start a new sweep")
+            raise SpaceError(f"--output {self.output} holds a sweep of another search space "
+                             f"({'; '.join(saved_space)}): use another --output to start a new sweep")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The sweep's options, as `hvdazure sweep` and `python -m hvdazure.sweep` take them."""
     parser.add_argument("script", help="the training script (the same as for `hvdazure run`)")
     parser.add_argument("--space", required=True, metavar="SPACE.yaml",
-                        help="search space: TrainConfig fields / extra.NAME with Azure ML-style distributions")
+                        help="search space: TrainConfig fields / extra.NAME with Azure ML's distributions")
     parser.add_argument("--trials", type=int, default=10, help="trials in all (default: 10; a grid: at most "
                                                                "its size)")
     parser.add_argument("--ranks-per-trial", type=int, default=1, metavar="R",
                         help="ranks of each trial's data-parallel group (default: 1)")
     parser.add_argument("--metric", required=True, help="the history key to optimise, e.g. eval_loss")
-    parser.add_argument("--mode", default="min", choices=("min", "max"), help="minimise (default) or maximise")
+    parser.add_argument("--mode", default="min", choices=("min", "max"), help="minimise (default) or not")
     parser.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="Optuna sampler (default: tpe)")
     parser.add_argument("--pruner", default="none", choices=PRUNERS,
                         help="stop unpromising trials early from their per-epoch metric (default: none)")

@@ -36,7 +36,8 @@ class SweepResults:
                           _fmt(value) if value is not None else "-", row["state"], str(row["epochs"] or "-"),
                           f"{row['duration_s']:.1f} s" if row["duration_s"] is not None else "-"])
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-        text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines]
+        text = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+                for line in lines]
         text.insert(1, "  ".join("-" * w for w in widths))
         if self.best is not None:
             text.append(f"best: trial {self.best['trial']}, {metric} {_fmt(self.best['value'])} "
@@ -117,7 +118,8 @@ def plot(results: SweepResults, path: Path) -> None:
         for r in complete:
             current = r["value"] if current is None else pick(current, r["value"])
             best_so_far.append(current)
-        ax.step([r["trial"] for r in complete], best_so_far, where="post", c="black", lw=1, label="best so far")
+        ax.step([r["trial"] for r in complete], best_so_far, where="post", c="black", lw=1,
+                label="best so far")
     ax.set(xlabel="trial", ylabel=metric, title="metric by trial")
     ax.legend(fontsize=7)
     for ax, name in zip(axes[0][1:], names, strict=True):

@@ -89,9 +89,10 @@ class Parameter:
         if kind == "qloguniform" and a["q"] == 1:
             return IntDistribution(max(1, round(math.exp(a["min_value"]))), round(math.exp(a["max_value"])),
                                    log=True)
-        raise SpaceError(f"search space parameter {self.name!r}: {self.describe()} is not available in a local "
-                         f"sweep (Optuna has no {kind} distribution{' with a q step' if 'q' in a else ''}); use "
-                         "uniform, loguniform, quniform, randint or choice, or submit it as an Azure ML sweep job")
+        step = " with a q step" if "q" in a else ""
+        raise SpaceError(f"search space parameter {self.name!r}: {self.describe()} is not available in a "
+                         f"local sweep (Optuna has no {kind} distribution{step}); use uniform, loguniform, "
+                         "quniform, randint or choice, or submit it as an Azure ML sweep job")
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,8 @@ class SearchSpace:
         for p in self.parameters:
             values = p.grid_values()
             if values is None:
-                raise SpaceError(f"search space parameter {p.name!r}: {p.describe()} has no finite set of values "
-                                 "for a grid search; use choice (or randint), or another sampler")
+                raise SpaceError(f"search space parameter {p.name!r}: {p.describe()} has no finite set of "
+                                 "values for a grid search; use choice (or randint), or another sampler")
             grid[p.name] = values
         return grid
 

@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -30,6 +31,32 @@ from hvdazure.sweep.options import SweepOptions
 from hvdazure.sweep.space import overrides
 
 LAUNCHED_ENV = "HVDAZURE_SWEEP_LAUNCHED"  # set by `hvdazure sweep`, which prints the results table itself
+
+
+class TrialInterrupted(BaseException):
+    """A stop signal arrived while a trial ran outside a trainer's fit() (which handles its own)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"received {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class _StopSignals:
+    """SIGTERM/SIGINT/SIGHUP to a sweep rank: between trials, the group takes no further trial; inside a
+    trial, outside fit(), the trial stops (TrialInterrupted); inside fit() the trainer's own handling
+    applies (a checkpoint, then exit 128 + signal), and the trial resumes when the sweep is restarted."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.in_trial = False
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.signum = self.signum or signum
+        if self.in_trial:
+            self.in_trial = False
+            raise TrialInterrupted(signum)
 
 
 class SweepMetricError(ConfigError):
@@ -56,7 +83,7 @@ class TrialReporter(Callback):
         if bad:
             self.diverged = True
             trainer.state.request_stop(f"the trial diverged ({bad[0]} is {record.get(bad[0])})")
-        elif value is not None and self.should_prune is not None and self.should_prune(record["epoch"], value):
+        elif value is not None and self.should_prune and self.should_prune(record["epoch"], value):
             self.pruned = True
             trainer.state.request_stop("pruned by the sweep")
 
@@ -114,7 +141,7 @@ def main(options: SweepOptions) -> int:
     if world.Get_rank() == 0:
         coordinator, thread = _start_coordinator(options, space, control, leaders, console)
     ranks = list(range(group_index * options.ranks_per_trial, (group_index + 1) * options.ranks_per_trial))
-    exit_code = _run_group(options, control, group, ranks)
+    exit_code = _run_group(options, control, group, ranks, _StopSignals())
     messages.barrier(done)
     if thread is not None and coordinator is not None:
         thread.join()
@@ -140,20 +167,23 @@ def _start_coordinator(options: SweepOptions, space: Any, control: Any, leaders:
     return coordinator, start_thread(coordinator, control, leaders)
 
 
-def _run_group(options: SweepOptions, control: Any, group: Any, ranks: list[int]) -> int:
+def _run_group(options: SweepOptions, control: Any, group: Any, ranks: list[int], stop: _StopSignals) -> int:
     """Trial after trial on this group until the coordinator has none left; the process's exit status."""
     leader, size = group.Get_rank() == 0, group.Get_size()
     exit_code = 0
     while True:
-        if leader:
-            assignment = messages.request(control, {"op": "next", "ranks": ranks})
+        if leader:  # the members wait for the leader's word even after a signal: it always comes
+            assignment = {"trial": None} if stop.signum else messages.request(control, {"op": "next",
+                                                                                     "ranks": ranks})
             for member in range(1, size):
                 group.send(assignment, dest=member, tag=messages.TAG_ASSIGN)
         else:
             assignment = messages.receive(group, 0, messages.TAG_ASSIGN)
         if assignment.get("trial") is None:
+            if stop.signum:
+                exit_code = exit_code or 128 + stop.signum
             break
-        outcome = _run_trial(options, assignment, group, control if leader else None)
+        outcome = _run_trial(options, assignment, group, control if leader else None, stop)
         if leader:
             outcomes = [outcome] + [messages.receive(group, m, messages.TAG_OUTCOME) for m in range(1, size)]
             messages.request(control, _summary(assignment["trial"], outcomes))
@@ -167,7 +197,8 @@ def _run_group(options: SweepOptions, control: Any, group: Any, ranks: list[int]
     return exit_code
 
 
-def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, control: Any | None) -> dict:
+def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, control: Any | None,
+               stop: _StopSignals) -> dict:
     """Run the script once as this rank of the trial; how it ended, as a message for the leader."""
     number, directory = assignment["trial"], Path(assignment["dir"])
     directory.mkdir(parents=True, exist_ok=True)
@@ -187,14 +218,19 @@ def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, co
     start = time.time()
     with _output_to(log), active(context), _script_argv(options):
         try:
+            stop.in_trial = not stop.signum
+            if stop.signum:
+                raise TrialInterrupted(stop.signum)
             runpy.run_path(options.script, run_name="__main__")
+        except TrialInterrupted as exc:
+            outcome.update(interrupted=True, exit_code=128 + exc.signum, error=str(exc))
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if code >= 128:  # a stop signal: the trainer saved a checkpoint; the trial resumes on restart
                 outcome.update(interrupted=True, exit_code=code, error=f"exit {code} (stop signal)")
             elif code:
                 outcome.update(error=f"the script exited with status {code} (see {log})", error_kind="exit")
-        except BaseException as exc:  # noqa: BLE001 - a trial's failure is its outcome, not the sweep's
+        except BaseException as exc:
             traceback.print_exc()
             outcome.update(error=_one_line(exc),
                            error_kind="sweep" if isinstance(exc, SweepMetricError)
@@ -202,6 +238,7 @@ def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, co
             if isinstance(exc, KeyboardInterrupt):
                 outcome.update(interrupted=True, exit_code=130)
         finally:
+            stop.in_trial = False
             context.shut_down()
     outcome.update(start=start, end=time.time(), ended=reporter.ended, pruned=reporter.pruned,
                    diverged=reporter.diverged, best=reporter.best(), values=reporter.values(),

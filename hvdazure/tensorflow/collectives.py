@@ -42,11 +42,11 @@ class TensorFlowCollectives(Collectives):
 
 
 def init_horovod(comm: Any = None) -> bool:
-    """Start Horovod (on an mpi4py communicator's ranks when given) and place this rank: one GPU per local rank (memory allocated as needed), or on CPU
-    TensorFlow's threads limited to this rank's share of the node's cores unless OMP_NUM_THREADS or
-    TF_NUM_INTRAOP_THREADS is set. Returns whether a GPU is used. Call it before building a model:
-    TensorFlow fixes its devices and threads when it runs its first operation (later, this changes
-    nothing)."""
+    """Start Horovod (on an mpi4py communicator's ranks when given) and place this rank: one GPU per local
+    rank (memory allocated as needed), or on CPU TensorFlow's threads limited to this rank's share of the
+    node's cores unless OMP_NUM_THREADS or TF_NUM_INTRAOP_THREADS is set. Returns whether a GPU is used.
+    Call it before building a model: TensorFlow fixes its devices and threads when it runs its first
+    operation (later, this changes nothing)."""
     hvd.init(comm=comm)
     gpus = tf.config.list_physical_devices("GPU")
     try:

@@ -1,0 +1,173 @@
+"""`hvdazure sweep` on real MPI ranks: concurrent Horovod trials on mpi4py sub-communicators, failures,
+pruning, divergence, stop and restart. The trial script (workers/sweep_trial.py) is an ordinary trainer
+script; each run writes what its ranks saw into the trial's output_dir."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from harness import REPO, WORKERS, kill_tree, run_job
+
+from hvdazure import TrainConfig
+
+pytest.importorskip("mpi4py")
+pytest.importorskip("optuna")
+
+SCRIPT = WORKERS / "sweep_trial.py"
+
+
+def sweep_command(out: Path, space: dict, np: int, rpt: int, *options: str, script_args=()) -> list[str]:
+    space_file = out.parent / f"{out.name}-space.yaml"
+    space_file.write_text(yaml.safe_dump(space))
+    return [sys.executable, "-m", "hvdazure.cli", "sweep", "-np", str(np), "--ranks-per-trial", str(rpt),
+            str(SCRIPT), "--space", str(space_file), "--metric", "eval_loss", "--output", str(out), *options,
+            "--", *script_args]
+
+
+def run_sweep(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"sweep hung: {' '.join(cmd)}\n{stdout}\n{stderr}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def results(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
+def rank_reports(trial_dir: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(Path(trial_dir).glob("rank-*.json"))]
+
+
+def test_trials_run_concurrently_on_groups_of_ranks_and_a_failing_trial_does_not_stop_the_sweep(tmp_path):
+    out = tmp_path / "sweep"
+    space = {"lr": {"type": "choice", "values": [0.05, 0.02]},
+             "extra.behaviour": {"type": "choice", "values": ["ok", "raise"]}}
+    done = run_sweep(sweep_command(out, space, 4, 2, "--sampler", "grid", "--trials", "10",
+                                   script_args=["--set", "base_batch_size=8",
+                                                "--set", "extra.step_sleep=0.03"]))
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = results(out)["trials"]
+
+    # the grid, each point exactly once (--trials 10 is capped at the grid's 4 points)
+    points = sorted((t["params"]["lr"], t["params"]["extra.behaviour"]) for t in trials)
+    assert points == sorted((lr, b) for lr in (0.05, 0.02) for b in ("ok", "raise"))
+    # a trial whose rank 1 raised while rank 0 waited in a collective: failed, with rank 1's error
+    for t in trials:
+        if t["params"]["extra.behaviour"] == "raise":
+            assert t["state"] == "failed" and "trial asked to fail on rank 1" in t["error"], t
+        else:
+            assert t["state"] == "complete" and t["value"] > 0, t
+    assert "failed after" in done.stdout and "trial asked to fail on rank 1" in done.stdout
+
+    ok = [t for t in trials if t["state"] == "complete"]
+    reports = {t["trial"]: rank_reports(t["dir"]) for t in ok}
+    for t in ok:
+        ranks = reports[t["trial"]]
+        # each trial: its own Horovod world of 2 ranks, on the ranks the sweep says
+        assert [(r["rank"], r["size"]) for r in ranks] == [(0, 2), (1, 2)]
+        assert [r["world_rank"] for r in ranks] == t["ranks"]
+        assert ranks[0]["params"] == ranks[1]["params"]  # identical within the group
+        assert ranks[0]["config"]["lr"] == t["params"]["lr"] and ranks[0]["config"]["seed"] == t["seed"]
+        assert ranks[0]["config"]["output_dir"] == t["dir"]
+    a, b = (reports[t["trial"]][0] for t in ok)
+    assert a["params"] != b["params"]  # different trials, different models
+    # two trials at once: some pair of trials on different groups overlapped in time
+    spans = [(r["start"], r["end"], tuple(t["ranks"])) for t in trials for r in rank_reports(t["dir"])[:1]]
+    spans += [(t["start"], t["end"], tuple(t["ranks"])) for t in trials]
+    assert any(s1[2] != s2[2] and s1[0] < s2[1] and s2[0] < s1[1] for s1 in spans for s2 in spans), spans
+
+    # data-parallel equivalence inside a trial: 2 ranks x batch 4 == 1 rank x batch 8, same seed
+    trial = next(t for t in ok if t["params"]["lr"] == 0.05)
+    reference = tmp_path / "reference"
+    subprocess.run([sys.executable, str(SCRIPT), "--set", "lr=0.05", "--set", "batch_size=8", "--set",
+                    "base_batch_size=8", "--set", f"seed={trial['seed']}", "--set", f"output_dir={reference}",
+                    "--set", "progress_bar=false"], check=True, cwd=REPO, capture_output=True, timeout=120)
+    one = json.loads((reference / "rank-0.json").read_text())
+    np.testing.assert_allclose(reports[trial["trial"]][0]["params"], one["params"], rtol=0, atol=1e-10)
+
+    # results: CSV, a best.yaml that --config accepts, a plot
+    best = results(out)["best"]
+    assert best["value"] == min(t["value"] for t in ok)
+    config = TrainConfig.from_yaml(out / "best.yaml")
+    assert config.lr == best["params"]["lr"] and config.extra["behaviour"] == "ok"
+    assert len((out / "results.csv").read_text().splitlines()) == 5
+    assert (out / "sweep.png").stat().st_size > 1000
+    assert "best: trial" in done.stdout
+
+
+def test_pruning_stops_a_bad_trial_early_and_a_diverged_trial_is_not_a_success(tmp_path):
+    out = tmp_path / "sweep"
+    space = {"lr": {"type": "choice", "values": [0.05, 1e-6]},
+             "extra.behaviour": {"type": "choice", "values": ["ok", "nan"]}}
+    done = run_sweep(sweep_command(out, space, 2, 2, "--sampler", "grid", "--pruner", "median", "--seed", "4",
+                                   script_args=["--set", "epochs=4"]))
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = sorted(results(out)["trials"], key=lambda t: t["trial"])
+    by_params = {(t["params"]["lr"], t["params"]["extra.behaviour"]): t for t in trials}
+    # one group: trials run one after another; seed 4 puts the good trial first, so the median pruner has
+    # a finished trial to compare the others with
+    assert trials[0]["params"] == {"lr": 0.05, "extra.behaviour": "ok"}, trials
+    assert trials[0]["state"] == "complete" and trials[0]["epochs"] == 4
+    bad = by_params[(1e-6, "ok")]
+    assert bad["state"] == "pruned" and bad["epochs"] < 4, bad
+    diverged = by_params[(0.05, "nan")]
+    assert diverged["state"] == "diverged" and diverged["epochs"] < 4, diverged
+    assert "diverged" in diverged["error"]
+    assert results(out)["best"]["trial"] == trials[0]["trial"]
+
+
+def test_a_stopped_sweep_resumes_without_rerunning_finished_trials(tmp_path):
+    out = tmp_path / "sweep"
+    space = {"lr": {"type": "uniform", "min_value": 0.01, "max_value": 0.05}}
+    cmd = sweep_command(out, space, 2, 1, "--sampler", "random", "--trials", "4",
+                        script_args=["--set", "extra.step_sleep=0.04"])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.glob("trials/*/rank-0.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # until a trial has finished
+        time.sleep(1.0)  # the next ones are under way
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode == 128 + signal.SIGTERM, stdout + stderr
+    first = {t["trial"]: t["state"] for t in results(out)["trials"]}
+    finished = {n for n, state in first.items() if state == "complete"}
+    stopped = {n for n, state in first.items() if state == "running"}
+    assert finished and stopped, (first, stdout, stderr)
+
+    again = run_sweep(cmd)
+    assert again.returncode == 0, again.stdout + again.stderr
+    final = {t["trial"]: t for t in results(out)["trials"]}
+    assert sorted(final) == [0, 1, 2, 3] and all(t["state"] == "complete" for t in final.values()), final
+    for n in finished:
+        assert f"trial {n} starts" not in again.stdout and f"trial {n} resumes" not in again.stdout
+    for n in stopped:
+        assert f"trial {n} resumes" in again.stdout
+        log = (Path(final[n]["dir"]) / "trial.log").read_text()
+        assert "resumed from" in log, log
+
+
+def test_a_trainer_on_a_communicator_under_gloo_fails_on_every_rank_in_one_line(tmp_path):
+    script = tmp_path / "comm_under_gloo.py"
+    script.write_text("\n".join([
+        "import sys", f"sys.path.insert(0, {str(WORKERS)!r})", "from mpi4py import MPI",
+        "from sweep_trial import SweptRegression", "from hvdazure import TrainConfig",
+        "SweptRegression(TrainConfig(progress_bar=False), comm=MPI.COMM_SELF).fit()", ""]))
+    job = run_job(script, out_dir=tmp_path, np=2, controller="gloo", env={"OMPI_MCA_btl": "self,tcp"})
+    assert job.returncode != 0
+    lines = [line for line in job.output.splitlines() if "needs Horovod's MPI controller" in line]
+    assert {line.split("]")[0] for line in lines} == {"[0", "[1"}, job.output
+    assert "Traceback" not in job.output
