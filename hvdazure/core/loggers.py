@@ -52,12 +52,16 @@ def default_mlflow_uri(output_dir: str | Path) -> str:
 
 
 class MLflowLogger(Callback):
-    """One MLflow run per training: the config as params, metrics by optimizer step."""
+    """One MLflow run per training: the config as params, metrics by optimizer step. With `parent_run_id`
+    (a sweep's trials), a child run named `run_name` of that run: the same one again when the training is
+    resumed."""
 
     main_only = True
 
-    def __init__(self, tracking_uri: str, experiment: str = "hvdazure") -> None:
+    def __init__(self, tracking_uri: str, experiment: str = "hvdazure", parent_run_id: str | None = None,
+                 run_name: str | None = None) -> None:
         self.tracking_uri, self.experiment = tracking_uri, experiment
+        self.parent_run_id, self.run_name = parent_run_id, run_name
         self.run: Any = None
 
     def on_train_start(self, trainer: Trainer) -> None:
@@ -69,7 +73,9 @@ class MLflowLogger(Callback):
         # set_tracking_uri, which rewrites MLFLOW_TRACKING_URI.
         job_run, job_store = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.tracking_uri)
-        if job_run and self.tracking_uri == job_store:
+        if self.parent_run_id:
+            self.run = mlflow.start_run(run_id=self._child_run_id(mlflow.MlflowClient()))
+        elif job_run and self.tracking_uri == job_store:
             self.run = mlflow.start_run(run_id=job_run)
         else:
             experiment = mlflow.set_experiment(self.experiment)
@@ -87,6 +93,18 @@ class MLflowLogger(Callback):
             logger.warning(f"MLflow run {self.run.info.run_id} keeps the values of its first attempt for "
                            f"{', '.join(changed)} (MLflow params cannot change)")
         mlflow.log_params({k: str(v) for k, v in params.items() if k not in logged})
+
+    def _child_run_id(self, client: Any) -> str:
+        """The child run of this name under the parent: found (a resumed trial) or created."""
+        parent = client.get_run(self.parent_run_id)
+        experiment = parent.info.experiment_id
+        name = self.run_name or "run"
+        found = client.search_runs([experiment], filter_string=(
+            f"tags.`mlflow.parentRunId` = '{self.parent_run_id}' and tags.`hvdazure.run_name` = '{name}'"))
+        if found:
+            return found[0].info.run_id
+        return client.create_run(experiment, run_name=name, tags={
+            "mlflow.parentRunId": self.parent_run_id, "hvdazure.run_name": name}).info.run_id
 
     def on_step_end(self, trainer: Trainer) -> None:
         import mlflow

@@ -22,11 +22,14 @@ from hvdazure.core.config import ConfigError, TrainConfig
 class RunContext:
     """`communicator`: an mpi4py communicator Horovod starts on (None: all ranks of the job).
     `config_overrides`: TrainConfig changes applied over the script's config ("extra" merged key by key).
-    `callbacks`: added to each trainer's own. `shutdowns`: filled by trainers, see `shut_down`."""
+    `callbacks`: added to each trainer's own. `run_name` and `mlflow_parent_run_id`: an MLflow logger logs
+    into a child run of that name under that parent run. `shutdowns`: filled by trainers, see `shut_down`."""
 
     communicator: Any = None
     config_overrides: Mapping[str, Any] = field(default_factory=dict)
     callbacks: Sequence[Callback] = ()
+    run_name: str | None = None
+    mlflow_parent_run_id: str | None = None
     shutdowns: list[Callable[[], None]] = field(default_factory=list)
 
     def apply(self, config: TrainConfig) -> TrainConfig:

@@ -280,7 +280,11 @@ class Trainer(ABC):
         if c.tensorboard:
             callbacks.append(TensorBoardLogger(Path(c.output_dir) / "tensorboard"))
         if c.mlflow:
-            callbacks.append(MLflowLogger(c.mlflow_tracking_uri or default_mlflow_uri(c.output_dir)))
+            context = self._context
+            callbacks.append(MLflowLogger(
+                c.mlflow_tracking_uri or default_mlflow_uri(c.output_dir),
+                parent_run_id=context.mlflow_parent_run_id if context else None,
+                run_name=context.run_name if context else None))
         if self._checkpoints is not None:
             callbacks.append(CheckpointCallback(self._checkpoints, c.checkpoint_every_steps,
                                                 c.checkpoint_every_epochs))

@@ -63,10 +63,11 @@ def run_sweep(options: SweepOptions, num_proc: int, hosts: str | None = None, ho
 
 def sweep(script: str, space: str, metric: str, num_proc: int, *, ranks_per_trial: int = 1, trials: int = 10,
           mode: str = "min", sampler: str = "tpe", pruner: str = "none", seed: int = 0,
-          output: str = "sweeps/sweep", script_args: Sequence[str] = (), **launch: Any) -> SweepRun:
+          output: str = "sweeps/sweep", mlflow: bool = False, script_args: Sequence[str] = (),
+          **launch: Any) -> SweepRun:
     """The Python API of `hvdazure sweep`: run `script` as trials of a hyperparameter search on `num_proc`
     ranks, `ranks_per_trial` per trial; `launch` takes run_sweep's hosts, timeout_s, grace_s, ..."""
     options = SweepOptions(script=script, space=space, metric=metric, trials=trials,
                            ranks_per_trial=ranks_per_trial, mode=mode, sampler=sampler, pruner=pruner,
-                           seed=seed, output=output, script_args=script_args)
+                           seed=seed, output=output, mlflow=mlflow, script_args=script_args)
     return run_sweep(options, num_proc, **launch)

@@ -35,6 +35,7 @@ class SweepOptions:
     pruner: str = "none"
     seed: int = 0
     output: str = "sweeps/sweep"
+    mlflow: bool = False  # trials log to MLflow as child runs of one run for the sweep
     script_args: Sequence[str] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -75,8 +76,10 @@ class SweepOptions:
     def save(self, space: SearchSpace) -> None:
         """Write the settings into the output folder; a restarted sweep must search the same thing."""
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        settings = {**self.to_dict(), "space_parameters": [p.describe() for p in space.parameters]}
-        (self.output_dir / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+        path = self.output_dir / SETTINGS_FILE
+        before = json.loads(path.read_text()) if path.is_file() else {}
+        settings = {**before, **self.to_dict(), "space_parameters": [p.describe() for p in space.parameters]}
+        path.write_text(json.dumps(settings, indent=2) + "\n")
 
     def check_same_as_saved(self) -> None:
         """A sweep restarted in the same --output goes on with the trials there: it must search the same
@@ -112,6 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pruner", default="none", choices=PRUNERS,
                         help="stop unpromising trials early from their per-epoch metric (default: none)")
     parser.add_argument("--seed", type=int, default=0, help="the sampler's seed; trial N trains with seed+N")
+    parser.add_argument("--mlflow", action="store_true",
+                        help="log every trial to MLflow, as a child run of one run for the sweep (in Azure "
+                             "ML: the job's run; else a SQLite store in --output)")
     parser.add_argument("--output", default="sweeps/sweep", metavar="DIR",
                         help="results, trials and the Optuna journal; run again with the same DIR to resume")
 
@@ -119,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def from_namespace(args: argparse.Namespace) -> SweepOptions:
     return SweepOptions(script=args.script, space=args.space, metric=args.metric, trials=args.trials,
                         ranks_per_trial=args.ranks_per_trial, mode=args.mode, sampler=args.sampler,
-                        pruner=args.pruner, seed=args.seed, output=args.output,
+                        pruner=args.pruner, seed=args.seed, output=args.output, mlflow=args.mlflow,
                         script_args=list(args.script_args))
 
 
@@ -129,4 +135,4 @@ def per_rank_command(options: SweepOptions, python: str) -> list[str]:
     return [python, "-m", "hvdazure.sweep", o.script, "--space", o.space, "--trials", str(o.trials),
             "--ranks-per-trial", str(o.ranks_per_trial), "--metric", o.metric, "--mode", o.mode,
             "--sampler", o.sampler, "--pruner", o.pruner, "--seed", str(o.seed), "--output", o.output,
-            "--", *o.script_args]
+            *(["--mlflow"] if o.mlflow else []), "--", *o.script_args]

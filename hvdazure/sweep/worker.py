@@ -122,14 +122,21 @@ def main(options: SweepOptions) -> int:
 
     world = MPI.COMM_WORLD
     control, done = world.Dup(), world.Dup()  # the coordinator's messages; the final barrier
-    problem = None
+    problem, parent = None, None
     try:
         space = options.check(world.Get_size())
         if world.Get_rank() == 0:
             options.check_same_as_saved()
+            options.save(space)
+            if options.mlflow:
+                from hvdazure.sweep.tracking import parent_run
+
+                parent = parent_run(options)
     except ConfigError as exc:
         problem = str(exc)
-    problem = control.bcast(problem, root=0) or problem  # rank 0 alone reads the output folder
+    # rank 0 alone reads and writes the output folder (on several nodes, the others may not see it)
+    rank0_problem, parent = control.bcast((problem, parent), root=0)
+    problem = rank0_problem or problem
     if problem:
         sys.stderr.write(f"hvdazure sweep: error: {problem}\n")
         return 2
@@ -141,13 +148,17 @@ def main(options: SweepOptions) -> int:
     if world.Get_rank() == 0:
         coordinator, thread = _start_coordinator(options, space, control, leaders, console)
     ranks = list(range(group_index * options.ranks_per_trial, (group_index + 1) * options.ranks_per_trial))
-    exit_code = _run_group(options, control, group, ranks, _StopSignals())
+    exit_code = _run_group(options, control, group, ranks, _StopSignals(), parent)
     messages.barrier(done)
     if thread is not None and coordinator is not None:
         thread.join()
         from hvdazure.sweep.results import write_results
 
         results = write_results(options, coordinator.study, space)
+        if parent is not None:
+            from hvdazure.sweep.tracking import log_best
+
+            log_best(options, parent, results.best, len(results.rows), finished=exit_code == 0)
         if not os.environ.get(LAUNCHED_ENV):
             console.write(results.table() + "\n")
         if coordinator.aborted:
@@ -161,13 +172,13 @@ def _start_coordinator(options: SweepOptions, space: Any, control: Any, leaders:
     from hvdazure.sweep.coordinator import Coordinator, printer, start_thread
     from hvdazure.sweep.study import make_study, total_trials
 
-    options.save(space)
     study = make_study(options, space)
     coordinator = Coordinator(options, space, study, total_trials(options, space), printer(console))
     return coordinator, start_thread(coordinator, control, leaders)
 
 
-def _run_group(options: SweepOptions, control: Any, group: Any, ranks: list[int], stop: _StopSignals) -> int:
+def _run_group(options: SweepOptions, control: Any, group: Any, ranks: list[int], stop: _StopSignals,
+               mlflow_parent: str | None) -> int:
     """Trial after trial on this group until the coordinator has none left; the process's exit status."""
     leader, size = group.Get_rank() == 0, group.Get_size()
     exit_code = 0
@@ -183,7 +194,7 @@ def _run_group(options: SweepOptions, control: Any, group: Any, ranks: list[int]
             if stop.signum:
                 exit_code = exit_code or 128 + stop.signum
             break
-        outcome = _run_trial(options, assignment, group, control if leader else None, stop)
+        outcome = _run_trial(options, assignment, group, control if leader else None, stop, mlflow_parent)
         if leader:
             outcomes = [outcome] + [messages.receive(group, m, messages.TAG_OUTCOME) for m in range(1, size)]
             messages.request(control, _summary(assignment["trial"], outcomes))
@@ -198,13 +209,17 @@ def _run_group(options: SweepOptions, control: Any, group: Any, ranks: list[int]
 
 
 def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, control: Any | None,
-               stop: _StopSignals) -> dict:
+               stop: _StopSignals, mlflow_parent: str | None) -> dict:
     """Run the script once as this rank of the trial; how it ended, as a message for the leader."""
     number, directory = assignment["trial"], Path(assignment["dir"])
     directory.mkdir(parents=True, exist_ok=True)
     changes = {**overrides(assignment["params"]), "output_dir": str(directory),
                "checkpoint_dir": str(directory / "checkpoints"), "resume": "auto", "seed": assignment["seed"],
                "progress_bar": False}
+    if mlflow_parent is not None:
+        from hvdazure.sweep.tracking import tracking_uri
+
+        changes.update(mlflow=True, mlflow_tracking_uri=tracking_uri(options))
 
     def should_prune(epoch: int, value: float) -> bool:
         assert control is not None
@@ -212,7 +227,8 @@ def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, co
         return bool(reply.get("prune"))
 
     reporter = TrialReporter(options.metric, options.mode, should_prune if control is not None else None)
-    context = RunContext(communicator=group, config_overrides=changes, callbacks=[reporter])
+    context = RunContext(communicator=group, config_overrides=changes, callbacks=[reporter],
+                         run_name=directory.name, mlflow_parent_run_id=mlflow_parent)
     log = directory / ("trial.log" if group.Get_rank() == 0 else f"trial.rank{group.Get_rank()}.log")
     outcome: dict[str, Any] = {"error": None, "error_kind": None, "interrupted": False, "exit_code": 0}
     start = time.time()
@@ -240,6 +256,8 @@ def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, co
         finally:
             stop.in_trial = False
             context.shut_down()
+            _end_mlflow_run("KILLED" if outcome["interrupted"] else "FAILED" if outcome["error"] else
+                            "FINISHED")
     outcome.update(start=start, end=time.time(), ended=reporter.ended, pruned=reporter.pruned,
                    diverged=reporter.diverged, best=reporter.best(), values=reporter.values(),
                    epochs=len(reporter.history))
@@ -247,6 +265,13 @@ def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, co
         outcome.update(error="the script ended without training (no Trainer.fit() ran to its end)",
                        error_kind="error")
     return outcome
+
+
+def _end_mlflow_run(status: str) -> None:
+    """A trial that failed left its MLflow run active in this process (the next trial could not start one)."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None and mlflow.active_run() is not None:
+        mlflow.end_run(status)
 
 
 def _summary(number: int, outcomes: list[dict[str, Any]]) -> dict[str, Any]:

@@ -111,7 +111,7 @@ def test_pruning_stops_a_bad_trial_early_and_a_diverged_trial_is_not_a_success(t
     space = {"lr": {"type": "choice", "values": [0.05, 1e-6]},
              "extra.behaviour": {"type": "choice", "values": ["ok", "nan"]}}
     done = run_sweep(sweep_command(out, space, 2, 2, "--sampler", "grid", "--pruner", "median", "--seed", "4",
-                                   script_args=["--set", "epochs=4"]))
+                                   "--mlflow", script_args=["--set", "epochs=4"]))
     assert done.returncode == 0, done.stdout + done.stderr
     trials = sorted(results(out)["trials"], key=lambda t: t["trial"])
     by_params = {(t["params"]["lr"], t["params"]["extra.behaviour"]): t for t in trials}
@@ -125,6 +125,19 @@ def test_pruning_stops_a_bad_trial_early_and_a_diverged_trial_is_not_a_success(t
     assert diverged["state"] == "diverged" and diverged["epochs"] < 4, diverged
     assert "diverged" in diverged["error"]
     assert results(out)["best"]["trial"] == trials[0]["trial"]
+
+    # --mlflow: a child run per trial under one run for the sweep, in the sweep's store
+    mlflow = pytest.importorskip("mlflow")
+    client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("hvdazure").experiment_id])
+    parent = next(r for r in runs if "hvdazure.sweep" in r.data.tags)
+    children = {r.info.run_name: r for r in runs
+                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert sorted(children) == [f"trial-{t['trial']:04d}" for t in trials]
+    assert children["trial-0000"].info.status == "FINISHED"
+    assert children["trial-0000"].data.metrics["eval_loss"] == pytest.approx(trials[0]["value"])
+    assert parent.data.metrics["best_eval_loss"] == pytest.approx(trials[0]["value"])
+    assert parent.info.status == "FINISHED"
 
 
 def test_a_stopped_sweep_resumes_without_rerunning_finished_trials(tmp_path):
