@@ -55,9 +55,17 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from hvdazure.azure import compute, errors, job_spec, submission
+    from hvdazure.azure import compute, errors, job_spec, submission, sweep_spec
 
     try:
+        sweep = sweep_spec.from_options(
+            sweep=args.sweep, in_job_sweep=args.in_job_sweep, metric=args.metric, mode=args.mode,
+            trials=args.trials, max_concurrent_trials=args.max_concurrent_trials, sampler=args.sampler,
+            seed=args.seed, early_termination=args.early_termination,
+            evaluation_interval=args.evaluation_interval, delay_evaluation=args.delay_evaluation,
+            slack_factor=args.slack_factor,
+            truncation_percentage=args.truncation_percentage, timeout=args.timeout,
+            ranks_per_trial=args.ranks_per_trial, pruner=args.pruner)
         spec = job_spec.JobSpec(
             script=args.script, compute=args.compute, nodes=args.nodes, script_args=args.script_args,
             processes_per_node=args.processes_per_node, code_dir=args.code, image=args.image,
@@ -66,7 +74,7 @@ def _submit(args: argparse.Namespace) -> int:
             inputs=[job_spec.parse_input(text) for text in args.input],
             outputs=[job_spec.parse_output(text) for text in args.output],
             experiment=args.experiment, display_name=args.display_name, shm_size=args.shm_size,
-            docker_args=args.docker_args, vm_size=args.vm_size)
+            docker_args=args.docker_args, vm_size=args.vm_size, sweep=sweep)
         if args.dry_run:
             result = submission.dry_run(spec, args.output_yaml or submission.DEFAULT_YAML, sdk=args.sdk)
         elif args.output_yaml:
@@ -145,6 +153,52 @@ def _add_workspace_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--workspace", metavar="NAME")
 
 
+def _add_sweep_options(submit: argparse.ArgumentParser) -> None:
+    sweep = submit.add_argument_group(
+        "hyperparameter sweep (README: Sweeps on Azure ML)",
+        "SPACE.yaml: TrainConfig fields / extra.NAME with Azure ML's distributions (as for `hvdazure sweep`)")
+    sweep.add_argument("--sweep", metavar="SPACE.yaml",
+                       help="submit an Azure ML sweep job: one job per trial, each the MPI job above, given "
+                            "its values as --set NAME=VALUE and logging --metric with MLflow")
+    sweep.add_argument("--in-job-sweep", metavar="SPACE.yaml",
+                       help="instead: run `hvdazure sweep` inside this one MPI job, trials of "
+                            "--ranks-per-trial ranks packed onto its GPUs, results in ./outputs/sweep; "
+                            "SPACE.yaml must be in the code directory (SDK v2)")
+    sweep.add_argument("--metric", help="required with either: the metric to optimise, which every trial "
+                                        "logs (hvdazure's trainer logs eval_NAME and train_NAME), e.g. "
+                                        "eval_loss")
+    sweep.add_argument("--mode", metavar="min|max", help="minimise (default) or maximise --metric")
+    sweep.add_argument("--trials", type=int, metavar="N", help="trials in all (default: 10)")
+    sweep.add_argument("--sampler", metavar="NAME",
+                       help="--sweep: random (default), grid (choice parameters only) or bayesian (choice, "
+                            "uniform, quniform; no early termination); --in-job-sweep: tpe (default), random "
+                            "or grid")
+    sweep.add_argument("--seed", type=int, help="the sampler's seed (--sweep: random sampling only; "
+                                                "--in-job-sweep: default 0)")
+    sweep.add_argument("--max-concurrent-trials", type=int, metavar="K",
+                       help="--sweep: trials running at once, each on --nodes nodes (default: every trial; "
+                            "the cluster's size queues the rest)")
+    sweep.add_argument("--early-termination", metavar="POLICY",
+                       help="--sweep: cancel trials that are behind, by Azure ML's policy: none (default), "
+                            "bandit (outside --slack-factor of the best), median (below the median of "
+                            "running averages) or truncation (the worst --truncation-percentage)")
+    sweep.add_argument("--evaluation-interval", type=int, metavar="N",
+                       help="--sweep: apply the policy every N reports of the metric (default: 1)")
+    sweep.add_argument("--delay-evaluation", type=int, metavar="N",
+                       help="--sweep: first apply the policy after N reports (default: 5)")
+    sweep.add_argument("--slack-factor", type=float, metavar="F",
+                       help="--sweep, bandit: allowed distance from the best, as a ratio (default: 0.1)")
+    sweep.add_argument("--truncation-percentage", type=int, metavar="P",
+                       help="--sweep, truncation: percent of trials cancelled per evaluation (default: 20)")
+    sweep.add_argument("--timeout", type=int, metavar="SECONDS",
+                       help="--sweep: end the sweep job after this long, cancelling running trials")
+    sweep.add_argument("--ranks-per-trial", type=int, metavar="R",
+                       help="--in-job-sweep: ranks of each trial, dividing nodes x processes per node "
+                            "(default: 1)")
+    sweep.add_argument("--pruner", metavar="NAME",
+                       help="--in-job-sweep: Optuna's pruner, none (default), median or hyperband")
+
+
 def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
     submit = sub.add_parser(
         "submit", help="run a training script as a multi-node MPI job on Azure ML",
@@ -158,7 +212,11 @@ def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
                "      --image myacr.azurecr.io/hvdazure-gpu:0.1.0 --dry-run -- --set epochs=10\n"
                "  hvdazure submit train.py --compute gpu-cluster --nodes 2 --processes-per-node 8 \\\n"
                "      --environment azureml:hvdazure-gpu@latest --input data=azureml:digits@latest \\\n"
-               "      --stream -- --set extra.data_dir='${{inputs.data}}'",
+               "      --stream -- --set extra.data_dir='${{inputs.data}}'\n"
+               "  hvdazure submit train.py --sweep space.yaml --trials 20 --max-concurrent-trials 4 \\\n"
+               "      --metric eval_loss --early-termination bandit --compute gpu-cluster --nodes 2 ...\n"
+               "  hvdazure submit train.py --in-job-sweep space.yaml --trials 24 --ranks-per-trial 4 \\\n"
+               "      --metric eval_loss --pruner median --compute gpu-cluster --nodes 2 ...",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     submit.trailing_dest = "script_args"
@@ -195,6 +253,7 @@ def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
     job.add_argument("--experiment", help="experiment name (default: the code directory's name)")
     job.add_argument("--display-name", help="the job's display name")
     job.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag (repeatable)")
+    _add_sweep_options(submit)
     _add_workspace_options(submit)
     mode = submit.add_argument_group("mode")
     mode.add_argument("--dry-run", action="store_true",

@@ -21,6 +21,7 @@ _API = {
     "SubmitError": "errors", "JobSpecError": "errors",
     "dry_run": "submission", "submit": "submission", "create_compute": "submission",
     "DryRunResult": "submission",
+    "SweepSpec": "sweep_spec", "InJobSweepSpec": "sweep_spec", "EarlyTermination": "sweep_spec",
 }
 
 

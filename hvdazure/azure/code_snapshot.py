@@ -66,6 +66,12 @@ def scan(code_dir: str | os.PathLike) -> CodeSnapshot:
     return CodeSnapshot(code_dir=root, files=tuple(sorted(files)), total_bytes=total, ignore_file=ignore_name)
 
 
+def is_ignored(code_dir: str | os.PathLike, relative_path: str) -> bool:
+    """Whether the ignore file of `code_dir` excludes `relative_path`, which need not exist yet."""
+    _, spec = _ignore_spec(Path(code_dir).resolve())
+    return spec is not None and spec.match_file(Path(relative_path).as_posix())
+
+
 def _ignore_spec(root: Path):  # -> tuple[str | None, pathspec.PathSpec | None]
     import pathspec
 

@@ -11,7 +11,9 @@ Azure is checked here, before anything is uploaded, each problem as one line nam
 - the script's `--config` / `--set` arguments are parsed by `TrainConfig`, with the same code the job runs.
 
 The job runs `python SCRIPT ARGS` from the top of the code directory on every rank: Azure ML starts
-`mpirun` itself, with `nodes x processes_per_node` ranks.
+`mpirun` itself, with `nodes x processes_per_node` ranks. A sweep (`JobSpec.sweep`, see sweep_spec.py)
+changes what the ranks run: each trial of an Azure ML sweep job is this command with the sampled values as
+`--set` arguments, and an in-job sweep runs `python -m hvdazure.sweep SCRIPT ...` on every rank.
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hvdazure.azure import vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.errors import JobSpecError
+
+if TYPE_CHECKING:
+    from hvdazure.azure.sweep_spec import InJobSweepPlan, InJobSweepSpec, SweepPlan, SweepSpec
+    from hvdazure.core.config import TrainConfig
 
 INPUT_TYPES = ("uri_folder", "uri_file")
 INPUT_MODES = ("ro_mount", "download", "rw_mount", "direct", "eval_mount", "eval_download")
@@ -85,6 +92,7 @@ class JobSpec:
     shm_size: str | None = None  # e.g. "16g"; Azure ML's default is 2g
     docker_args: str | None = None  # extra `docker run` arguments, e.g. "--user root"
     vm_size: str | None = None  # the compute's VM size, when known before asking Azure
+    sweep: SweepSpec | InJobSweepSpec | None = None  # --sweep (an Azure ML sweep job) or --in-job-sweep
 
 
 @dataclass(frozen=True)
@@ -126,15 +134,23 @@ class JobPlan:
     vm_size: str | None
     snapshot: CodeSnapshot
     warnings: tuple[str, ...] = ()
+    sweep: SweepPlan | InJobSweepPlan | None = None
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.processes_per_node
 
     @property
+    def argv(self) -> tuple[str, ...]:
+        """What every rank runs (a sweep job's trial with `${{search_space.KEY}}` for the sampled values)."""
+        if self.sweep is not None:
+            return self.sweep.rank_argv(self)
+        return ("python", self.script, *self.script_args)
+
+    @property
     def command(self) -> str:
         """The job's command line; `${{inputs.x}}` placeholders stay as Azure ML substitutes them."""
-        return shlex.join(["python", self.script, *self.script_args])
+        return shlex.join(self.argv)
 
     def summary(self) -> list[str]:
         """What a person checks before spending GPU hours, one fact per line (no secrets: see _check_env)."""
@@ -159,6 +175,8 @@ class JobPlan:
             lines.append(f"input {spec.name}: {spec.type} {spec.uri} ({spec.mode})")
         for out in self.outputs:
             lines.append(f"output {out.name}: {out.type} {out.uri or '(default datastore)'} ({out.mode})")
+        if self.sweep is not None:
+            lines += self.sweep.summary(self)
         return lines
 
 
@@ -215,7 +233,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     scan of the same code directory made earlier (a second resolve need not walk it again)."""
     cwd = Path.cwd() if cwd is None else cwd
     vm_size = vm_size or spec.vm_size
-    nodes = _count(spec.nodes, "--nodes")
+    nodes = check_count(spec.nodes, "--nodes")
     processes = _processes_per_node(spec.processes_per_node, vm_size)
     if not isinstance(spec.compute, str) or not spec.compute.strip():
         raise JobSpecError("--compute: name the Azure ML compute cluster to run on")
@@ -236,7 +254,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     _unique([o.name for o in outputs], "--output")
     args = tuple(str(a) for a in spec.script_args)
     _check_placeholders(args, inputs, outputs)
-    check_train_config_args(args, code_dir)
+    config = check_train_config_args(args, code_dir)
     env = {**vm_sizes.nccl_environment(vm_size), **_check_env(spec.env)}
     experiment = spec.experiment or _experiment_name(code_dir)
     if not _EXPERIMENT.match(experiment):
@@ -246,20 +264,26 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
         raise JobSpecError(f"--shm-size {spec.shm_size!r}: a size such as 16g, 512m")
     tags = {str(k): str(v) for k, v in spec.tags.items()}
     warnings = [w for w in (snapshot.size_warning(), *_unreferenced(args, inputs, outputs)) if w]
-    return JobPlan(
+    plan = JobPlan(
         code_dir=code_dir, script=script, script_args=args, compute=spec.compute.strip(), nodes=nodes,
         processes_per_node=processes, environment=_environment(spec, cwd), env=env, inputs=inputs,
         outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
         f"{nodes}x{processes}", tags=tags, shm_size=spec.shm_size, docker_args=spec.docker_args or None,
         vm_size=vm_size, snapshot=snapshot, warnings=tuple(warnings))
+    if spec.sweep is None:
+        return plan
+    from hvdazure.azure import sweep_spec
+
+    return sweep_spec.apply(spec.sweep, plan, config=config, cwd=cwd)
 
 
-def check_train_config_args(script_args: Sequence[str], code_dir: Path) -> None:
+def check_train_config_args(script_args: Sequence[str], code_dir: Path) -> TrainConfig | None:
     """Parse the script's `--config FILE` and `--set FIELD=VALUE` arguments with TrainConfig's own parser,
     as the job will on every rank, so a typo fails here instead of after the upload and the queue. Other
     arguments are the script's own and are left alone. Placeholders stand for paths, and the config file
     is read from the code directory, where the job starts. TrainConfig's defaults are used: a script that
-    passes its own defaults to `from_cli` is checked against TrainConfig's."""
+    passes its own defaults to `from_cli` is checked against TrainConfig's. Returns the config so parsed, or
+    None when the arguments have neither option."""
     from hvdazure.core.config import ConfigError, TrainConfig
 
     argv: list[str] = []
@@ -277,9 +301,9 @@ def check_train_config_args(script_args: Sequence[str], code_dir: Path) -> None:
                 value = str(code_dir / value)
             argv += [option, value]
     if not argv:
-        return
+        return None
     try:
-        TrainConfig._from_cli(argv, {})  # the job's own parsing, minus its exit(2)
+        return TrainConfig._from_cli(argv, {})  # the job's own parsing, minus its exit(2)
     except ConfigError as exc:
         raise JobSpecError(f"the script's arguments: {exc}") from None
 
@@ -298,17 +322,18 @@ def environment_version(image: str, conda_text: str | None) -> str:
     return f"{tag}-{digest}" if tag else digest
 
 
-def _count(value: object, option: str) -> int:
+def check_count(value: object, option: str, least: int = 1) -> int:
+    """`value` as an integer of at least `least`, else one line naming `option` (bools are not counts)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise JobSpecError(f"{option} must be an integer, got {value!r}")
-    if value < 1:
-        raise JobSpecError(f"{option} must be at least 1, got {value}")
+    if value < least:
+        raise JobSpecError(f"{option} must be at least {least}, got {value}")
     return value
 
 
 def _processes_per_node(value: int | None, vm_size: str | None) -> int:
     if value is not None:
-        return _count(value, "--processes-per-node")
+        return check_count(value, "--processes-per-node")
     size = vm_sizes.lookup(vm_size)
     if size is not None:
         return size.gpus

@@ -7,11 +7,15 @@ Order of a submission, cheapest checks first, nothing uploaded before the last s
    and the NCCL settings when they were not given;
 4. the job is written as YAML into a temporary directory and validated by the SDK, as in a dry run;
 5. the environment is registered if new, the code uploaded and the job created.
+
+A sweep (`JobSpec.sweep`) takes the same steps: its options are validated in step 1, and the backends write,
+validate and submit an Azure ML sweep job (SDK v1: a HyperDrive run) instead of a command job.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
 import tempfile
 from collections.abc import Callable
@@ -48,24 +52,35 @@ class DryRunResult:
         return {"dry_run": True, "sdk": self.sdk, "files": [str(f) for f in self.files], "nodes": plan.nodes,
                 "processes_per_node": plan.processes_per_node, "world_size": plan.world_size,
                 "command": plan.command, "environment": plan.environment.reference,
-                "image": plan.environment.image, "warnings": list(plan.warnings)}
+                "image": plan.environment.image, "warnings": list(plan.warnings),
+                **({"sweep": plan.sweep.as_dict()} if plan.sweep else {})}
 
     def report(self) -> list[str]:
         """What the dry run found, for a person: the layout, the files, what was checked, how to submit."""
         names = [_display_path(f) for f in self.files]
         if self.sdk == "v2":
-            checked = ("azure-ai-ml's load_job schema and the REST body (distributionType "
-                       f"{self.body['distribution']['distributionType']}, processCountPerInstance "
-                       f"{self.body['distribution']['processCountPerInstance']}, instanceCount "
-                       f"{self.body['resources']['instanceCount']})")
+            from hvdazure.azure.submit_v2 import layout_of
+
+            layout = layout_of(self.body)
+            distribution = layout["distribution"]
+            checked = ("azure-ai-ml's load_job schema and the REST body ("
+                       + ("a Sweep job whose trial has " if layout is not self.body else "")
+                       + f"distributionType {distribution['distributionType']}, processCountPerInstance "
+                       f"{distribution['processCountPerInstance']}, instanceCount "
+                       f"{layout['resources']['instanceCount']})")
             how = " && ".join([*(f"az ml environment create -f {n}" for n in names[:-1]),
                                f"az ml job create -f {names[-1]}"])
         else:
             mpi = self.body["mpi"]
+            hyperdrive = ", and azureml-train-core the HyperDriveConfig" if "hyperdrive" in self.body else ""
             checked = ("azureml-core loads the run configuration back (mpi: processCountPerNode "
-                       f"{mpi['processCountPerNode']}, nodeCount {mpi['nodeCount']})")
+                       f"{mpi['processCountPerNode']}, nodeCount {mpi['nodeCount']}){hyperdrive}")
             how = "the same hvdazure submit --sdk v1 without --dry-run"
-        return [f"dry run (SDK {self.sdk}): nothing was uploaded or submitted", *self.plan.summary(),
+        trial = []
+        if "hyperdrive" in self.body:  # what SDK v1's trials run instead of the command above
+            entry = shlex.join(["python", self.body["script"], *self.body["arguments"]])
+            trial = [f"HyperDrive trial: {entry} --KEY VALUE ... (HyperDrive appends each sampled value)"]
+        return [f"dry run (SDK {self.sdk}): nothing was uploaded or submitted", *self.plan.summary(), *trial,
                 f"wrote {', '.join(names)}", f"validated offline: {checked}", f"to submit: {how}"]
 
 
@@ -185,8 +200,10 @@ def _backend(sdk: str) -> Any:
 
 
 def _with_placeholder_processes(spec: JobSpec) -> JobSpec:
-    """The spec with some process count, so the offline checks run before the compute's size is known."""
+    """The spec with some process count, so the offline checks run before the compute's size is known (one
+    trial's ranks for an in-job sweep, whose ranks per trial must divide the job's: checked with the real
+    count once the compute's size is known, still before the upload)."""
     if spec.processes_per_node is not None:
         return spec
-    return dataclasses.replace(spec, processes_per_node=1)
+    return dataclasses.replace(spec, processes_per_node=getattr(spec.sweep, "ranks_per_trial", 1))
 

@@ -8,7 +8,8 @@ built on top. `CondaDependencies.create()` is never used: it adds pip options th
 to PyPI from the cluster. `Experiment.submit` uploads the snapshot and starts the run.
 
 Inputs and outputs (`--input`, `--output`) are SDK v2 features here; v1 jobs read data from a datastore
-path the script is given.
+path the script is given. So is `--in-job-sweep` (its ranks run `python -m hvdazure.sweep`, which a
+ScriptRunConfig's script cannot be). `--sweep` submits a HyperDrive run whose trial is this job (sweep_v1.py).
 """
 
 from __future__ import annotations
@@ -22,13 +23,22 @@ from hvdazure._version import __version__
 from hvdazure.azure.errors import JobSpecError, SubmitError, one_line
 from hvdazure.azure.job_spec import JobPlan
 from hvdazure.azure.submit_v2 import Submitted
+from hvdazure.azure.sweep_spec import InJobSweepPlan, SweepPlan
 from hvdazure.azure.workspace import WorkspaceRef
 
 
 def check_supported(plan: JobPlan) -> None:
+    """What SDK v1 jobs cannot do, refused offline."""
     if plan.inputs or plan.outputs:
         raise JobSpecError("--input and --output need SDK v2 (the default); with --sdk v1, pass the script a "
                            "datastore path instead")
+    if isinstance(plan.sweep, InJobSweepPlan):
+        raise JobSpecError("--in-job-sweep needs SDK v2 (the default): an SDK v1 ScriptRunConfig runs a "
+                           "script file, not `python -m hvdazure.sweep`")
+    if isinstance(plan.sweep, SweepPlan):
+        from hvdazure.azure import sweep_v1
+
+        sweep_v1.check_supported(plan)
 
 
 def build_run_config(plan: JobPlan, workspace: Any = None) -> Any:
@@ -37,6 +47,8 @@ def build_run_config(plan: JobPlan, workspace: Any = None) -> Any:
     from azureml.core import Environment, ScriptRunConfig
     from azureml.core.runconfig import DockerConfiguration, MpiConfiguration
 
+    if plan.sweep is not None:
+        raise JobSpecError("build_run_config takes a command job; a sweep's trial: sweep_v1.trial_plan")
     check_supported(plan)
     spec = plan.environment
     if spec.registered:
@@ -70,39 +82,57 @@ def build_run_config(plan: JobPlan, workspace: Any = None) -> Any:
 
 
 def write_yaml(plan: JobPlan, path: str | Path) -> list[Path]:
-    """Serialise the run configuration to `path` as YAML: azureml-core's own serialisation (its repr), the
-    `Configuration` of the request that starts the run. (`RunConfiguration.save` would also write a
-    conda_dependencies.yml of the SDK's placeholder packages, which an image-based job does not use.)"""
+    """Serialise the run configuration to `path` as YAML (a sweep: see sweep_v1.write_yaml)."""
     import yaml
-    from azureml.core.script_run_config import get_run_config_from_script_run
 
+    if isinstance(plan.sweep, SweepPlan):
+        from hvdazure.azure import sweep_v1
+
+        return sweep_v1.write_yaml(plan, path)
     path = Path(path).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    # the run configuration as submitted: the script and its arguments copied in, as Experiment.submit does
-    run_config = json.loads(repr(get_run_config_from_script_run(build_run_config(plan))))
-    path.write_text(yaml.safe_dump({"sourceDirectory": str(plan.code_dir), **run_config}, sort_keys=False))
+    path.write_text(yaml.safe_dump(run_configuration(plan, build_run_config(plan)), sort_keys=False))
     return [path]
+
+
+def run_configuration(plan: JobPlan, config: Any) -> dict[str, Any]:
+    """A ScriptRunConfig as azureml-core serialises it (its repr): the `Configuration` of the request that
+    starts the run, with the script and its arguments copied in as Experiment.submit does, and the code
+    directory. (`RunConfiguration.save` would also write a conda_dependencies.yml of the SDK's placeholder
+    packages, which an image-based job does not use.)"""
+    from azureml.core.script_run_config import get_run_config_from_script_run
+
+    return {"sourceDirectory": str(plan.code_dir), **json.loads(repr(get_run_config_from_script_run(config)))}
 
 
 def validate_offline(plan: JobPlan, files: list[Path]) -> dict[str, Any]:
     """Load the run configuration back and check its MPI layout, script and arguments against the plan."""
     import yaml
+
+    if isinstance(plan.sweep, SweepPlan):
+        from hvdazure.azure import sweep_v1
+
+        return sweep_v1.validate_offline(plan, files)
+    (path,) = files
+    return check_run_configuration(plan, yaml.safe_load(path.read_text()), path.name)
+
+
+def check_run_configuration(plan: JobPlan, data: dict[str, Any], name: str) -> dict[str, Any]:
+    """Load a serialised run configuration with azureml-core and check it says what `plan` says."""
     from azureml.core.runconfig import RunConfiguration
 
-    (path,) = files
-    data = yaml.safe_load(path.read_text())
-    data.pop("sourceDirectory", None)
+    data = {key: value for key, value in data.items() if key != "sourceDirectory"}
     try:
         loaded = RunConfiguration._get_runconfig_using_dict(data)  # what RunConfiguration.load does
     except Exception as exc:
-        raise SubmitError(f"azureml-core cannot load {path.name} back: {one_line(exc)}") from None
+        raise SubmitError(f"azureml-core cannot load {name} back: {one_line(exc)}") from None
     found = {"script": loaded.script, "arguments": list(loaded.arguments), "nodeCount": loaded.node_count,
              "mpi": {"processCountPerNode": loaded.mpi.process_count_per_node,
                      "nodeCount": loaded.mpi.node_count}}
     wanted = {"script": plan.script, "arguments": list(plan.script_args), "nodeCount": plan.nodes,
               "mpi": {"processCountPerNode": plan.processes_per_node, "nodeCount": plan.nodes}}
     if found != wanted:
-        raise SubmitError(f"{path.name} does not load back as written: {found} != {wanted}")
+        raise SubmitError(f"{name} does not load back as written: {found} != {wanted}")
     return found
 
 
@@ -130,11 +160,21 @@ def compute_vm_size(ws: Any, compute: str) -> str | None:
 
 
 def submit(plan: JobPlan, ws: Any, stream: bool = False) -> Submitted:
-    """Upload the snapshot and start the run (the same ScriptRunConfig write_yaml serialises)."""
+    """Upload the snapshot and start the run (the same ScriptRunConfig write_yaml serialises; a sweep: the
+    HyperDrive run sweep_v1 builds)."""
+    if isinstance(plan.sweep, SweepPlan):
+        from hvdazure.azure import sweep_v1
+
+        with sweep_v1.entry_file(plan.code_dir):  # in the snapshot that Experiment.submit uploads
+            return start(plan, ws, sweep_v1.build_config(plan, ws), stream)
+    return start(plan, ws, build_run_config(plan, ws), stream)
+
+
+def start(plan: JobPlan, ws: Any, config: Any, stream: bool) -> Submitted:
+    """`Experiment.submit(config)` (a ScriptRunConfig or a HyperDriveConfig), named and tagged."""
     from azureml.core import Experiment
 
-    run = Experiment(ws, plan.experiment).submit(build_run_config(plan, ws),
-                                                 tags={"hvdazure": __version__, **plan.tags})
+    run = Experiment(ws, plan.experiment).submit(config, tags={"hvdazure": __version__, **plan.tags})
     run.display_name = plan.display_name
     if stream:
         run.wait_for_completion(show_output=True)

@@ -9,6 +9,9 @@ job references it, so repeated submissions reuse it instead of creating anonymou
 The dry run writes the same entity as YAML (`az ml job create -f` format, the code path relative to the
 file) and checks it with the SDK's own offline validation: `load_job`'s schema, then the REST body
 (`_to_rest_object()`), which catches what the schema misses, such as a `${{inputs.x}}` the job lacks.
+
+With `--sweep`, the job is an Azure ML sweep job whose trial is this command job (sweep_v2.py); it is
+written, validated and submitted the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from hvdazure._version import __version__
 from hvdazure.azure.errors import SubmitError, one_line
 from hvdazure.azure.job_spec import JobPlan, is_local_path
+from hvdazure.azure.sweep_spec import SweepPlan
 from hvdazure.azure.workspace import WorkspaceRef
 
 # azure-ai-ml announces its own internal experimental classes on stderr while loading a job; the user did
@@ -52,26 +56,33 @@ class Submitted:
 
 
 def build_job(plan: JobPlan) -> Any:
-    """The CommandJob for `plan`; the environment is referenced by name and version (ensure_environment
-    registers it)."""
+    """The CommandJob for `plan`, or for `--sweep` the SweepJob whose trial it is; the environment is
+    referenced by name and version (ensure_environment registers it)."""
     from azure.ai.ml import Input, MpiDistribution, Output
     from azure.ai.ml.entities import CommandJob, JobResourceConfiguration
 
-    return CommandJob(
-        code=str(plan.code_dir),
-        command=plan.command,
-        environment=plan.environment.reference,
-        compute=plan.compute,
-        resources=JobResourceConfiguration(instance_count=plan.nodes, shm_size=plan.shm_size,
-                                           docker_args=plan.docker_args),
-        distribution=MpiDistribution(process_count_per_instance=plan.processes_per_node),
-        environment_variables=dict(plan.env),
-        inputs={i.name: Input(type=i.type, path=_input_path(i.uri), mode=i.mode) for i in plan.inputs},
-        outputs={o.name: Output(type=o.type, path=o.uri, mode=o.mode) for o in plan.outputs},
-        experiment_name=plan.experiment,
-        display_name=plan.display_name,
-        tags={"hvdazure": __version__, **plan.tags},
-    )
+    what_runs = {  # on every rank: a sweep job's trial
+        "code": str(plan.code_dir),
+        "command": plan.command,
+        "environment": plan.environment.reference,
+        "resources": JobResourceConfiguration(instance_count=plan.nodes, shm_size=plan.shm_size,
+                                              docker_args=plan.docker_args),
+        "distribution": MpiDistribution(process_count_per_instance=plan.processes_per_node),
+        "environment_variables": dict(plan.env),
+    }
+    around_it = {  # a sweep job's, shared by its trials
+        "compute": plan.compute,
+        "inputs": {i.name: Input(type=i.type, path=_input_path(i.uri), mode=i.mode) for i in plan.inputs},
+        "outputs": {o.name: Output(type=o.type, path=o.uri, mode=o.mode) for o in plan.outputs},
+        "experiment_name": plan.experiment,
+        "display_name": plan.display_name,
+        "tags": {"hvdazure": __version__, **plan.tags},
+    }
+    if isinstance(plan.sweep, SweepPlan):
+        from hvdazure.azure import sweep_v2
+
+        return sweep_v2.build(plan.sweep, CommandJob(**what_runs), **around_it)
+    return CommandJob(**what_runs, **around_it)
 
 
 def build_environment(plan: JobPlan) -> Any | None:
@@ -89,12 +100,16 @@ def build_environment(plan: JobPlan) -> Any | None:
 def write_yaml(plan: JobPlan, path: str | Path) -> list[Path]:
     """Write the job (and the environment it needs registered) as YAML for `az ml ... create -f`. Returns
     the files written: the environment's first, as it must be created first."""
+    from hvdazure.azure import sweep_v2
+
     path = Path(path).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     written = []
+    sweep = isinstance(plan.sweep, SweepPlan)
     job = _plain(build_job(plan)._to_dict())
-    job["code"] = _relative(plan.code_dir, path.parent)
-    ordered = [*(key for key in _YAML_ORDER if key in job), *(key for key in job if key not in _YAML_ORDER)]
+    (job["trial"] if sweep else job)["code"] = _relative(plan.code_dir, path.parent)
+    order = sweep_v2.YAML_ORDER if sweep else _YAML_ORDER
+    ordered = [*(key for key in order if key in job), *(key for key in job if key not in order)]
     job = {key: job[key] for key in ordered if job[key] not in ({}, [], None)}
     if not plan.environment.registered:
         env_path = path.with_name(f"{path.stem}.environment{path.suffix or '.yml'}")
@@ -104,14 +119,15 @@ def write_yaml(plan: JobPlan, path: str | Path) -> list[Path]:
             environment["conda_file"] = _relative(plan.environment.conda_file, env_path.parent)
         _dump(environment, env_path)
         written.append(env_path)
-    _dump({"$schema": JOB_SCHEMA, **job}, path)
+    _dump({"$schema": sweep_v2.SCHEMA if sweep else JOB_SCHEMA, **job}, path)
     written.append(path)
     return written
 
 
 def validate_offline(plan: JobPlan, files: list[Path]) -> dict[str, Any]:
     """Load the written YAML with the SDK and build the REST body the service would receive; check that it
-    says what the plan says. Returns the body (`properties` of the job PUT). Raises SubmitError."""
+    says what the plan says (a sweep job's trial: its layout). Returns the body (`properties` of the job
+    PUT). Raises SubmitError."""
     from azure.ai.ml import load_environment, load_job
     from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
 
@@ -120,17 +136,29 @@ def validate_offline(plan: JobPlan, files: list[Path]) -> dict[str, Any]:
         for env_file in env_files:
             load_environment(env_file)
         job = load_job(job_file)
-        job._validate(raise_error=True)
+        if hasattr(job, "_validate"):  # a command job's schema check; a SweepJob has none beyond load_job's
+            job._validate(raise_error=True)
         body = to_rest_job_object(job).as_dict()["properties"]
     except Exception as exc:  # the SDK's ValidationException, marshmallow's, or its own UserErrorException
         raise SubmitError(f"Azure ML's validation rejected {job_file.name}: {one_line(exc)}") from None
     expected = {"distributionType": "Mpi", "processCountPerInstance": plan.processes_per_node}
-    distribution = body.get("distribution") or {}
+    what_runs = layout_of(body)
+    distribution = what_runs.get("distribution") or {}
     if any(distribution.get(k) != v for k, v in expected.items()) or \
-            (body.get("resources") or {}).get("instanceCount") != plan.nodes:
+            (what_runs.get("resources") or {}).get("instanceCount") != plan.nodes:
         raise SubmitError(f"{job_file.name} does not say {plan.nodes} nodes x {plan.processes_per_node} MPI "
                           f"processes once loaded: {json.dumps(distribution)}")
+    if isinstance(plan.sweep, SweepPlan):
+        from hvdazure.azure import sweep_v2
+
+        sweep_v2.check_body(body, plan.sweep, job_file.name)
     return body
+
+
+def layout_of(body: dict[str, Any]) -> dict[str, Any]:
+    """The part of a job's REST body that holds the command, resources and distribution: a sweep job's
+    trial, or the command job itself."""
+    return body["trial"] if body.get("jobType") == "Sweep" else body
 
 
 def client(workspace: WorkspaceRef, credential: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,477 @@
+"""`hvdazure submit --sweep` (an Azure ML sweep job, SDK v2) and `--in-job-sweep` (one MPI command job running
+`python -m hvdazure.sweep`), checked offline: the YAML loads with azure-ai-ml's `load_job` and turns into the
+REST body the service would receive; bad spaces and options fail in one line before anything is written; a
+submission goes through the recording transport of test_azure_submit_v2.py up to the job PUT. No test here
+reaches Azure, and none shows that a sweep ran there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+
+import pytest
+import responses
+import yaml
+from test_azure_submit_v2 import BLOB_HOST, WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport
+
+from hvdazure.azure import submission, submit_v2, sweep_spec
+from hvdazure.azure.errors import JobSpecError, SubmitError
+from hvdazure.azure.job_spec import JobSpec, OutputSpec, resolve
+from hvdazure.cli import main
+from hvdazure.core.config import TrainConfig
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
+IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
+SPACE = """\
+lr: {type: loguniform, min_value: -9.2, max_value: -2.3}
+batch_size: {type: choice, values: [16, 32, 64]}
+extra.hidden: {type: choice, values: [32, 64, 128]}
+"""
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    directory = tmp_path / "project"
+    directory.mkdir()
+    (directory / "train.py").write_text("print('training')\n")
+    (directory / "space.yaml").write_text(SPACE)
+    monkeypatch.chdir(directory)
+    return directory
+
+
+def sweep(**overrides) -> sweep_spec.SweepSpec | sweep_spec.InJobSweepSpec:
+    return sweep_spec.from_options(**{"sweep": "space.yaml", "metric": "eval_loss", **overrides})
+
+
+def spec(**overrides) -> JobSpec:
+    return JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 2, "processes_per_node": 4,
+                      "image": IMAGE, "script_args": ["--set", "epochs=3"], "sweep": sweep(), **overrides})
+
+
+def load(path):
+    from azure.ai.ml import load_job
+    from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
+
+    job = load_job(path)
+    return job, to_rest_job_object(job).as_dict()["properties"]
+
+
+# --- the sweep job's YAML -----------------------------------------------------------------------------------
+def test_the_sweep_yaml_loads_with_load_job_into_a_sweep_job_whose_trial_is_the_mpi_job(project, tmp_path):
+    from azure.ai.ml.sweep import SweepJob
+
+    job = spec(sweep=sweep(trials=20, max_concurrent_trials=4, early_termination="bandit", seed=7,
+                           timeout=7200), shm_size="16g")
+    result = submission.dry_run(job, tmp_path / "out" / "sweep.yml")
+
+    loaded, body = load(tmp_path / "out" / "sweep.yml")  # afresh, as `az ml job create -f` would
+    assert isinstance(loaded, SweepJob)
+    trial = loaded.trial
+    assert (trial.resources.instance_count, trial.distribution.process_count_per_instance) == (2, 4)
+    assert body["jobType"] == "Sweep"
+    assert body["trial"]["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 4}
+    assert body["trial"]["resources"]["instanceCount"] == 2
+    assert body["trial"]["resources"]["shmSize"] == "16g"
+    assert body["objective"] == {"goal": "minimize", "primaryMetric": "eval_loss"}
+    assert body["limits"] == {"maxTotalTrials": 20, "maxConcurrentTrials": 4, "timeout": "PT2H",
+                              "jobLimitsType": "Sweep"}
+    assert body["samplingAlgorithm"] == {"samplingAlgorithmType": "Random", "seed": 7}
+    assert body["earlyTermination"] == {"policyType": "Bandit", "evaluationInterval": 1, "delayEvaluation": 5,
+                                        "slackFactor": 0.1, "slackAmount": 0.0}
+    assert (body["computeId"], body["experimentName"]) == ("gpu-cluster", "project")
+    assert body == result.body
+
+
+def test_the_sweep_yaml_is_az_ml_job_create_format_with_the_trial_code_relative_to_it(project, tmp_path):
+    submission.dry_run(spec(), tmp_path / "out" / "sweep.yml")
+
+    written = yaml.safe_load((tmp_path / "out" / "sweep.yml").read_text())
+    assert written["$schema"].endswith("/sweepJob.schema.json")
+    assert (written["type"], written["trial"]["code"]) == ("sweep", "../project")
+    assert list(written)[:6] == ["$schema", "type", "display_name", "experiment_name", "compute", "trial"]
+
+
+def test_each_sampled_value_reaches_the_script_as_set_under_an_identifier_key(project, tmp_path):
+    result = submission.dry_run(spec(), tmp_path / "sweep.yml")
+
+    assert set(result.body["searchSpace"]) == {"lr", "batch_size", "extra_hidden"}
+    assert result.body["searchSpace"]["extra_hidden"] == ["choice", [[32, 64, 128]]]
+    assert result.body["trial"]["command"] == (
+        "python train.py --set epochs=3 --set mlflow=true --set 'lr=${{search_space.lr}}' "
+        "--set 'batch_size=${{search_space.batch_size}}' --set 'extra.hidden=${{search_space.extra_hidden}}'")
+
+
+def test_the_trial_command_with_values_in_place_of_its_placeholders_parses_as_the_script_will(project,
+                                                                                               tmp_path):
+    result = submission.dry_run(spec(), tmp_path / "sweep.yml")
+    command = result.body["trial"]["command"]
+    sampled = {"lr": "0.0123", "batch_size": "32", "extra_hidden": "64"}  # as Azure ML writes them per trial
+
+    filled = re.sub(r"\$\{\{search_space\.(\w+)\}\}", lambda m: sampled[m.group(1)], command)
+    config = TrainConfig._from_cli(shlex.split(filled)[2:], {})
+
+    assert (config.lr, config.batch_size, config.extra, config.epochs, config.mlflow) == (
+        0.0123, 32, {"hidden": 64}, 3, True)
+
+
+def test_a_search_space_placeholder_the_space_lacks_is_caught_offline(project, tmp_path):
+    plan = resolve(spec())
+    undefined = ("--set", "extra.x=${{search_space.nope}}")
+    plan = dataclasses.replace(plan, script_args=(*plan.script_args, *undefined))
+    files = submit_v2.write_yaml(plan, tmp_path / "sweep.yml")
+
+    with pytest.raises(SubmitError, match=r"search_space\.nope\}\}, which the search space does not define$"):
+        submit_v2.validate_offline(plan, files)
+
+
+def test_every_distribution_maps_to_azure_mls_own(project, tmp_path):
+    (project / "space.yaml").write_text("""\
+extra.a: {type: choice, values: [1, 2]}
+extra.b: {type: randint, upper: 5}
+extra.c: {type: uniform, min_value: 0, max_value: 1}
+extra.d: {type: quniform, min_value: 0, max_value: 10, q: 2}
+extra.e: {type: loguniform, min_value: -3, max_value: 0}
+extra.f: {type: qloguniform, min_value: 0, max_value: 3, q: 1}
+extra.g: {type: normal, mu: 0, sigma: 1}
+extra.h: {type: qnormal, mu: 0, sigma: 1, q: 0.5}
+extra.i: {type: lognormal, mu: 0, sigma: 1}
+extra.j: {type: qlognormal, sigma: 1, mu: 0, q: 1}
+""")
+    result = submission.dry_run(spec(), tmp_path / "sweep.yml")
+
+    assert result.body["searchSpace"] == {
+        "extra_a": ["choice", [[1, 2]]], "extra_b": ["randint", [5]], "extra_c": ["uniform", [0, 1]],
+        "extra_d": ["quniform", [0, 10, 2]], "extra_e": ["loguniform", [-3, 0]],
+        "extra_f": ["qloguniform", [0, 3, 1]], "extra_g": ["normal", [0, 1]],
+        "extra_h": ["qnormal", [0, 1, 0.5]], "extra_i": ["lognormal", [0, 1]],
+        "extra_j": ["qlognormal", [0, 1, 1]]}  # in Azure ML's order, whatever the file's
+
+
+@pytest.mark.parametrize(("policy", "options", "expected"), [
+    ("median", {}, {"policyType": "MedianStopping", "evaluationInterval": 1, "delayEvaluation": 5}),
+    ("truncation", {"truncation_percentage": 30, "evaluation_interval": 2, "delay_evaluation": 0},
+     {"policyType": "TruncationSelection", "evaluationInterval": 2, "delayEvaluation": 0,
+      "truncationPercentage": 30}),
+    ("bandit", {"slack_factor": 0.2}, {"policyType": "Bandit", "evaluationInterval": 1, "delayEvaluation": 5,
+                                       "slackFactor": 0.2, "slackAmount": 0.0}),
+])
+def test_early_termination_policies_reach_the_rest_body(project, tmp_path, policy, options, expected):
+    job = spec(sweep=sweep(early_termination=policy, **options))
+    result = submission.dry_run(job, tmp_path / "sweep.yml")
+
+    assert {k: v for k, v in result.body["earlyTermination"].items() if v is not None} == expected
+
+
+def test_no_early_termination_by_default(project, tmp_path):
+    result = submission.dry_run(spec(), tmp_path / "sweep.yml")
+
+    assert result.body.get("earlyTermination") is None
+    assert result.body["limits"]["maxConcurrentTrials"] == result.body["limits"]["maxTotalTrials"] == 10
+
+
+def test_grid_sampling_over_choices_and_bayesian_over_choice_uniform_quniform(project, tmp_path):
+    (project / "grid.yaml").write_text("batch_size: {type: choice, values: [16, 32]}\n")
+    (project / "bayes.yaml").write_text("lr: {type: uniform, min_value: 0.001, max_value: 0.1}\n"
+                                        "epochs: {type: quniform, min_value: 2, max_value: 10, q: 2}\n"
+                                        "batch_size: {type: choice, values: [16, 32]}\n")
+    grid = submission.dry_run(spec(sweep=sweep(sweep="grid.yaml", sampler="grid")), tmp_path / "grid.yml")
+    bayes = submission.dry_run(spec(sweep=sweep(sweep="bayes.yaml", sampler="bayesian")), tmp_path / "b.yml")
+
+    assert grid.body["samplingAlgorithm"] == {"samplingAlgorithmType": "Grid"}
+    assert bayes.body["samplingAlgorithm"] == {"samplingAlgorithmType": "Bayesian"}
+
+
+def test_the_python_api_takes_the_same_sweep(project, tmp_path):
+    from hvdazure.azure import EarlyTermination, SweepSpec
+
+    job = spec(sweep=SweepSpec("space.yaml", "eval_accuracy", mode="max", trials=6,
+                               early_termination=EarlyTermination("bandit")))
+    result = submission.dry_run(job, tmp_path / "sweep.yml")
+
+    assert result.body["objective"] == {"goal": "maximize", "primaryMetric": "eval_accuracy"}
+    assert result.body["earlyTermination"]["slackFactor"] == 0.1  # bandit's default, as on the command line
+
+
+# --- what is refused, in one line, before anything is written --------------------------------------------
+@pytest.mark.parametrize(("space", "options", "message"), [
+    (SPACE, {"sampler": "grid"},
+     r"^--sampler grid: Azure ML's grid sampling takes choice parameters only, and 'lr' is loguniform"),
+    ("batch_size: {type: randint, upper: 4}\n", {"sampler": "grid"},
+     r"^--sampler grid: .* 'batch_size' is randint\(upper=4\)$"),
+    (SPACE, {"sampler": "bayesian"},
+     r"^--sampler bayesian: Azure ML's bayesian sampling takes choice, uniform, quniform parameters only, "
+     r"and 'lr' is loguniform\(min_value=-9\.2, max_value=-2\.3\)$"),
+    ("batch_size: {type: choice, values: [16, 32]}\n", {"sampler": "bayesian", "early_termination": "median"},
+     r"^--early-termination median: Azure ML's Bayesian sampling takes no early termination policy"),
+    ("extra.a-b: {type: choice, values: [1]}\nextra.a_b: {type: choice, values: [2]}\n", {},
+     r"^search space parameters 'extra\.a-b' and 'extra\.a_b' both become the Azure ML search space key "
+     r"'extra_a_b'"),
+    ("lr: {type: loguniform, min_value: 1}\n", {}, r"^search space parameter 'lr': loguniform takes "),
+    ("hidden: {type: choice, values: [1]}\n", {},
+     r"^search space parameter 'hidden': is not a TrainConfig field"),
+    (SPACE, {"trials": 0}, r"^--trials must be at least 1, got 0$"),
+    (SPACE, {"trials": 4, "max_concurrent_trials": 8},
+     r"^--max-concurrent-trials 8 is more than --trials 4$"),
+    (SPACE, {"mode": "avg"}, r"^--mode 'avg': expected min or max$"),
+    (SPACE, {"sampler": "tpe"},
+     r"^--sampler 'tpe': Azure ML sweep jobs sample random, grid, bayesian \(tpe is"),
+    (SPACE, {"seed": 1, "sampler": "bayesian"}, r"^--seed goes with --sampler random"),
+    (SPACE, {"early_termination": "hyperband"}, r"^--early-termination 'hyperband': expected none, bandit, "),
+    (SPACE, {"early_termination": "bandit", "slack_factor": 0.0},
+     r"^--slack-factor must be a number above 0"),
+    (SPACE, {"early_termination": "truncation", "truncation_percentage": 100},
+     r"^--truncation-percentage must be 1 to 99, got 100$"),
+    (SPACE, {"early_termination": "median", "evaluation_interval": 0},
+     r"^--evaluation-interval must be at least 1, got 0$"),
+    (SPACE, {"early_termination": "median", "delay_evaluation": -1},
+     r"^--delay-evaluation must be at least 0"),
+    (SPACE, {"timeout": 0}, r"^--timeout must be at least 1, got 0$"),
+])
+def test_a_bad_space_or_option_is_one_line_before_anything_is_written(project, tmp_path, space, options,
+                                                                       message):
+    (project / "space.yaml").write_text(space)
+    with pytest.raises(JobSpecError, match=message) as error:
+        submission.dry_run(spec(sweep=sweep(**options)), tmp_path / "sweep.yml")
+
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "sweep.yml").exists()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"sweep": None, "metric": "eval_loss"},
+     "--metric goes with --sweep SPACE.yaml or --in-job-sweep SPACE.yaml"),
+    ({"in_job_sweep": "space.yaml"}, "--sweep and --in-job-sweep: give one"),
+    ({"metric": None}, "--metric is required with --sweep: the metric every trial reports, e.g. eval_loss"),
+    ({"pruner": "median"}, "--pruner goes with --in-job-sweep, not --sweep"),
+    ({"sweep": None, "in_job_sweep": "space.yaml", "early_termination": "bandit"},
+     "--early-termination goes with --sweep, not --in-job-sweep"),
+    ({"evaluation_interval": 2},
+     "--evaluation-interval goes with --early-termination bandit, median or truncation"),
+    ({"early_termination": "median", "slack_factor": 0.1},
+     "--slack-factor goes with --early-termination bandit, not median"),
+])
+def test_options_that_do_not_go_together_are_refused(options, message):
+    with pytest.raises(JobSpecError) as error:
+        sweep_spec.from_options(**{"sweep": "space.yaml", "metric": "eval_loss", **options})
+
+    assert str(error.value).startswith(message)
+
+
+def test_no_sweep_option_means_a_plain_command_job():
+    assert sweep_spec.from_options() is None
+
+
+def test_a_tracking_uri_of_the_scripts_own_is_refused_azure_would_never_see_the_metric(project, tmp_path):
+    job = spec(script_args=["--set", "mlflow_tracking_uri=sqlite:///x.db"])
+
+    with pytest.raises(JobSpecError, match=r"^the script's arguments set mlflow_tracking_uri, so trials "):
+        submission.dry_run(job, tmp_path / "sweep.yml")
+
+
+def test_a_metric_the_trainer_does_not_log_is_warned_about(project, tmp_path):
+    warnings: list[str] = []
+    submission.dry_run(spec(sweep=sweep(metric="loss")), tmp_path / "sweep.yml", warn=warnings.append)
+
+    assert warnings == ["--metric loss: hvdazure's trainer logs eval_NAME and train_NAME to MLflow (e.g. "
+                        "eval_loss); no trial reports this one unless the script logs it itself"]
+
+
+def test_an_output_with_a_fixed_uri_is_shared_by_every_trial_and_said_so(project, tmp_path):
+    warnings: list[str] = []
+    job = spec(outputs=[OutputSpec("ckpt", "azureml://datastores/blob/paths/ckpt/")],
+               script_args=["--set", "checkpoint_dir=${{outputs.ckpt}}"])
+    result = submission.dry_run(job, tmp_path / "sweep.yml", warn=warnings.append)
+
+    assert warnings == ["--output ckpt has a fixed URI: every trial of the sweep writes to "
+                        "azureml://datastores/blob/paths/ckpt/"]
+    assert result.body["outputs"]["ckpt"]["mode"] == "ReadWriteMount"  # the sweep job's, shared by the trials
+
+
+# --- in-job sweep -----------------------------------------------------------------------------------------
+def in_job(**overrides) -> sweep_spec.InJobSweepSpec:
+    return sweep_spec.from_options(**{"in_job_sweep": "space.yaml", "metric": "eval_loss", **overrides})
+
+
+def test_an_in_job_sweep_is_one_mpi_job_whose_ranks_run_the_sweep_entry_point(project, tmp_path):
+    job = spec(sweep=in_job(trials=24, ranks_per_trial=4, pruner="median", seed=3))
+    result = submission.dry_run(job, tmp_path / "job.yml")
+
+    _, body = load(tmp_path / "job.yml")
+    assert body["jobType"] == "Command"
+    assert body["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 4}
+    assert body["resources"]["instanceCount"] == 2
+    assert body["command"] == ("python -m hvdazure.sweep train.py --space space.yaml --trials 24 "
+                               "--ranks-per-trial 4 --metric eval_loss --mode min --sampler tpe "
+                               "--pruner median --seed 3 --output ./outputs/sweep -- --set epochs=3")
+    assert "in-job sweep: 24 trial(s) of 4 rank(s), 2 at once on the job's 8 ranks; tpe sampler, pruner " \
+           "median, seed 3; objective: minimize eval_loss; results in ./outputs/sweep" in result.report()
+
+
+def test_the_in_job_command_parses_with_the_sweep_entry_points_own_parser(project, monkeypatch):
+    from hvdazure.sweep.__main__ import main as rank_main
+
+    plan = resolve(spec(sweep=in_job(ranks_per_trial=2, sampler="random")))
+    seen = []
+    monkeypatch.setattr("hvdazure.sweep.worker.main", lambda options: seen.append(options) or 0)
+
+    assert plan.argv[:3] == ("python", "-m", "hvdazure.sweep")
+    assert rank_main(list(plan.argv[3:])) == 0  # what `python -m hvdazure.sweep` parses on every rank
+
+    (options,) = seen
+    assert (options.script, options.space, options.ranks_per_trial, options.sampler, options.output) == (
+        "train.py", "space.yaml", 2, "random", "./outputs/sweep")
+    assert options.script_args == ("--set", "epochs=3")
+
+
+def test_ranks_per_trial_must_divide_nodes_times_processes(project, tmp_path):
+    with pytest.raises(JobSpecError) as error:
+        submission.dry_run(spec(sweep=in_job(ranks_per_trial=3)), tmp_path / "job.yml")
+
+    assert str(error.value) == ("--ranks-per-trial 3 does not divide the job's 2 node(s) x 4 process(es) = 8 "
+                                "ranks: every rank must belong to a trial")
+
+
+@pytest.mark.parametrize(("setup", "overrides", "message"), [
+    (lambda p: (p.parent / "outside.yaml").write_text(SPACE), {"in_job_sweep": "../outside.yaml"},
+     r"^--in-job-sweep \.\./outside\.yaml is outside the code directory .*: the job reads it from the "),
+    (lambda p: (p / ".amlignore").write_text("*.yaml\n"), {},
+     r"^--in-job-sweep space\.yaml is excluded by .*\.amlignore: it would not be uploaded$"),
+    (lambda p: None, {"in_job_sweep": "nope.yaml"},
+     r"^--in-job-sweep nope\.yaml: search space file not found$"),
+    (lambda p: None, {"sampler": "bayesian"},
+     r"^--sampler must be one of tpe, random, grid, got 'bayesian'$"),
+    (lambda p: (p / "space.yaml").write_text("lr: {type: normal, mu: 0, sigma: 1}\n"), {},
+     r"^search space parameter 'lr': normal\(mu=0, sigma=1\) is not available in a local sweep"),
+    (lambda p: None, {"ranks_per_trial": 0}, r"^--ranks-per-trial must be at least 1, got 0$"),
+])
+def test_an_in_job_sweep_the_job_could_not_run_is_refused_in_one_line(project, tmp_path, setup, overrides,
+                                                                       message):
+    setup(project)
+    with pytest.raises(JobSpecError, match=message):
+        submission.dry_run(spec(sweep=in_job(**overrides)), tmp_path / "job.yml")
+
+
+def test_an_in_job_sweep_needs_sdk_v2(project, tmp_path):
+    with pytest.raises(JobSpecError, match=r"^--in-job-sweep needs SDK v2 \(the default\)"):
+        submission.dry_run(spec(sweep=in_job()), tmp_path / "run.yml", sdk="v1")
+
+
+# --- submitted up to HTTP ---------------------------------------------------------------------------------
+@pytest.fixture
+def fake():
+    workspace = FakeWorkspace()
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as blob_store:
+        for method in ("PUT", "HEAD", "GET"):
+            blob_store.add_callback(method, BLOB_HOST, callback=workspace.blob)
+        yield workspace
+
+
+def submit(fake: FakeWorkspace, **overrides):
+    job = spec(processes_per_node=None, **overrides)  # from the compute's VM size, as Azure reports it
+    return submission.submit(job, WORKSPACE, credential=FakeCredential(),
+                             client_options={"transport": RecordingTransport(fake)})
+
+
+def test_a_submitted_sweep_puts_a_sweep_job_after_the_same_lookups_and_upload_as_a_command_job(project, fake):
+    submitted = submit(fake, sweep=sweep(trials=12, max_concurrent_trials=3, early_termination="median"))
+
+    version = next(p for m, p, _ in fake.calls if m == "PUT" and "/environments/" in p).rsplit("/", 1)[1]
+    assert fake.arm_calls() == [
+        ("GET", "/computes/gpu-cluster"),
+        ("GET", f"/environments/hvdazure-gpu/versions/{version}"),
+        ("PUT", f"/environments/hvdazure-gpu/versions/{version}"),
+        ("GET", "/codes/*/versions"),
+        ("POST", "/codes/*/versions/1/startPendingUpload"),
+        ("PUT", "/codes/*/versions/1"),
+        ("PUT", "/jobs/*"),
+    ]
+    assert any(m == "PUT" and p == "blob:project/space.yaml" for m, p, _ in fake.calls)
+    body = fake.job_put()
+    assert body["jobType"] == "Sweep"
+    # the compute's VM size (ND96asr v4: 8 GPUs) gives each trial's processes per node, as for a command job
+    assert body["trial"]["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 8}
+    assert body["trial"]["resources"]["instanceCount"] == 2
+    assert re.fullmatch(r".*/codes/[^/]+/versions/1", body["trial"]["codeId"])
+    assert body["trial"]["environmentVariables"]["NCCL_IB_PCI_RELAXED_ORDERING"] == "1"
+    assert body["objective"] == {"goal": "minimize", "primaryMetric": "eval_loss"}
+    assert (body["limits"]["maxTotalTrials"], body["limits"]["maxConcurrentTrials"]) == (12, 3)
+    assert body["earlyTermination"]["policyType"] == "MedianStopping"
+    assert set(body["searchSpace"]) == {"lr", "batch_size", "extra_hidden"}
+    assert submitted.name == fake.calls[-1][1].rsplit("/", 1)[1]
+
+
+def test_a_submitted_in_job_sweep_checks_its_ranks_against_the_computes_size(project, fake):
+    submit(fake, nodes=1, sweep=in_job(ranks_per_trial=8))  # 8 GPUs on the compute: known only from Azure
+
+    body = fake.job_put()
+    assert body["jobType"] == "Command"
+    assert body["command"].startswith("python -m hvdazure.sweep train.py --space space.yaml --trials 10 "
+                                      "--ranks-per-trial 8 ")
+    assert body["distribution"]["processCountPerInstance"] == 8
+
+
+def test_in_job_ranks_that_do_not_divide_the_computes_gpus_stop_before_the_upload(project, fake):
+    with pytest.raises(JobSpecError, match=r"^--ranks-per-trial 3 does not divide the job's 2 node\(s\) x 8"):
+        submit(fake, sweep=in_job(ranks_per_trial=3))
+
+    assert not [p for _, p, _ in fake.calls if p.startswith(("blob:", "/codes/", "/jobs/"))]
+
+
+# --- the CLI ----------------------------------------------------------------------------------------------
+BASE = ["submit", "train.py", "--compute", "gpu-cluster", "--nodes", "2", "-ppn", "4", "--image", IMAGE,
+        "--dry-run"]
+
+
+def test_cli_dry_run_of_a_sweep_prints_the_trials_objective_policy_and_space(project, capsys):
+    code = main([*BASE, "--sweep", "space.yaml", "--metric", "eval_loss", "--trials", "20",
+                 "--max-concurrent-trials", "4", "--early-termination", "bandit", "--", "--set", "epochs=3"])
+
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert ("sweep job: 20 trial(s) of 2 node(s) x 4 process(es), up to 4 at once; random sampling; "
+            "objective: minimize eval_loss (the MLflow metric every trial logs)") in out
+    assert ("early termination: bandit (every 1 report(s) of the metric after the first 5, slack factor 0.1)"
+            in out)
+    assert ("search space (space.yaml): lr loguniform(min_value=-9.2, max_value=-2.3); batch_size "
+            "choice[16, 32, 64]; extra.hidden choice[32, 64, 128] as extra_hidden") in out
+    assert out[-1] == ("to submit: az ml environment create -f hvdazure-job.environment.yml && "
+                       "az ml job create -f hvdazure-job.yml")
+
+
+def test_cli_json_says_what_the_sweep_searches(project, capsys):
+    code = main([*BASE, "--json", "--in-job-sweep", "space.yaml", "--metric", "eval_loss",
+                 "--ranks-per-trial", "2"])
+
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["sweep"]["type"] == "in_job"
+    assert (result["sweep"]["ranks_per_trial"], result["sweep"]["output"]) == (2, "./outputs/sweep")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--sweep", "space.yaml"], "hvdazure: error: --metric is required with --sweep"),
+    (["--sweep", "space.yaml", "--metric", "m", "--sampler", "hyperopt"],
+     "hvdazure: error: --sampler 'hyperopt'"),
+    (["--sweep", "space.yaml", "--metric", "m", "--early-termination", "asha"],
+     "hvdazure: error: --early-termination 'asha': expected none, bandit, median, truncation"),
+    (["--sweep", "space.yaml", "--metric", "m", "--ranks-per-trial", "2"],
+     "hvdazure: error: --ranks-per-trial goes with --in-job-sweep, not --sweep"),
+    (["--in-job-sweep", "space.yaml", "--metric", "m", "--ranks-per-trial", "3"],
+     "hvdazure: error: --ranks-per-trial 3 does not divide the job's 2 node(s) x 4 process(es) = 8 ranks"),
+    (["--in-job-sweep", "space.yaml", "--metric", "m", "--pruner", "asha"],
+     "hvdazure: error: --pruner must be one of none, median, hyperband, got 'asha'"),
+    (["--trials", "5"],
+     "hvdazure: error: --trials goes with --sweep SPACE.yaml or --in-job-sweep SPACE.yaml"),
+])
+def test_cli_refuses_a_bad_sweep_in_one_line_with_status_2_and_writes_nothing(project, capsys, argv, message):
+    code = main([*BASE, *argv])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(message)
+    assert err.count("\n") == 1
+    assert not (project / "hvdazure-job.yml").exists()

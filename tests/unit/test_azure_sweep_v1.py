@@ -1,0 +1,280 @@
+"""`hvdazure submit --sweep ... --sdk v1`: a HyperDrive run (azureml-train-core), offline.
+
+The HyperDriveConfig is built from the same SweepPlan as SDK v2's sweep job and serialised as its service is
+sent it; a dry run loads it back; a submission goes through the `responses` recorder of
+test_azure_submit_v1.py (plus the HyperDrive service) up to the POST that starts the run. Also here: the
+trial's entry file, which turns HyperDrive's `--KEY VALUE` arguments into the script's `--set`, run for real
+in a subprocess. No test here reaches Azure, and none shows that a HyperDrive run ran there.
+"""
+
+from __future__ import annotations
+
+import email
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import responses
+import yaml
+from test_azure_submit_v1 import FakeCredential, FakeService
+
+from hvdazure.azure import submission, sweep_spec, sweep_v1
+from hvdazure.azure.errors import JobSpecError, SubmitError
+from hvdazure.azure.hyperdrive_args import ENTRY_FILE, ENTRY_SOURCE, HyperDriveArgsError, translate
+from hvdazure.azure.job_spec import JobSpec, resolve
+from hvdazure.azure.workspace import WorkspaceRef
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
+IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
+SPACE = """\
+lr: {type: loguniform, min_value: -9.2, max_value: -2.3}
+batch_size: {type: choice, values: [16, 32, 64]}
+extra.hidden: {type: choice, values: [32, 64]}
+"""
+ENTRY_ARGS = ["--param", "lr=lr", "--param", "batch_size=batch_size", "--param", "extra_hidden=extra.hidden",
+              "--", "train.py", "--set", "epochs=3", "--set", "mlflow=true"]
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # azureml-core caches snapshots under ~/.azureml
+    (tmp_path / "home" / ".azureml").mkdir(parents=True)
+    directory = tmp_path / "project"
+    directory.mkdir()
+    (directory / "train.py").write_text("print('training')\n")
+    (directory / "space.yaml").write_text(SPACE)
+    monkeypatch.chdir(directory)
+    return directory
+
+
+def spec(**sweep_options) -> JobSpec:
+    sweep = sweep_spec.from_options(**{"sweep": "space.yaml", "metric": "eval_loss", **sweep_options})
+    return JobSpec(script="train.py", compute="gpu-cluster", nodes=2, processes_per_node=4, image=IMAGE,
+                   script_args=["--set", "epochs=3"], sweep=sweep)
+
+
+# --- the HyperDriveConfig ---------------------------------------------------------------------------------
+def test_the_hyperdrive_config_holds_sampling_metric_limits_and_policy_around_the_mpi_trial(project):
+    config = sweep_v1.build_config(resolve(spec(trials=20, max_concurrent_trials=4, seed=7, timeout=7200,
+                                                early_termination="bandit", slack_factor=0.2)))
+
+    assert config._generator_config == {
+        "name": "RANDOM", "properties": {"seed": 7},
+        "parameter_space": {"--lr": ["loguniform", [-9.2, -2.3]], "--batch_size": ["choice", [[16, 32, 64]]],
+                            "--extra_hidden": ["choice", [[32, 64]]]}}
+    assert config._primary_metric_config == {"name": "eval_loss", "goal": "minimize"}
+    assert (config._max_total_runs, config._max_concurrent_runs, config._max_duration_minutes) == (20, 4, 120)
+    assert config._policy_config == {"name": "Bandit", "properties": {
+        "evaluation_interval": 1, "delay_evaluation": 5, "slack_factor": 0.2}}
+    trial = config.run_config  # the ScriptRunConfig submit_v1 builds for the command job, run by the entry
+    assert (trial.script, list(trial.arguments)) == (ENTRY_FILE, ENTRY_ARGS)
+    mpi = trial.run_config.mpi
+    assert (mpi.process_count_per_node, mpi.node_count, trial.run_config.node_count) == (4, 2, 2)
+    assert trial.run_config.environment.docker.base_image == IMAGE
+
+
+@pytest.mark.parametrize(("options", "sampling", "policy"), [
+    ({"sampler": "grid", "early_termination": "median"}, "GRID",
+     {"name": "MedianStopping", "properties": {"evaluation_interval": 1, "delay_evaluation": 5}}),
+    ({"sampler": "bayesian"}, "BayesianOptimization", {"name": "Default"}),
+    ({"early_termination": "truncation", "truncation_percentage": 25, "delay_evaluation": 2}, "RANDOM",
+     {"name": "TruncationSelection", "properties": {
+         "evaluation_interval": 1, "delay_evaluation": 2, "truncation_percentage": 25,
+         "exclude_finished_jobs": False}}),
+])
+def test_each_sampler_and_policy_becomes_hyperdrives_own(project, options, sampling, policy):
+    (project / "space.yaml").write_text("batch_size: {type: choice, values: [16, 32]}\n"
+                                        "epochs: {type: choice, values: [2, 4]}\n")
+    config = sweep_v1.build_config(resolve(spec(**options)))
+
+    assert config._generator_config["name"] == sampling
+    assert config._policy_config == policy
+    assert config._max_duration_minutes == sweep_v1.MAX_DURATION_MINUTES  # no --timeout: HyperDrive's limit
+
+
+def test_v1_dry_run_writes_the_hyperdrive_settings_and_the_trial_and_loads_both_back(project, tmp_path):
+    result = submission.dry_run(spec(early_termination="median"), tmp_path / "run.yml", sdk="v1")
+
+    written = yaml.safe_load((tmp_path / "run.yml").read_text())
+    assert written["hyperdrive"]["primary_metric_config"] == {"goal": "minimize", "name": "eval_loss"}
+    assert (written["hyperdrive"]["max_total_jobs"], written["hyperdrive"]["max_concurrent_jobs"]) == (10, 10)
+    assert written["hyperdrive"]["policy_config"]["name"] == "MedianStopping"
+    assert written["run_configuration"]["mpi"] == {"processCountPerNode": 4, "nodeCount": 2}
+    assert written["run_configuration"]["arguments"] == ENTRY_ARGS
+    assert result.body["hyperdrive"] == written["hyperdrive"]
+    report = result.report()
+    assert ("HyperDrive trial: python hvdazure_hyperdrive.py " + " ".join(ENTRY_ARGS)
+            + " --KEY VALUE ... (HyperDrive appends each sampled value)") in report
+    assert report[-2].endswith("and azureml-train-core the HyperDriveConfig")
+
+
+def test_a_written_file_that_no_longer_says_the_same_fails_to_load_back(project, tmp_path):
+    plan = resolve(spec())
+    (path,) = sweep_v1.write_yaml(plan, tmp_path / "run.yml")
+    written = yaml.safe_load(path.read_text())
+    written["hyperdrive"]["generator_config"]["name"] = "SOBOL"
+    path.write_text(yaml.safe_dump(written))
+
+    with pytest.raises(SubmitError, match=r"^azureml-train-core cannot load run\.yml back: ") as error:
+        sweep_v1.validate_offline(plan, [path])
+
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("space", "options", "message"), [
+    ("lr: {type: quniform, min_value: 0.1, max_value: 0.9, q: 0.1}\n", {},
+     r"^search space parameter 'lr': quniform\(min_value=0\.1, max_value=0\.9, q=0\.1\): .*q.* \(HyperDrive, "
+     r"SDK v1\)$"),
+    ("lr: {type: quniform, min_value: 0.5, max_value: 10, q: 1}\n", {"sampler": "bayesian"},
+     r"^azureml-train-core refused the sweep: Failed to validate a parameter distribution due to Expected "
+     r"quniform arguments to be int\.$"),
+    ("extra.flag: {type: choice, values: [true, false]}\n", {},
+     r"^search space parameter 'extra\.flag': choice\[True, False\]: 'choice' values should be 'int', "
+     r"'string' or 'float'\. \(HyperDrive, SDK v1\)$"),
+    (SPACE, {"timeout": 7 * 24 * 3600 + 1},
+     r"^--timeout 604801: a HyperDrive run lasts at most 10080 minutes"),
+])
+def test_what_hyperdrive_refuses_is_one_line_before_anything_is_written(project, tmp_path, space, options,
+                                                                         message):
+    (project / "space.yaml").write_text(space)
+    with pytest.raises(JobSpecError, match=message):
+        submission.dry_run(spec(**options), tmp_path / "run.yml", sdk="v1")
+
+    assert not (tmp_path / "run.yml").exists()
+
+
+def test_an_entry_file_the_upload_would_leave_out_is_refused(project, tmp_path):
+    (project / ".amlignore").write_text("hvdazure_*.py\n")
+
+    with pytest.raises(JobSpecError, match=r"^hvdazure_hyperdrive\.py is excluded by .*\.amlignore, and an "
+                                           r"SDK v1 sweep's trials run it from the upload: let it through"):
+        submission.dry_run(spec(), tmp_path / "run.yml", sdk="v1")
+
+
+def test_a_file_of_the_entrys_name_that_is_not_it_is_refused(project, tmp_path):
+    (project / ENTRY_FILE).write_text("print('mine')\n")
+
+    with pytest.raises(JobSpecError, match=r"hvdazure_hyperdrive\.py is not hvdazure's HyperDrive entry"):
+        submission.dry_run(spec(), tmp_path / "run.yml", sdk="v1")
+
+
+def test_the_entry_file_is_there_for_the_snapshot_only_and_one_of_the_user_stays(project):
+    with sweep_v1.entry_file(project) as path:
+        assert path.read_text() == ENTRY_SOURCE
+    assert not path.exists()
+
+    path.write_text(ENTRY_SOURCE)
+    with sweep_v1.entry_file(project):
+        pass
+    assert path.read_text() == ENTRY_SOURCE
+
+
+# --- submitted up to HTTP ---------------------------------------------------------------------------------
+class HyperDriveService(FakeService):
+    """test_azure_submit_v1's services, and HyperDrive's: its `runs` POST (a multipart form whose `config`
+    part is the CreateExperimentDto as JSON) starts the sweep and names the parent run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experiments: list[dict] = []
+
+    def __call__(self, request):
+        url = request.url.split("?")[0]
+        if "/hyperdrive/v1.0/" not in url:
+            return super().__call__(request)
+        self.calls.append((request.method, url, None))
+        form = email.message_from_bytes(f"Content-Type: {request.headers['Content-Type']}\r\n\r\n".encode()
+                                        + request.body)
+        (config,) = [part for part in form.walk() if part.get_param("name", header="Content-Disposition")
+                     == "config"]
+        self.experiments.append(json.loads(config.get_payload(decode=True)))
+        answer = {"code": 201, "result": {"name": "project", "platform_config": {"ParentRunId": "HD_1234"}}}
+        return 201, {}, json.dumps(answer)
+
+
+@pytest.fixture
+def service():
+    fake = HyperDriveService()
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as recorder:
+        for method in ("GET", "POST", "PUT", "PATCH", "HEAD"):
+            recorder.add_callback(method, re.compile(r"https://.*"), callback=fake,
+                                  content_type="application/json")
+        yield fake
+
+
+def test_a_v1_sweep_uploads_the_code_with_the_entry_file_then_starts_a_hyperdrive_run(project, service):
+    job = spec(trials=8, max_concurrent_trials=2, early_termination="median")
+    workspace = WorkspaceRef("sub-id", "rg", "ws")
+    submitted = submission.submit(job, workspace, sdk="v1", credential=FakeCredential())
+
+    uploaded = {u.rsplit("/", 1)[1] for m, u, _ in service.calls if m == "PUT" and "blob.core" in u}
+    assert uploaded == {"train.py", "space.yaml", ENTRY_FILE}
+    assert not (project / ENTRY_FILE).exists()  # written for the snapshot only
+    kinds = service.kinds()
+    assert kinds.index("PUT blob") < next(i for i, k in enumerate(kinds) if "/hyperdrive/" in k)
+    (experiment,) = service.experiments
+    assert experiment["generator_config"]["parameter_space"]["--extra_hidden"] == ["choice", [[32, 64]]]
+    assert experiment["primary_metric_config"] == {"goal": "minimize", "name": "eval_loss"}
+    assert (experiment["max_total_jobs"], experiment["max_concurrent_jobs"]) == (8, 2)
+    assert experiment["policy_config"]["name"] == "MedianStopping"
+    trial = experiment["platform_config"]["Definition"]["Overrides"]
+    assert trial["mpi"] == {"processCountPerNode": 4, "nodeCount": 2}
+    assert (trial["script"], trial["arguments"]) == (ENTRY_FILE, ENTRY_ARGS)
+    assert experiment["platform_config"]["Definition"]["SnapshotId"]
+    assert (submitted.name, submitted.sdk) == ("HD_1234", "v1")
+
+
+# --- the trial's entry: HyperDrive's arguments as --set -----------------------------------------------------
+def test_hyperdrives_trailing_arguments_become_set_after_the_scripts_own():
+    argv = ["--param", "lr=lr", "--param", "extra_hidden=extra.hidden", "--", "train.py", "--set", "epochs=3",
+            "--lr", "0.05", "--extra_hidden=64"]
+
+    assert translate(argv) == ["train.py", "--set", "epochs=3", "--set", "lr=0.05",
+                               "--set", "extra.hidden=64"]
+
+
+def test_only_the_trailing_pairs_are_hyperdrives_the_scripts_own_look_alikes_stay():
+    argv = ["--param", "lr=lr", "--", "train.py", "--lr", "kept", "--set", "epochs=3", "--lr", "-0.5"]
+
+    assert translate(argv) == ["train.py", "--lr", "kept", "--set", "epochs=3", "--set", "lr=-0.5"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--param", "lr=lr", "--", "train.py"], "HyperDrive passed no value for --lr"),
+    (["--param", "lr", "--", "train.py", "--lr", "1"], "--param expects KEY=NAME, got 'lr'"),
+    (["--param", "lr=lr", "train.py"], "expected --param KEY=NAME ... -- SCRIPT [ARGS]"),
+    (["--param", "lr=lr", "--"], "no script after --"),
+])
+def test_arguments_the_entry_cannot_use_are_one_line(argv, message):
+    with pytest.raises(HyperDriveArgsError, match=f"^{re.escape(message)}$"):
+        translate(argv)
+
+
+def test_the_entry_file_runs_the_script_with_its_own_modules_and_the_sampled_values(tmp_path):
+    (tmp_path / ENTRY_FILE).write_text(ENTRY_SOURCE)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "helper.py").write_text("NAME = 'helper'\n")
+    (tmp_path / "pkg" / "train.py").write_text(
+        "import json\nfrom helper import NAME\nfrom hvdazure.core.config import TrainConfig\n"
+        "config = TrainConfig.from_cli()\n"
+        "print(json.dumps([__name__, NAME, config.lr, config.epochs, config.extra]))\n")
+    argv = ["--param", "lr=lr", "--param", "extra_hidden=extra.hidden", "--", "pkg/train.py", "--set",
+            "epochs=2", "--lr", "0.05", "--extra_hidden", "64"]  # as HyperDrive appends its values
+
+    proc = subprocess.run([sys.executable, ENTRY_FILE, *argv], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == ["__main__", "helper", 0.05, 2, {"hidden": 64}]
+
+
+def test_the_entry_exits_2_with_one_line_when_hyperdrive_passed_no_value(tmp_path):
+    (tmp_path / "train.py").write_text("raise SystemExit('must not run')\n")
+
+    proc = subprocess.run([sys.executable, "-m", "hvdazure.azure.hyperdrive_args", "--param", "lr=lr", "--",
+                           "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    assert (proc.returncode, proc.stderr) == (2, "hvdazure: error: HyperDrive passed no value for --lr\n")
