@@ -293,14 +293,14 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
 
     sweep = sub.add_parser(
         "sweep", help="hyperparameter search: many data-parallel trials at once in one MPI job (Optuna)",
-        description="Run SCRIPT (unmodified, as for `hvdazure run`) as the trials of a hyperparameter search on "
-                    "N ranks under one mpirun: the ranks are split into groups of --ranks-per-trial, each group "
-                    "trains one trial at a time with Horovod on its own MPI sub-communicator and takes the next "
-                    "trial when done. Each trial's config is the script's config plus the trial's parameters, "
-                    "with its own output and checkpoint folder under --output. Results: a table, results.json, "
-                    "results.csv, best.yaml (for --config) and sweep.png in --output. Started again with the "
-                    "same --output, a stopped sweep resumes. Uses the MPI controller (Horovod ignores "
-                    "sub-communicators under Gloo) and mpi4py built against Horovod's MPI.",
+        description="Run SCRIPT (unmodified, as for `hvdazure run`) as the trials of a hyperparameter search "
+                    "on N ranks under one mpirun: the ranks are split into groups of --ranks-per-trial, each "
+                    "group trains one trial at a time with Horovod on its own MPI sub-communicator and takes "
+                    "the next trial when done. Each trial's config is the script's config plus the trial's "
+                    "parameters, with its own output and checkpoint folder under --output. Results: a table, "
+                    "results.json, results.csv, best.yaml (for --config) and sweep.png in --output. Started "
+                    "again with the same --output, a stopped sweep resumes. Uses the MPI controller (Horovod "
+                    "ignores sub-communicators under Gloo) and mpi4py built against Horovod's MPI.",
         epilog="the script's own arguments go after --. example:\n"
                "  hvdazure sweep -np 8 --ranks-per-trial 2 train.py --space space.yaml --trials 24 \\\n"
                "      --metric eval_loss --mode min --pruner median --output sweeps/run1 -- --set epochs=10",

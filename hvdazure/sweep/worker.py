@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,12 @@ def main(options: SweepOptions) -> int:
         if coordinator.aborted:
             sys.stderr.write(f"hvdazure sweep: error: {coordinator.aborted}\n")
             exit_code = exit_code or 1
+        elif results.best is None and not exit_code:  # a script that cannot train must not look fine
+            states = Counter(row["state"] for row in results.rows)
+            counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+            sys.stderr.write(f"hvdazure sweep: error: no trial completed ({counts}); see the trials' logs "
+                             f"in {options.output_dir / 'trials'}\n")
+            exit_code = 1
     console.flush()
     return exit_code
 

@@ -184,3 +184,15 @@ def test_a_trainer_on_a_communicator_under_gloo_fails_on_every_rank_in_one_line(
     lines = [line for line in job.output.splitlines() if "needs Horovod's MPI controller" in line]
     assert {line.split("]")[0] for line in lines} == {"[0", "[1"}, job.output
     assert "Traceback" not in job.output
+
+
+def test_a_metric_the_trials_do_not_have_stops_the_sweep_with_the_metrics_they_have(tmp_path):
+    out = tmp_path / "sweep"
+    cmd = sweep_command(out, {"lr": {"type": "choice", "values": [0.05, 0.02, 0.01]}}, 2, 1, "--trials", "3")
+    cmd[cmd.index("eval_loss")] = "eval_acc"
+    done = run_sweep(cmd)
+    assert done.returncode == 1, done.stdout + done.stderr
+    line = "--metric 'eval_acc' is not in the trial's history; its metrics are eval_loss, train_loss"
+    assert line in done.stderr
+    trials = results(out)["trials"]
+    assert len(trials) == 2 and {t["state"] for t in trials} == {"failed"}  # no third trial was started
