@@ -392,7 +392,7 @@ def _in_job_sweep(spec: InJobSweepSpec, plan: JobPlan, cwd: Path) -> InJobSweepP
     local = SweepOptions(script=str(plan.code_dir / plan.script), space=str(space_path),
                          metric=spec.metric, trials=trials, ranks_per_trial=ranks, mode=spec.mode,
                          sampler=spec.sampler, pruner=spec.pruner, seed=spec.seed, output=IN_JOB_OUTPUT,
-                         script_args=plan.script_args)
+                         mlflow=True, script_args=plan.script_args)  # trials: child runs of the job's run
     try:
         try:
             local.check()

@@ -306,7 +306,7 @@ def test_an_in_job_sweep_is_one_mpi_job_whose_ranks_run_the_sweep_entry_point(pr
     assert body["resources"]["instanceCount"] == 2
     assert body["command"] == ("python -m hvdazure.sweep train.py --space space.yaml --trials 24 "
                                "--ranks-per-trial 4 --metric eval_loss --mode min --sampler tpe "
-                               "--pruner median --seed 3 --output ./outputs/sweep -- --set epochs=3")
+                               "--pruner median --seed 3 --output ./outputs/sweep --mlflow -- --set epochs=3")
     assert "in-job sweep: 24 trial(s) of 4 rank(s), 2 at once on the job's 8 ranks; tpe sampler, pruner " \
            "median, seed 3; objective: minimize eval_loss; results in ./outputs/sweep" in result.report()
 
