@@ -39,6 +39,8 @@ setup(
         "azure-v1": ["azureml-core>=1.61", "azure-identity>=1.15", "pathspec>=0.11"],
         "tensorboard": ["tensorboard>=2.14"],
         "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=2", "alembic>=1.12"],
+        # hvdazure sweep; mpi4py must be built from source against Horovod's MPI (scripts/setup_env.sh)
+        "sweep": ["mpi4py>=4.1", "optuna>=4.0"],
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.5", "scikit-learn>=1.3", "responses>=0.25"],
     },
     entry_points={"console_scripts": ["hvdazure=hvdazure.cli:main"]},

@@ -61,6 +61,10 @@ if wrong:
 print(f"versions match versions.env: {found}; hvdazure {hvdazure.__version__}")
 PY
 
-# 4. The CLI starts (it is what Azure ML jobs and `docker run` call).
+# 4. mpi4py is linked to the libmpi Horovod is linked to (hvdazure sweep hands mpi4py communicators to Horovod).
+python -c "import sys; from hvdazure.launch.mpi_libraries import mpi4py_problem; sys.exit(mpi4py_problem())" \
+  || fail "mpi4py and Horovod do not share one MPI library (above)"
+
+# 5. The CLI starts (it is what Azure ML jobs and `docker run` call).
 hvdazure --help >/dev/null || fail "hvdazure --help failed"
 echo "check_image.sh: $variant image OK"

@@ -1,7 +1,8 @@
 """`hvdazure doctor`: what this machine can run, what is missing, and how to fix it.
 
 Versions are read from package metadata (no framework import); Horovod's build is read from
-`horovodrun --check-build`, the same report Horovod's own docs point to.
+`horovodrun --check-build`, the same report Horovod's own docs point to; mpi4py's MPI library from its
+extension module, without importing it (launch/mpi_libraries.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from importlib import metadata
 
 from hvdazure._version import __version__
 from hvdazure.launch.command import find_executable
+from hvdazure.launch.mpi_libraries import MpiLibraries, mpi_libraries
 
 SETUP_HINT = "run `make setup` (scripts/setup_env.sh) from the hvdazure repository"
 
@@ -39,6 +41,7 @@ class Report:
     mpi: str | None
     gpus: list[str]
     problems: list[str]
+    mpi4py: MpiLibraries | None = None  # hvdazure sweep needs mpi4py linked to Horovod's libmpi
 
     @property
     def ok(self) -> bool:
@@ -121,6 +124,7 @@ def collect() -> Report:
     build, build_problem = horovod_build() if packages["horovod"] else (None, None)
     mpi = mpi_version()
     gpus = visible_gpus()
+    libraries = mpi_libraries()
     problems = []
     if packages["horovod"] is None:
         problems.append(f"horovod is not installed: {SETUP_HINT}")
@@ -137,6 +141,9 @@ def collect() -> Report:
         if "Gloo" not in build.controllers:
             problems.append("horovod was built without Gloo: `hvdazure run --gloo` will fail; rebuild with "
                             "HOROVOD_WITH_GLOO=1")
+        # A Horovod that is missing or lacks MPI is reported above; the mpi4py line would repeat it.
+        if "MPI" in build.controllers and libraries.problem:
+            problems.append(libraries.problem)
         if gpus and "NCCL" not in build.tensor_operations:
             problems.append("GPUs are visible but horovod has no NCCL operations: GPU allreduce goes through "
                             "host memory; use the docker/gpu image or build with HOROVOD_GPU_OPERATIONS=NCCL")
@@ -154,12 +161,23 @@ def collect() -> Report:
         mpi=mpi,
         gpus=gpus,
         problems=problems,
+        mpi4py=libraries,
     )
 
 
 def as_dict(report: Report) -> dict:
     """The report as JSON-ready data, with the overall verdict under "ok"."""
     return {**asdict(report), "ok": report.ok}
+
+
+def describe_mpi4py(libraries: MpiLibraries) -> str:
+    """mpi4py's version and MPI library, and whether it is Horovod's."""
+    if libraries.mpi4py_version is None:
+        return "not installed"
+    if libraries.mpi4py_libmpi is None:
+        return f"{libraries.mpi4py_version}, MPI library unknown"
+    verdict = "Horovod's too" if libraries.same_library else f"not Horovod's {libraries.horovod_libmpi}"
+    return f"{libraries.mpi4py_version} with {libraries.mpi4py_libmpi} ({verdict})"
 
 
 def format_report(report: Report) -> str:
@@ -174,6 +192,7 @@ def format_report(report: Report) -> str:
         f"platform     {report.platform}",
         *(f"{name:<12} {show(version)}" for name, version in report.packages.items()),
         f"mpi          {show(report.mpi)}",
+        *([f"mpi4py       {describe_mpi4py(report.mpi4py)}"] if report.mpi4py else []),
         f"gpus         {', '.join(report.gpus) or 'none visible'}",
     ]
     if build is not None:

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Create or update the project environment (.venv) with the pinned PyTorch, TensorFlow, a patched Horovod
-# build with PyTorch + TensorFlow + MPI + Gloo, the dev tools, and hvdazure itself (editable).
+# build with PyTorch + TensorFlow + MPI + Gloo, mpi4py built against the same MPI, the dev tools, and
+# hvdazure itself (editable).
 #
-# Idempotent and cheap when nothing changed: a stamp of the pins is kept in the venv, and the Horovod wheel
-# is cached outside the repo ($HVDAZURE_CACHE, default ~/.cache/hvdazure), keyed by everything the build
-# depends on, so a fresh clone on the same machine reuses it instead of compiling again (10-20 minutes).
+# Idempotent and cheap when nothing changed: a stamp of the pins is kept in the venv, and the Horovod and
+# mpi4py wheels are cached outside the repo ($HVDAZURE_CACHE, default ~/.cache/hvdazure), keyed by
+# everything their builds depend on, so a fresh clone on the same machine reuses them instead of compiling
+# again (Horovod: 10-20 minutes, mpi4py: about 3 on 2 cores).
 #
 #   HVDAZURE_VENV   where the venv goes (default: <repo>/.venv)
-#   HVDAZURE_CACHE  where built Horovod wheels are kept (default: ~/.cache/hvdazure)
+#   HVDAZURE_CACHE  where built Horovod and mpi4py wheels are kept (default: ~/.cache/hvdazure)
 #   PYTHON          the interpreter to create the venv with (default: python$PYTHON_VERSION, else python3)
 #   HVDAZURE_TORCH_INDEX  the index to install PyTorch from: a URL, or "pypi" (or empty) for pip's default.
 #                   Unset: PyTorch's CPU index where there is no NVIDIA GPU (see scripts/torch_index.py)
@@ -19,9 +21,22 @@ set -a; . ./versions.env; set +a
 venv=${HVDAZURE_VENV:-$root/.venv}
 cache=${HVDAZURE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdazure}
 say() { echo "[setup] $*"; }
-pip_install() {  # quiet pip, minus the warnings some machines' pip.conf produces for every package
-  "$py" -m pip install --quiet "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+pip_quiet() {  # quiet pip, minus the warnings some machines' pip.conf produces for every package
+  "$py" -m pip "$@" --quiet 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
   return "${PIPESTATUS[0]}"
+}
+pip_install() { pip_quiet install "$@"; }
+# cached_wheel DIR COMMAND...: unless DIR holds a wheel, run COMMAND with DIR.partial appended (it writes the
+# wheel there), then rename it to DIR, so that only a finished build is ever reused.
+cached_wheel() {
+  local dir=$1; shift
+  if ls "$dir"/*.whl >/dev/null 2>&1; then
+    say "reusing cached wheel from $dir"
+    return
+  fi
+  rm -rf "$dir.partial"
+  "$@" "$dir.partial"
+  rm -rf "$dir"; mv "$dir.partial" "$dir"
 }
 die() { echo "[setup] ERROR: $*" >&2; exit 1; }
 
@@ -40,6 +55,8 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+mpi_id=$(mpirun --version 2>/dev/null | head -n1)  # part of the cache keys of the wheels built against MPI
 
 # --- 2. the venv and pinned Python packages --------------------------------------------------------------
 python_bin=${PYTHON:-$(command -v "python${PYTHON_VERSION}" || command -v python3)}
@@ -61,15 +78,38 @@ hvd_ok() {  # Horovod is usable only with both frameworks and both controllers c
 }
 
 # The stamp is written only after the full check below passed with exactly these pins, so a matching stamp
-# and Horovod version is enough (the full `--check-build` imports both frameworks: ~15 s).
-installed_hvd=$("$py" -c "from importlib.metadata import version; print(version('horovod'))" 2>/dev/null || true)
-if [[ -f $stamp && $(cat "$stamp") == "$pins_hash" && $installed_hvd == "$HOROVOD_VERSION" ]]; then
+# and Horovod version is enough (the full `--check-build` imports both frameworks: ~15 s). mpi4py's libmpi is
+# checked too (ldd, no MPI started): a later `pip install` may have put PyPI's wheel in its place.
+installed=$("$py" - 2>/dev/null <<'PY' || true
+from importlib.metadata import version
+from hvdazure.launch.mpi_libraries import mpi4py_problem
+print(version("horovod"), "mpi4py-ok" if mpi4py_problem() is None else "mpi4py-wrong")
+PY
+)
+if [[ -f $stamp && $(cat "$stamp") == "$pins_hash" && $installed == "$HOROVOD_VERSION mpi4py-ok" ]]; then
   say "environment up to date ($venv); nothing to do"
   exit 0
 fi
 
 say "installing pinned packages into $venv"
 pip_install --upgrade pip
+
+# mpi4py, built from source against the MPI whose mpicc is on PATH, the one Horovod is built against below:
+# hvdazure sweep hands mpi4py's communicators to Horovod, so both must load one libmpi (PyPI's mpi4py wheels
+# choose theirs at run time). Installed before the bulk install, which then finds the pin in base.txt
+# satisfied; that install has --no-binary mpi4py as well, so it can never take PyPI's wheel instead.
+mpi4py_version=$(sed -n 's/^mpi4py==\([^ #]*\).*/\1/p' requirements/base.txt)
+[[ -n $mpi4py_version ]] || die "requirements/base.txt has no mpi4py==VERSION pin"
+mpicc=$(command -v mpicc) || die "mpicc not found: install libopenmpi-dev"
+build_mpi4py() {  # build_mpi4py OUT_DIR; --no-cache-dir: pip's wheel cache may hold one built for another MPI
+  say "building mpi4py $mpi4py_version against $mpi_id ($mpicc; about 3 minutes on 2 cores)"
+  MPICC=$mpicc pip_quiet wheel --no-cache-dir --no-binary mpi4py --no-deps "mpi4py==$mpi4py_version" -w "$1"
+}
+key=$(printf '%s\n' "$mpi4py_version" "$($py -V)" "$mpi_id" "$mpicc" "$(uname -m)" | sha256sum | cut -c1-16)
+wheel_dir=$cache/wheels/mpi4py-$mpi4py_version-$key
+cached_wheel "$wheel_dir" build_mpi4py
+pip_install --no-deps --force-reinstall "$wheel_dir"/mpi4py-*.whl
+
 # PyPI's torch for Linux is the CUDA build (several GB). Without an NVIDIA GPU, the CPU build comes from
 # PyTorch's index, unless a wheel satisfying the pin is already at hand (machines that cannot reach that
 # index: asking it anyway costs retries on every package). torch_index.py prints the choice and why.
@@ -77,7 +117,7 @@ torch_index=$("$py" scripts/torch_index.py "torch==${TORCH_VERSION}")
 read -ra torch_index_args <<<"$torch_index"
 # requirements/azure.txt (Azure ML submission, SDK v2 and v1) resolves only with pip 26 or newer: the
 # upgrade above brings it.
-pip_install ${torch_index_args[@]+"${torch_index_args[@]}"} \
+pip_install ${torch_index_args[@]+"${torch_index_args[@]}"} --no-binary mpi4py \
   "torch==${TORCH_VERSION}" "tensorflow-cpu==${TENSORFLOW_VERSION}" -r requirements/dev.txt \
   -r requirements/azure.txt
 
@@ -85,18 +125,11 @@ pip_install ${torch_index_args[@]+"${torch_index_args[@]}"} \
 if hvd_ok && "$py" -c "import horovod, sys; sys.exit(horovod.__version__ != '${HOROVOD_VERSION}')"; then
   say "horovod ${HOROVOD_VERSION} already built with PyTorch, TensorFlow, MPI and Gloo; reusing it"
 else
-  mpi_id=$(mpirun --version 2>/dev/null | head -n1)
   key=$(printf '%s\n' "$HOROVOD_VERSION" "$TORCH_VERSION" "$TENSORFLOW_VERSION" "$($py -V)" "$mpi_id" \
     "$(uname -m)" "$(sha256sum scripts/build_horovod.sh)" | sha256sum | cut -c1-16)
   wheel_dir=$cache/wheels/horovod-$HOROVOD_VERSION-$key
-  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-      HOROVOD_WITHOUT_MXNET=1 PATH="$venv/bin:$PATH" \
-      bash scripts/build_horovod.sh "$wheel_dir.partial"
-    rm -rf "$wheel_dir"; mv "$wheel_dir.partial" "$wheel_dir"  # only a finished build is ever reused
-  else
-    say "reusing cached horovod wheel from $wheel_dir"
-  fi
+  cached_wheel "$wheel_dir" env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 \
+    HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1 PATH="$venv/bin:$PATH" bash scripts/build_horovod.sh
   pip_install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
   hvd_ok || die "horovod installed but 'horovodrun --check-build' lacks PyTorch, TensorFlow, MPI or Gloo:
 $("$venv/bin/horovodrun" --check-build 2>&1 | tail -n 20)"
@@ -104,5 +137,8 @@ fi
 
 # --- 4. hvdazure itself --------------------------------------------------------------------------------
 pip_install --no-deps --no-build-isolation -e .
+# mpi4py and Horovod linked to one libmpi (hvdazure sweep's precondition); no MPI is started to check it
+"$py" -c "import sys; from hvdazure.launch.mpi_libraries import mpi4py_problem; sys.exit(mpi4py_problem())" \
+  || die "mpi4py and Horovod do not share one MPI library (above)"
 echo "$pins_hash" >"$stamp"
 say "environment ready: $("$py" -c 'import torch, tensorflow as tf, horovod; print(f"torch {torch.__version__}, tensorflow {tf.__version__}, horovod {horovod.__version__}")' 2>/dev/null)"
