@@ -36,11 +36,12 @@ setup(
         # .amlignore / .gitignore for the code snapshot.
         "azure": ["azure-ai-ml>=1.35,<2", "azure-identity>=1.15", "pathspec>=0.11", "adlfs>=2023.10"],
         # the legacy SDK v1 path (hvdazure submit --sdk v1); azureml-core is out of support since 2026-06-30
-        "azure-v1": ["azureml-core>=1.61", "azure-identity>=1.15", "pathspec>=0.11"],
+        "azure-v1": ["azureml-core>=1.61", "azureml-train-core>=1.61", "azure-identity>=1.15",
+                     "pathspec>=0.11"],  # azureml-train-core: HyperDriveConfig (hvdazure submit --sweep)
         "tensorboard": ["tensorboard>=2.14"],
         "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=2", "alembic>=1.12"],
         # hvdazure sweep; mpi4py must be built from source against Horovod's MPI (scripts/setup_env.sh)
-        "sweep": ["mpi4py>=4.1", "optuna>=4.0"],
+        "sweep": ["mpi4py>=4.1", "optuna>=4.0", "matplotlib>=3.7"],
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.5", "scikit-learn>=1.3", "responses>=0.25"],
     },
     entry_points={"console_scripts": ["hvdazure=hvdazure.cli:main"]},
