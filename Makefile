@@ -15,7 +15,7 @@ demo-tf: setup
 	$(VENV)/bin/hvdazure run -np 2 samples/tf_digits.py
 
 test: setup lint
-	$(VENV)/bin/pytest tests
+	$(VENV)/bin/pytest tests --durations=30
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit
