@@ -43,6 +43,15 @@ def _sweep(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from hvdazure.bench.runner import BenchError, run
+
+    try:
+        return run(args, ["hvdazure", *sys.argv[1:]])
+    except (BenchError, ValueError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from hvdazure import doctor
 
@@ -323,6 +332,25 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     sweep.set_defaults(func=_sweep, script_args=[])
 
 
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from hvdazure.bench import BENCHMARKS
+    from hvdazure.bench.options import add_arguments
+
+    bench = sub.add_parser(
+        "bench", help="benchmarks on this machine: collective bandwidth, trainer overhead, throughput",
+        description="Run a benchmark on N ranks of this machine (started as `hvdazure run` starts jobs) and "
+                    "print its table; --json writes every figure with the machine's facts, --plot a PNG. "
+                    "allreduce: latency and bandwidth of hvdazure's gradient path against raw Horovod, "
+                    "torch.distributed and mpi4py (--mpi).",
+        epilog="examples:\n  hvdazure bench allreduce -np 2 --mpi --json ar.json --plot ar.png\n"
+               "  hvdazure bench allreduce -np 2 --quick",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("name", choices=BENCHMARKS, metavar="NAME", help=", ".join(BENCHMARKS))
+    add_arguments(bench)
+    bench.set_defaults(func=_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(
@@ -366,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_run, controller="gloo")
 
     _add_sweep_parser(sub)
+    _add_bench_parser(sub)
     doctor = sub.add_parser("doctor", help="report versions, Horovod's build, MPI, GPUs and what is missing",
                             description="Exit status is non-zero when Horovod cannot run here.")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")

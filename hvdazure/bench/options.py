@@ -1,0 +1,38 @@
+"""The options every benchmark takes, shared by `hvdazure bench` and `python -m hvdazure.bench.NAME`.
+
+Kept free of framework imports: the CLI builds its parser from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """-np, the controller, --quick, --json, --plot and the options of single benchmarks."""
+    parser.add_argument("-np", "--num-proc", dest="np", type=int, default=2,
+                        help="ranks (default: 2); throughput also runs 1 rank and N single-rank processes")
+    controller = parser.add_mutually_exclusive_group()
+    controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
+                            help="Gloo controller via horovodrun (default)")
+    controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
+                            help="MPI controller via mpirun (needed for the mpi4py peer of allreduce)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny configuration: checks that the benchmark runs, not a measurement")
+    parser.add_argument("--json", metavar="OUT.json", help="write every figure and the machine's facts here")
+    parser.add_argument("--plot", metavar="OUT.png", help="write a plot (matplotlib)")
+    parser.add_argument("--op", choices=("allreduce", "broadcast", "allgather"), default="allreduce",
+                        help="allreduce: the collective measured (default: allreduce)")
+    parser.add_argument("--model", choices=("mlp", "resnet50"), default="mlp",
+                        help="throughput: the model (default: mlp, CPU-sized; resnet50 needs torchvision)")
+    parser.add_argument("--timeout", type=float, default=3600.0, metavar="S",
+                        help="stop a job of the benchmark after S seconds (default: 3600)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show the launcher's report on failure")
+    parser.set_defaults(controller="gloo")
+
+
+def as_options(args: argparse.Namespace) -> dict:
+    """What the ranks need from the parsed arguments (JSON-serialisable)."""
+    return {"np": args.np, "controller": args.controller, "quick": args.quick, "op": args.op,
+            "model": args.model}
