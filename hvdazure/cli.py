@@ -297,6 +297,26 @@ def _add_azure_parser(sub: argparse._SubParsersAction) -> None:
     create.set_defaults(func=_azure_compute_create)
 
 
+def _add_job_options(parser: argparse.ArgumentParser) -> None:
+    """Where the ranks run and how the job is stopped: the options `hvdazure run` and `hvdazure sweep` share
+    (the job's supervisor is the same, launch/supervisor.py)."""
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", help="host:slots,... (default: localhost:N)")
+    hosts.add_argument("--hostfile", help="file with one `host slots=N` per line")
+    parser.add_argument("--network-interface", metavar="IFACE|CIDR",
+                        help="the interface ranks on different nodes talk over, by name (eth0) or subnet "
+                             "(10.0.0.0/24); default: the route to the other hosts, when unambiguous")
+    parser.add_argument("--timeout", type=_positive_float, metavar="S",
+                        help="stop every rank and exit 124 after S seconds (a sweep's running trials save a "
+                             "checkpoint first and resume when it is started again)")
+    parser.add_argument("--grace", type=_positive_float, default=30.0, metavar="S",
+                        help="seconds ranks get after SIGTERM (timeout, Ctrl-C, preemption) to save a final "
+                             "checkpoint before they are killed (default: 30)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show the launcher's own report when a rank fails (horovodrun's traceback, "
+                             "mpirun's summary); hvdazure's one-line summary names the rank either way")
+
+
 def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     from hvdazure.sweep.options import add_arguments
 
@@ -319,16 +339,7 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
                        help="ranks in all: a multiple of --ranks-per-trial")
     add_arguments(sweep)
-    hosts = sweep.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", help="host:slots,... (default: localhost:N)")
-    hosts.add_argument("--hostfile", help="file with one `host slots=N` per line")
-    sweep.add_argument("--network-interface", metavar="IFACE|CIDR",
-                       help="the interface ranks on different nodes talk over (as for `hvdazure run`)")
-    sweep.add_argument("--timeout", type=_positive_float, metavar="S",
-                       help="stop the sweep after S seconds (running trials checkpoint; rerun to resume)")
-    sweep.add_argument("--grace", type=_positive_float, default=30.0, metavar="S",
-                       help="seconds trials get after SIGTERM to save a checkpoint (default: 30)")
-    sweep.add_argument("-v", "--verbose", action="store_true", help="also show mpirun's report on a failure")
+    _add_job_options(sweep)
     sweep.set_defaults(func=_sweep, script_args=[])
 
 
@@ -371,25 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
-    hosts = run.add_mutually_exclusive_group()
-    hosts.add_argument("-H", "--hosts", help="host:slots,... (default: localhost:N)")
-    hosts.add_argument("--hostfile", help="file with one `host slots=N` per line")
     controller = run.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
                             help="Gloo controller via horovodrun (default)")
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
                             help="MPI controller via mpirun")
-    run.add_argument("--network-interface", metavar="IFACE|CIDR",
-                     help="the interface ranks on different nodes talk over, by name (eth0) or subnet "
-                          "(10.0.0.0/24); default: the route to the other hosts, when unambiguous")
-    run.add_argument("--timeout", type=_positive_float, metavar="S",
-                     help="stop every rank and exit 124 after S seconds")
-    run.add_argument("--grace", type=_positive_float, default=30.0, metavar="S",
-                     help="seconds ranks get after SIGTERM (timeout, Ctrl-C, preemption) to save a final "
-                          "checkpoint before they are killed (default: 30)")
-    run.add_argument("-v", "--verbose", action="store_true",
-                     help="also show the launcher's own report when a rank fails (horovodrun's traceback, "
-                          "mpirun's summary); hvdazure's one-line summary names the rank either way")
+    _add_job_options(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or -- COMMAND [args]")
     run.set_defaults(func=_run, controller="gloo")
 
