@@ -23,8 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="OUT.png", help="write a plot (matplotlib)")
     parser.add_argument("--op", choices=("allreduce", "broadcast", "allgather"), default="allreduce",
                         help="allreduce: the collective measured (default: allreduce)")
-    parser.add_argument("--model", choices=("mlp", "resnet50"), default="mlp",
-                        help="throughput: the model (default: mlp, CPU-sized; resnet50 needs torchvision)")
+    parser.add_argument("--framework", choices=("torch", "tensorflow", "both"), default="both",
+                        help="overhead: the trainers compared with their hand-written loops (default: both)")
+    parser.add_argument("--model", choices=("cnn", "resnet50"), default="cnn",
+                        help="throughput: the model (default: cnn, a small CPU-sized CNN; resnet50 for GPUs, "
+                             "needs torchvision)")
     parser.add_argument("--timeout", type=float, default=3600.0, metavar="S",
                         help="stop a job of the benchmark after S seconds (default: 3600)")
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -35,4 +38,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def as_options(args: argparse.Namespace) -> dict:
     """What the ranks need from the parsed arguments (JSON-serialisable)."""
     return {"np": args.np, "controller": args.controller, "quick": args.quick, "op": args.op,
-            "model": args.model}
+            "framework": args.framework, "model": args.model}

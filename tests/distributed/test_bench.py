@@ -14,14 +14,29 @@ import pytest
 MPI4PY = importlib.util.find_spec("mpi4py") is not None
 
 
-def bench(tmp_path_factory: pytest.TempPathFactory, name: str, *options: str) -> tuple[dict, str, Path]:
-    """Run `hvdazure bench NAME --quick --json --plot`; return the JSON, the output and the plot's path."""
-    out = tmp_path_factory.mktemp(name)
-    cmd = [sys.executable, "-m", "hvdazure.cli", "bench", name, "--quick", "--json", str(out / "r.json"),
-           "--plot", str(out / "r.png"), *options]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads((out / "r.json").read_text()), proc.stdout, out / "r.png"
+COMMANDS = {
+    "allreduce": ["-np", "2", "--mpi" if MPI4PY else "--gloo"],
+    # PyTorch only: the TensorFlow job's start-up and tracing alone would take the suite's whole budget
+    "overhead": ["-np", "2", "--framework", "torch", "--mpi"],
+    "throughput": ["-np", "2", "--mpi"],
+}
+
+
+@pytest.fixture(scope="module")
+def benches(tmp_path_factory) -> dict[str, tuple[dict, str, Path]]:
+    """Every `hvdazure bench NAME --quick --json --plot` of COMMANDS, started at once (no timing is
+    asserted, and together they take half the time): each benchmark's JSON, output and plot."""
+    out = tmp_path_factory.mktemp("bench")
+    procs = {name: subprocess.Popen(
+        [sys.executable, "-m", "hvdazure.cli", "bench", name, "--quick", "--json", str(out / f"{name}.json"),
+         "--plot", str(out / f"{name}.png"), *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True) for name, options in COMMANDS.items()}
+    results = {}
+    for name, proc in procs.items():
+        output, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, f"{name}:\n{output}"
+        results[name] = json.loads((out / f"{name}.json").read_text()), output, out / f"{name}.png"
+    return results
 
 
 def assert_machine_facts(result: dict) -> None:
@@ -32,8 +47,8 @@ def assert_machine_facts(result: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def allreduce(tmp_path_factory):
-    return bench(tmp_path_factory, "allreduce", "-np", "2", "--mpi" if MPI4PY else "--gloo")
+def allreduce(benches):
+    return benches["allreduce"]
 
 
 def test_allreduce_reports_every_peer_at_every_size_or_why_it_was_skipped(allreduce):
@@ -65,3 +80,41 @@ def test_allreduce_prints_a_table_on_rank_0_and_writes_the_machine_facts_and_a_p
     assert "busbw GB/s" in stdout and "target hvdazure / horovod" in stdout
     assert_machine_facts(result)
     assert png.stat().st_size > 0
+
+
+@pytest.fixture(scope="module")
+def overhead(benches):
+    return benches["overhead"]
+
+
+def test_overhead_pairs_blocks_and_reports_a_finite_ratio_with_its_interval(overhead):
+    result, stdout, png = overhead
+    torch_run = result["frameworks"]["torch"]
+    assert torch_run["status"] == "measured" and torch_run["trainer"] == "TorchTrainer"
+    blocks = torch_run["block_seconds"]
+    assert len(blocks["hand-written"]) == len(blocks["trainer"]) == torch_run["pairs"] >= 2
+    assert all(t > 0 for times in blocks.values() for t in times)
+    s = torch_run["summary"]
+    low, high = s["ratio_ci95"]
+    assert all(math.isfinite(v) and v > 0 for v in (s["ratio_median"], low, high))
+    assert low <= s["ratio_median"] <= high
+    assert s["target"]["verdict"] in ("met", "not met", "undecided")
+    assert s["trainer_bookkeeping_us_per_step"]["n"] == torch_run["pairs"]
+    assert "target <= 1.02" in stdout and png.stat().st_size > 0
+    assert_machine_facts(result)
+
+
+def test_throughput_runs_one_rank_n_ranks_and_n_independent_processes_and_reports_efficiencies(benches):
+    result, stdout, png = benches["throughput"]
+    runs = result["runs"]
+    assert list(runs) == ["1 rank", "2 ranks", "2 independent"]
+    assert [len(run["rates_per_rank"]) for run in runs.values()] == [1, 2, 2]
+    assert all(len(rates) == result["batches"] and all(r > 0 for r in rates)
+               for run in runs.values() for rates in run["rates_per_rank"])
+    s = result["summary"]
+    for key in ("weak_scaling_efficiency", "ceiling_efficiency", "share_of_ceiling"):
+        assert s[key]["value"] > 0 and all(math.isfinite(v) for v in s[key]["ci95"]), key
+    assert s["samples_per_s"]["2 ranks"]["total"]["mean"] > 0
+    assert s["target"]["verdict"] in ("met", "not met", "undecided")
+    assert "weak-scaling efficiency" in stdout and png.stat().st_size > 0
+    assert_machine_facts(result)

@@ -1,0 +1,178 @@
+"""Training throughput through TorchTrainer on 1 and N ranks: samples/s, weak-scaling efficiency, and the
+ceiling the machine sets.
+
+    hvdazure bench throughput -np 2 [--model cnn|resnet50] [--quick] [--json OUT.json] [--plot OUT.png]
+
+In the manner of Horovod's pytorch_synthetic_benchmark.py: synthetic data (a few fixed random samples), a
+warm-up (10 steps), then timed batches of steps (10 of 10; --quick: 3 of 2 after 2), through TorchTrainer
+(sharding, DistributedOptimizer, metrics: what a user's training pays). Three runs in one invocation, one
+after the other: a 1-rank job, an N-rank job (the same batch per rank: weak scaling), and N independent
+single-rank processes at once (no communication: the most N processes get out of this machine's cores,
+memory bandwidth and caches, the physical ceiling). Every process gets the same threads, cores / N (on a
+2-core machine at N = 2: one each), so that one rank is the unit N ranks are compared with. Reported: the
+mean samples/s per worker and in total with a bootstrap 95% interval over the timed batches; weak-scaling
+efficiency = total(N) / (N x total(1)) against the target >= 0.90; the ceiling's efficiency the same way;
+and the N-rank job's share of the ceiling (what communication and the framework cost). The default model
+is a small CNN on 32x32 images (batch 64, about 70 ms a step on one core: compute-bound); --model
+resnet50 (224x224, batch 32) is for GPUs and needs torchvision.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from hvdazure.bench import stats
+from hvdazure.bench.runner import BenchError, main, progress, run_ranks
+
+TARGET = 0.90
+
+
+def plan(quick: bool) -> dict:
+    """Warm-up steps, timed batches and steps per batch."""
+    return {"warmup": 2, "batches": 3, "steps_per_batch": 2} if quick else \
+        {"warmup": 10, "batches": 10, "steps_per_batch": 10}
+
+
+def threads_per_rank(num_proc: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // num_proc)
+
+
+def check(options: dict) -> None:
+    if options["model"] == "resnet50" and importlib.util.find_spec("torchvision") is None:
+        raise BenchError("--model resnet50 needs torchvision, which is not installed here "
+                         "(pip install torchvision matching this torch)")
+
+
+def measure(options: dict) -> dict | None:
+    """On every rank: train and time; rank 0 returns each rank's samples/s per timed batch."""
+    from hvdazure.bench.throughput_torch import MODELS, rates_per_rank
+
+    batch_size = MODELS[options["model"]][2] // (4 if options["quick"] else 1)
+    rates, world_size = rates_per_rank(options["model"], batch_size, **plan(options["quick"]))
+    if rates is None:
+        return None
+    return {"world_size": world_size, "batch_size": batch_size, "rates_per_rank": rates}
+
+
+def _independent(options: dict, num_proc: int, env: dict[str, str], timeout_s: float | None) -> dict:
+    """`num_proc` single-rank processes at once, no launcher (each is a Horovod job of one)."""
+    with tempfile.TemporaryDirectory(prefix="hvdazure-bench-") as folder:
+        spec = Path(folder) / "options.json"
+        spec.write_text(json.dumps(options))
+        outs = [Path(folder) / f"result{i}.json" for i in range(num_proc)]
+        procs = [subprocess.Popen([sys.executable, "-m", "hvdazure.bench.rank", "throughput", str(spec),
+                                   str(out)], env={**os.environ, **env}, stdout=subprocess.DEVNULL)
+                 for out in outs]
+        try:
+            codes = [p.wait(timeout=timeout_s) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        if any(codes) or not all(o.is_file() for o in outs):
+            raise BenchError(f"throughput: an independent single-rank process failed (exit codes {codes})")
+        results = [json.loads(o.read_text()) for o in outs]
+    return {**results[0], "world_size": 1, "processes": num_proc,
+            "rates_per_rank": [r["rates_per_rank"][0] for r in results]}
+
+
+def collect(options: dict, timeout_s: float | None = None, verbose: bool = False) -> dict:
+    """The 1-rank job, the N-rank job and the N independent processes, one after the other."""
+    n = options["np"]
+    env = {"OMP_NUM_THREADS": str(threads_per_rank(n))}
+    runs = {}
+    for label, num_proc in (("1 rank", 1), (f"{n} ranks", n)):
+        progress(f"throughput: {label}")
+        runs[label] = run_ranks("throughput", options, num_proc, options["controller"], tag=f" ({label})",
+                                env=env, timeout_s=timeout_s, verbose=verbose)
+    progress(f"throughput: {n} independent single-rank processes")
+    runs[f"{n} independent"] = _independent(options, n, env, timeout_s)
+    return {"model": options["model"], "threads_per_rank": int(env["OMP_NUM_THREADS"]),
+            **plan(options["quick"]), "runs": runs, "summary": summarize(runs, n)}
+
+
+def totals(rates_per_rank: list[list[float]]) -> list[float]:
+    """Samples/s of all ranks together, per timed batch."""
+    return [sum(batch) for batch in zip(*rates_per_rank, strict=False)]
+
+
+def summarize(runs: dict, n: int) -> dict:
+    """Per run: samples/s per worker and in total; efficiencies with bootstrap intervals."""
+    one, many, ceiling = (totals(run["rates_per_rank"]) for run in runs.values())
+    figures = {label: {"per_worker": stats.summary([r for rank in run["rates_per_rank"] for r in rank]),
+                       "total": stats.summary(totals(run["rates_per_rank"]))} for label, run in runs.items()}
+
+    def ratio(a: list[float], b: list[float], scale: float) -> dict:
+        value = (sum(a) / len(a)) / (scale * sum(b) / len(b))
+        return {"value": value, "ci95": list(stats.ratio_interval(a, b, scale))}
+
+    efficiency = ratio(many, one, n)
+    return {
+        "samples_per_s": figures,
+        "weak_scaling_efficiency": efficiency,
+        "ceiling_efficiency": ratio(ceiling, one, n),
+        "share_of_ceiling": ratio(many, ceiling, 1),
+        "target": {"weak_scaling_efficiency >=": TARGET,
+                   "verdict": stats.at_least_verdict(tuple(efficiency["ci95"]), TARGET) if n > 1 else
+                   "not applicable (-np 1)"},
+    }
+
+
+def table(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"throughput: {result['model']} through TorchTrainer, {result['threads_per_rank']} thread(s) "
+             f"per process, {result['batches']} timed batches of {result['steps_per_batch']} steps after "
+             f"{result['warmup']}",
+             f"{'run':<18}{'samples/s per worker':>24}{'samples/s total':>24}"]
+    for label, f in s["samples_per_s"].items():
+        w, t = f["per_worker"], f["total"]
+        lines.append(f"{label:<18}{w['mean']:>12.1f} ({w['ci95'][0]:.1f}-{w['ci95'][1]:.1f})"
+                     f"{t['mean']:>12.1f} ({t['ci95'][0]:.1f}-{t['ci95'][1]:.1f})")
+    for key, text in (("weak_scaling_efficiency", "weak-scaling efficiency total(N) / (N x total(1))"),
+                      ("ceiling_efficiency", "ceiling: N independent processes / (N x total(1))"),
+                      ("share_of_ceiling", "N ranks / N independent processes")):
+        e = s[key]
+        lines.append(f"{text}: {e['value']:.3f} (95% interval {e['ci95'][0]:.3f}-{e['ci95'][1]:.3f})")
+    lines.append(f"target weak-scaling efficiency >= {TARGET}: {s['target']['verdict']}")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Total samples/s of each run with its interval, and the efficiencies against the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result["summary"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    labels = list(s["samples_per_s"])
+    means = [s["samples_per_s"][k]["total"]["mean"] for k in labels]
+    errors = [[m - s["samples_per_s"][k]["total"]["ci95"][0] for k, m in zip(labels, means, strict=True)],
+              [s["samples_per_s"][k]["total"]["ci95"][1] - m for k, m in zip(labels, means, strict=True)]]
+    left.bar(labels, means, yerr=errors, capsize=4)
+    left.set_ylabel("samples/s, all processes")
+    left.set_title(f"{result['model']} through TorchTrainer")
+    keys = ["weak_scaling_efficiency", "ceiling_efficiency"]
+    values = [s[k]["value"] for k in keys]
+    right.bar(["N ranks", "N independent (ceiling)"], values,
+              yerr=[[v - s[k]["ci95"][0] for k, v in zip(keys, values, strict=True)],
+                    [s[k]["ci95"][1] - v for k, v in zip(keys, values, strict=True)]], capsize=4)
+    right.axhline(TARGET, color="C3", linestyle="--", label=f"target {TARGET}")
+    right.set_ylabel("efficiency vs N x 1 rank")
+    right.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main("throughput"))

@@ -1,0 +1,103 @@
+"""The PyTorch side of the throughput benchmark: synthetic data, the models, and TorchTrainer with a callback
+that times batches of steps after a warm-up. Imported in ranks only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import horovod.torch as hvd
+import torch
+from torch.utils.data import Dataset
+
+from hvdazure import Callback, TrainConfig
+from hvdazure.torch import TorchTrainer
+
+# model -> (sample shape, classes, batch per rank)
+MODELS = {"cnn": ((3, 32, 32), 10, 64), "resnet50": ((3, 224, 224), 1000, 32)}
+
+
+class SyntheticData(Dataset):
+    """`length` samples cycling through a few fixed random ones (as Horovod's synthetic benchmark, which
+    trains on one random batch): no memory for a dataset, no time spent making data during the steps."""
+
+    def __init__(self, length: int, shape: tuple[int, ...], classes: int, distinct: int = 64) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.length = length
+        self.x = torch.randn(distinct, *shape, generator=g)
+        self.y = torch.randint(0, classes, (distinct,), generator=g)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index % len(self.x)], self.y[index % len(self.y)]
+
+
+def build_model(name: str) -> torch.nn.Module:
+    if name == "resnet50":
+        import torchvision
+
+        return torchvision.models.resnet50(weights=None)
+    nn, w = torch.nn, 32  # a small CNN: about 70 ms a step on one CPU core at batch 64, 0.1 M parameters
+    return nn.Sequential(nn.Conv2d(3, w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(2 * w, 4 * w, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(4 * w, 10))
+
+
+class BatchTimer(Callback):
+    """After `warmup` steps, the samples per second of this rank over each batch of `steps_per_batch` steps
+    (on CUDA, after the device has finished the batch's work)."""
+
+    def __init__(self, warmup: int, steps_per_batch: int, batch_size: int) -> None:
+        self.warmup, self.steps_per_batch, self.batch_size = warmup, steps_per_batch, batch_size
+        self.steps, self.rates, self.mark = 0, [], 0.0
+
+    def on_step_end(self, trainer: Any) -> None:
+        self.steps += 1
+        done = self.steps - self.warmup
+        if done < 0 or done % self.steps_per_batch:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        if done > 0:
+            self.rates.append(self.steps_per_batch * self.batch_size / (now - self.mark))
+        self.mark = now
+
+
+class SyntheticTrainer(TorchTrainer):
+    def __init__(self, config: TrainConfig, model: str, length: int, timer: BatchTimer) -> None:
+        super().__init__(config, callbacks=[timer])
+        self.model_name, self.length = model, length
+
+    def build_model(self) -> torch.nn.Module:
+        return build_model(self.model_name)
+
+    def build_optimizer(self, params: Any, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+    def train_dataset(self) -> Dataset:
+        shape, classes, _ = MODELS[self.model_name]
+        return SyntheticData(self.length, shape, classes)
+
+    def training_step(self, net: torch.nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(net(x), y)
+
+
+def rates_per_rank(model: str, batch_size: int, warmup: int, batches: int, steps_per_batch: int,
+                   ) -> tuple[list[list[float]] | None, int]:
+    """Train on synthetic data through TorchTrainer; every rank's samples/s per timed batch (on rank 0,
+    None elsewhere) and the world size."""
+    steps = warmup + batches * steps_per_batch
+    timer = BatchTimer(warmup, steps_per_batch, batch_size)
+    hvd.init()
+    config = TrainConfig(epochs=1, batch_size=batch_size, lr=0.01, log_every=steps_per_batch,
+                         progress_bar=False)
+    trainer = SyntheticTrainer(config, model, steps * batch_size * hvd.size(), timer)
+    trainer.fit()
+    rates = hvd.allgather_object(timer.rates, name="bench.rates")
+    return (rates if hvd.rank() == 0 else None), hvd.size()

@@ -1,0 +1,25 @@
+"""The overhead benchmark's arithmetic: steady-state block time, bookkeeping, per-pair ratios."""
+
+import pytest
+
+from hvdazure.bench import overhead
+
+
+def test_a_block_leaves_out_its_first_step_and_bookkeeping_is_the_rest_of_each_step():
+    total, outside = overhead.steady([5.0, 1.0, 1.0, 1.0], [4.9, 0.9, 0.8, 0.9])
+
+    assert total == pytest.approx(3.0)
+    assert outside == pytest.approx(0.4)
+    assert overhead.steady([5.0, 1.0])[1] is None
+
+
+def test_summary_takes_the_median_of_per_pair_ratios_and_judges_it_against_the_target():
+    seconds = {"hand-written": [1.0, 2.0, 1.0, 1.0, 1.0], "trainer": [1.01, 2.0, 0.99, 1.0, 1.01]}
+
+    s = overhead.summarize(seconds, [1e-4] * 5, steps=10)
+
+    assert s["ratio_per_pair"] == pytest.approx([1.01, 1.0, 0.99, 1.0, 1.01])
+    assert s["ratio_median"] == pytest.approx(1.0)
+    assert s["target"]["verdict"] == "met"
+    assert s["ms_per_step_median"]["hand-written"] == pytest.approx(100.0)
+    assert s["trainer_bookkeeping_us_per_step"]["median"] == pytest.approx(100.0)
