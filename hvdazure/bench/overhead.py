@@ -5,7 +5,7 @@
 For each framework, one job: the same model (an MLP 256-512-512-10), data, batch (64 per rank) and world
 size for both variants, TorchTrainer / TensorFlowTrainer against the loop Horovod's examples show
 (overhead_torch.py, overhead_tf.py). They run in paired blocks of the same steps (20 pairs of 30-step
-blocks; --quick: 3 pairs of 8), after one warm-up pair, the order within a pair alternated, so that the
+blocks; --quick: 2 pairs of 6), after one warm-up pair, the order within a pair alternated, so that the
 load of a shared machine hits both alike. A block's time is the slowest rank's, over its steps after the
 first (the first makes a new DataLoader iterator or traces the tf.function: per-block setup), data loading
 and callbacks included. Reported: the median of the per-pair ratios trainer / hand loop with a seeded
@@ -59,7 +59,7 @@ def steady(durations: list[float], in_step_s: list[float] | None = None) -> tupl
 
 def plan(quick: bool) -> tuple[int, int]:
     """(pairs, steps per block)."""
-    return (3, 8) if quick else (20, 30)
+    return (2, 6) if quick else (20, 30)
 
 
 def collect(options: dict, timeout_s: float | None = None, verbose: bool = False) -> dict:

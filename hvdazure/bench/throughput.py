@@ -6,10 +6,11 @@ ceiling the machine sets.
 In the manner of Horovod's pytorch_synthetic_benchmark.py: synthetic data (a few fixed random samples), a
 warm-up (10 steps), then timed batches of steps (10 of 10; --quick: 3 of 2 after 2), through TorchTrainer
 (sharding, DistributedOptimizer, metrics: what a user's training pays). Three runs in one invocation, one
-after the other: a 1-rank job, an N-rank job (the same batch per rank: weak scaling), and N independent
-single-rank processes at once (no communication: the most N processes get out of this machine's cores,
-memory bandwidth and caches, the physical ceiling). Every process gets the same threads, cores / N (on a
-2-core machine at N = 2: one each), so that one rank is the unit N ranks are compared with. Reported: the
+after the other: one single-rank process alone, an N-rank job started as `hvdazure run` starts jobs (the
+same batch per rank: weak scaling), and N single-rank processes at once (no communication: the most N
+processes get out of this machine's cores, memory bandwidth and caches, the physical ceiling). Every
+process gets the same threads, cores / N (on a 2-core machine at N = 2: one each), so that one rank is the
+unit N ranks are compared with. Reported: the
 mean samples/s per worker and in total with a bootstrap 95% interval over the timed batches; weak-scaling
 efficiency = total(N) / (N x total(1)) against the target >= 0.90; the ceiling's efficiency the same way;
 and the N-rank job's share of the ceiling (what communication and the framework cost). The default model
@@ -62,14 +63,18 @@ def measure(options: dict) -> dict | None:
 
 
 def _independent(options: dict, num_proc: int, env: dict[str, str], timeout_s: float | None) -> dict:
-    """`num_proc` single-rank processes at once, no launcher (each is a Horovod job of one)."""
+    """`num_proc` single-rank processes at once, without a launcher (each is a Horovod job of one)."""
     with tempfile.TemporaryDirectory(prefix="hvdazure-bench-") as folder:
         spec = Path(folder) / "options.json"
         spec.write_text(json.dumps(options))
         outs = [Path(folder) / f"result{i}.json" for i in range(num_proc)]
-        procs = [subprocess.Popen([sys.executable, "-m", "hvdazure.bench.rank", "throughput", str(spec),
-                                   str(out)], env={**os.environ, **env}, stdout=subprocess.DEVNULL)
-                 for out in outs]
+        logs = [Path(folder) / f"log{i}.txt" for i in range(num_proc)]
+        procs = []
+        for out, log in zip(outs, logs, strict=True):
+            with log.open("w") as sink:
+                procs.append(subprocess.Popen([sys.executable, "-m", "hvdazure.bench.rank", "throughput",
+                                               str(spec), str(out)], env={**os.environ, **env}, stdout=sink,
+                                              stderr=subprocess.STDOUT))
         try:
             codes = [p.wait(timeout=timeout_s) for p in procs]
         finally:
@@ -78,21 +83,24 @@ def _independent(options: dict, num_proc: int, env: dict[str, str], timeout_s: f
                     p.kill()
                     p.wait()
         if any(codes) or not all(o.is_file() for o in outs):
-            raise BenchError(f"throughput: an independent single-rank process failed (exit codes {codes})")
+            failed = next(i for i, code in enumerate(codes) if code or not outs[i].is_file())
+            sys.stderr.write(logs[failed].read_text())
+            raise BenchError(f"throughput: a single-rank process failed (exit codes {codes}; output above)")
         results = [json.loads(o.read_text()) for o in outs]
     return {**results[0], "world_size": 1, "processes": num_proc,
             "rates_per_rank": [r["rates_per_rank"][0] for r in results]}
 
 
 def collect(options: dict, timeout_s: float | None = None, verbose: bool = False) -> dict:
-    """The 1-rank job, the N-rank job and the N independent processes, one after the other."""
+    """One single-rank process alone, the N-rank job, N single-rank processes at once: one after the
+    other."""
     n = options["np"]
     env = {"OMP_NUM_THREADS": str(threads_per_rank(n))}
-    runs = {}
-    for label, num_proc in (("1 rank", 1), (f"{n} ranks", n)):
-        progress(f"throughput: {label}")
-        runs[label] = run_ranks("throughput", options, num_proc, options["controller"], tag=f" ({label})",
-                                env=env, timeout_s=timeout_s, verbose=verbose)
+    progress("throughput: 1 rank")
+    runs = {"1 rank": _independent(options, 1, env, timeout_s)}
+    progress(f"throughput: {n} ranks")
+    runs[f"{n} ranks"] = run_ranks("throughput", options, n, options["controller"], tag=f" ({n} ranks)",
+                                   env=env, timeout_s=timeout_s, verbose=verbose)
     progress(f"throughput: {n} independent single-rank processes")
     runs[f"{n} independent"] = _independent(options, n, env, timeout_s)
     return {"model": options["model"], "threads_per_rank": int(env["OMP_NUM_THREADS"]),

@@ -2,6 +2,7 @@
 shape and sanity (positive times, every peer measured or skipped with a reason, finite ratios). No timing
 is asserted: these check that the benchmarks run and report, not how fast anything is."""
 
+import importlib
 import importlib.util
 import json
 import math
@@ -19,23 +20,27 @@ COMMANDS = {
     # PyTorch only: the TensorFlow job's start-up and tracing alone would take the suite's whole budget
     "overhead": ["-np", "2", "--framework", "torch", "--mpi"],
     "throughput": ["-np", "2", "--mpi"],
+    "launch": ["-np", "1", "--mpi"],
 }
 
 
 @pytest.fixture(scope="module")
 def benches(tmp_path_factory) -> dict[str, tuple[dict, str, Path]]:
-    """Every `hvdazure bench NAME --quick --json --plot` of COMMANDS, started at once (no timing is
-    asserted, and together they take half the time): each benchmark's JSON, output and plot."""
+    """Every `hvdazure bench NAME --quick --json` of COMMANDS, started at once (no timing is asserted, and
+    together they take half the time); each benchmark's plot is drawn here from its JSON, in this process
+    (what --plot calls, without loading matplotlib four more times). Each benchmark's JSON, output, plot."""
     out = tmp_path_factory.mktemp("bench")
     procs = {name: subprocess.Popen(
         [sys.executable, "-m", "hvdazure.cli", "bench", name, "--quick", "--json", str(out / f"{name}.json"),
-         "--plot", str(out / f"{name}.png"), *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True) for name, options in COMMANDS.items()}
+         *options], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for name, options in COMMANDS.items()}
     results = {}
     for name, proc in procs.items():
         output, _ = proc.communicate(timeout=180)
         assert proc.returncode == 0, f"{name}:\n{output}"
-        results[name] = json.loads((out / f"{name}.json").read_text()), output, out / f"{name}.png"
+        result = json.loads((out / f"{name}.json").read_text())
+        importlib.import_module(f"hvdazure.bench.{name}").plot(result, out / f"{name}.png")
+        results[name] = result, output, out / f"{name}.png"
     return results
 
 
@@ -117,4 +122,16 @@ def test_throughput_runs_one_rank_n_ranks_and_n_independent_processes_and_report
     assert s["samples_per_s"]["2 ranks"]["total"]["mean"] > 0
     assert s["target"]["verdict"] in ("met", "not met", "undecided")
     assert "weak-scaling efficiency" in stdout and png.stat().st_size > 0
+    assert_machine_facts(result)
+
+
+def test_launch_times_the_bare_launcher_and_hvdazure_run_alike(benches):
+    result, stdout, png = benches["launch"]
+    assert result["launcher"] == "mpirun" and result["world_size"] == 1
+    assert set(result["times_s"]) == {"mpirun", "hvdazure run"}
+    assert all(len(times) == result["repeats"] and all(t > 0 for t in times)
+               for times in result["times_s"].values())
+    s = result["summary"]
+    assert s["bare_median_s"] > 0 and s["hvdazure_median_s"] > 0 and math.isfinite(s["overhead_s_median"])
+    assert "hvdazure run (s)" in stdout and png.stat().st_size > 0
     assert_machine_facts(result)

@@ -70,3 +70,13 @@ def test_summary_gives_mean_median_extremes_and_a_finite_interval():
 
     assert (s["mean"], s["median"], s["min"], s["max"], s["n"]) == (2.5, 2.5, 1.0, 4.0, 4)
     assert all(math.isfinite(v) for v in s["ci95"]) and s["ci95"][0] <= 2.5 <= s["ci95"][1]
+
+
+def test_launch_overhead_is_the_median_of_per_repeat_differences():
+    from hvdazure.bench import launch
+
+    s = launch.summarize(ours=[2.0, 2.5, 2.1], bare=[1.8, 2.0, 2.0])
+
+    assert s["overhead_s_median"] == pytest.approx(0.2)
+    assert s["bare_median_s"] == pytest.approx(2.0) and s["hvdazure_median_s"] == pytest.approx(2.1)
+    assert s["overhead_s_ci95"][0] <= 0.2 <= s["overhead_s_ci95"][1]
