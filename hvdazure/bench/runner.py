@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, command: Sequence[str]) -> int:
     if hasattr(module, "check"):
         module.check(options)  # raises BenchError before any process starts
     collect = getattr(module, "collect", None)
-    if collect is not None:  # a benchmark of several jobs (throughput)
+    if collect is not None:  # a benchmark that starts its own jobs (overhead, throughput, launch)
         result = collect(options, timeout_s=args.timeout, verbose=args.verbose)
     else:
         result = run_ranks(args.name, options, args.np, args.controller, timeout_s=args.timeout,

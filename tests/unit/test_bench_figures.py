@@ -1,0 +1,53 @@
+"""What the allreduce and throughput benchmarks compute from their timings, on known inputs."""
+
+import pytest
+
+from hvdazure.bench import allreduce, throughput
+
+
+def test_message_sizes_go_from_4_kb_to_256_mb_in_steps_of_4_and_quick_stops_at_16_mb():
+    assert allreduce.message_sizes(quick=False) == [4096 * 4**i for i in range(9)]
+    assert allreduce.message_sizes(quick=True)[-1] == 16 * 2**20
+
+
+def test_allreduce_row_gives_latency_algorithm_and_bus_bandwidth():
+    row = allreduce._row("horovod", 2**30, 2, [0.5, 1.0, 2.0], world_size=4, op="allreduce")
+
+    assert row["latency_us"] == pytest.approx(1e6)
+    assert row["algbw_GBps"] == pytest.approx(2**30 / 1e9)
+    assert row["busbw_GBps"] == pytest.approx(2**30 / 1e9 * 1.5)
+
+
+def test_allgather_bandwidth_counts_the_gathered_bytes_as_nccl_tests_does():
+    row = allreduce._row("horovod", 1000, 2, [1e-6], world_size=4, op="allgather")
+
+    assert row["algbw_GBps"] == pytest.approx(4.0)
+    assert row["busbw_GBps"] == pytest.approx(3.0)
+
+
+def test_bandwidth_share_pairs_each_repeat_and_uses_only_sizes_of_1_mb_and_more():
+    rows = [allreduce._row(peer, size, 1, times, 2, "allreduce") for peer, size, times in [
+        ("hvdazure", 2**20, [1.0, 2.0]), ("horovod", 2**20, [1.0, 2.0]),
+        ("hvdazure", 4096, [9.0, 9.0]), ("horovod", 4096, [1.0, 1.0]),
+    ]]
+
+    share = allreduce.summarize(rows)["bandwidth_ratios_at_1MB_and_more"]["hvdazure / horovod"]
+
+    assert share["median"] == pytest.approx(1.0) and share["pairs"] == 2
+    assert share["ci95"] == pytest.approx([1.0, 1.0])
+
+
+def test_weak_scaling_efficiency_of_two_ranks_at_90_percent_of_twice_one_rank():
+    runs = {"1 rank": {"rates_per_rank": [[100.0, 100.0, 100.0]]},
+            "2 ranks": {"rates_per_rank": [[90.0, 90.0, 90.0], [90.0, 90.0, 90.0]]},
+            "2 independent": {"rates_per_rank": [[95.0, 95.0, 95.0], [95.0, 95.0, 95.0]]}}
+
+    s = throughput.summarize(runs, 2)
+
+    assert s["samples_per_s"]["2 ranks"]["total"]["mean"] == pytest.approx(180.0)
+    assert s["samples_per_s"]["2 ranks"]["per_worker"]["mean"] == pytest.approx(90.0)
+    assert s["weak_scaling_efficiency"]["value"] == pytest.approx(0.9)
+    assert s["weak_scaling_efficiency"]["ci95"] == pytest.approx([0.9, 0.9])
+    assert s["ceiling_efficiency"]["value"] == pytest.approx(0.95)
+    assert s["share_of_ceiling"]["value"] == pytest.approx(180 / 190)
+    assert s["target"]["verdict"] == "met"
