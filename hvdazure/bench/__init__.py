@@ -8,4 +8,4 @@ launching process adds the machine's facts, prints the table and writes the JSON
 imports a framework at import time: `hvdazure --help` stays fast.
 """
 
-BENCHMARKS = ("allreduce", "overhead", "throughput", "launch")
+BENCHMARKS = ("allreduce", "overhead", "throughput", "checkpoint", "launch")

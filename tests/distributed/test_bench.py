@@ -20,6 +20,7 @@ COMMANDS = {
     # PyTorch only: the TensorFlow job's start-up and tracing alone would take the suite's whole budget
     "overhead": ["-np", "2", "--framework", "torch", "--mpi"],
     "throughput": ["-np", "2", "--mpi"],
+    "checkpoint": ["-np", "1", "--mpi"],
     "launch": ["-np", "1", "--mpi"],
 }
 
@@ -134,4 +135,20 @@ def test_launch_times_the_bare_launcher_and_hvdazure_run_alike(benches):
     s = result["summary"]
     assert s["bare_median_s"] > 0 and s["hvdazure_median_s"] > 0 and math.isfinite(s["overhead_s_median"])
     assert "hvdazure run (s)" in stdout and png.stat().st_size > 0
+    assert_machine_facts(result)
+
+
+def test_checkpoint_compares_save_and_load_with_bare_torch_and_measures_both_stalls(benches):
+    result, stdout, png = benches["checkpoint"]
+    assert set(result["save_load_s"]) == {"bare save", "bare save + fsync", "hvdazure save", "bare load",
+                                          "hvdazure load"}
+    assert all(len(t) == result["repeats"] and all(v > 0 for v in t) for t in result["save_load_s"].values())
+    assert all(len(b) == result["pairs"] and all(v > 0 for v in b) for b in result["block_s"].values())
+    s = result["summary"]
+    for key in ("save_vs_bare", "save_vs_bare_fsync", "load_vs_bare"):
+        assert s[key]["median"] > 0 and all(math.isfinite(v) for v in s[key]["ci95"]), key
+    assert set(s["stall_s_per_checkpoint"]) == {"async", "blocking"}
+    assert all(math.isfinite(st["median"]) for st in s["stall_s_per_checkpoint"].values())
+    assert result["resume_memory"]["status"] == "skipped" and result["resume_memory"]["reason"]
+    assert "stall per blocking checkpoint" in stdout and png.stat().st_size > 0
     assert_machine_facts(result)

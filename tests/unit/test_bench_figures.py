@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvdazure.bench import allreduce, throughput
+from hvdazure.bench import allreduce, checkpoint, throughput
 
 
 def test_message_sizes_go_from_4_kb_to_256_mb_in_steps_of_4_and_quick_stops_at_16_mb():
@@ -51,3 +51,19 @@ def test_weak_scaling_efficiency_of_two_ranks_at_90_percent_of_twice_one_rank():
     assert s["ceiling_efficiency"]["value"] == pytest.approx(0.95)
     assert s["share_of_ceiling"]["value"] == pytest.approx(180 / 190)
     assert s["target"]["verdict"] == "met"
+
+
+def test_checkpoint_stall_is_the_extra_block_time_per_checkpoint_against_the_same_round_without():
+    result = {"save_load_s": {"bare save": [1.0, 1.0], "bare save + fsync": [2.0, 2.0],
+                              "hvdazure save": [1.1, 1.3], "bare load": [1.0, 1.0],
+                              "hvdazure load": [2.0, 2.0]},
+              "block_s": {"none": [10.0, 12.0], "async": [10.4, 12.4], "blocking": [12.0, 14.0]}}
+
+    s = checkpoint.summarize(result, {"steps": 45, "every": 10})
+
+    assert s["checkpoints_per_block"] == 4
+    assert s["stall_s_per_checkpoint"]["async"]["median"] == pytest.approx(0.1)
+    assert s["stall_s_per_checkpoint"]["blocking"]["median"] == pytest.approx(0.5)
+    assert s["save_vs_bare"]["median"] == pytest.approx(1.2)
+    assert s["load_vs_bare"]["median"] == pytest.approx(2.0)
+    assert s["step_s_without_checkpoints"] == pytest.approx(11.0 / 44)
