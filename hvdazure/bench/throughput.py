@@ -5,10 +5,11 @@ ceiling the machine sets.
 
 In the manner of Horovod's pytorch_synthetic_benchmark.py: synthetic data (a few fixed random samples), a
 warm-up (10 steps), then timed batches of steps (10 of 10; --quick: 3 of 2 after 2), through TorchTrainer
-(sharding, DistributedOptimizer, metrics: what a user's training pays). Three runs in one invocation, one
-after the other: one single-rank process alone, an N-rank job started as `hvdazure run` starts jobs (the
-same batch per rank: weak scaling), and N single-rank processes at once (no communication: the most N
-processes get out of this machine's cores, memory bandwidth and caches, the physical ceiling). Every
+(sharding, DistributedOptimizer, metrics: what a user's training pays). Three runs in one invocation: one
+single-rank process alone, an N-rank job started as `hvdazure run` starts jobs (the same batch per rank:
+weak scaling), and N single-rank processes at once (no communication: the most N processes get out of this
+machine's cores, memory bandwidth and caches, the physical ceiling), in 3 rounds (--quick: 1), the order
+rotated per round, each run's timed batches pooled. Every
 process gets the same threads, cores / N (on a 2-core machine at N = 2: one each), so that one rank is the
 unit N ranks are compared with. Reported: the
 mean samples/s per worker and in total with a bootstrap 95% interval over the timed batches; weak-scaling
@@ -92,19 +93,30 @@ def _independent(options: dict, num_proc: int, env: dict[str, str], timeout_s: f
 
 
 def collect(options: dict, timeout_s: float | None = None, verbose: bool = False) -> dict:
-    """One single-rank process alone, the N-rank job, N single-rank processes at once: one after the
-    other."""
+    """Rounds (3; --quick: 1) of: one single-rank process alone, the N-rank job, N single-rank processes at
+    once, their order rotated per round, so that a machine's changing load hits all three alike; each run's
+    timed batches are pooled over the rounds."""
     n = options["np"]
     env = {"OMP_NUM_THREADS": str(threads_per_rank(n))}
-    progress("throughput: 1 rank")
-    runs = {"1 rank": _independent(options, 1, env, timeout_s)}
-    progress(f"throughput: {n} ranks")
-    runs[f"{n} ranks"] = run_ranks("throughput", options, n, options["controller"], tag=f" ({n} ranks)",
-                                   env=env, timeout_s=timeout_s, verbose=verbose)
-    progress(f"throughput: {n} independent single-rank processes")
-    runs[f"{n} independent"] = _independent(options, n, env, timeout_s)
-    return {"model": options["model"], "threads_per_rank": int(env["OMP_NUM_THREADS"]),
-            **plan(options["quick"]), "runs": runs, "summary": summarize(runs, n)}
+    labels = ["1 rank", f"{n} ranks", f"{n} independent"]
+    runs: dict[str, dict] = {}
+    rounds = 1 if options["quick"] else 3
+    for round_ in range(rounds):
+        for label in labels[round_ % 3:] + labels[:round_ % 3]:
+            progress(f"throughput: round {round_ + 1}/{rounds}: {label}")
+            if label == f"{n} ranks":
+                run = run_ranks("throughput", options, n, options["controller"], tag=f" ({label})", env=env,
+                                timeout_s=timeout_s, verbose=verbose)
+            else:
+                run = _independent(options, 1 if label == "1 rank" else n, env, timeout_s)
+            if label in runs:
+                for pooled, more in zip(runs[label]["rates_per_rank"], run["rates_per_rank"], strict=True):
+                    pooled.extend(more)
+            else:
+                runs[label] = run
+    return {"model": options["model"], "threads_per_rank": int(env["OMP_NUM_THREADS"]), "rounds": rounds,
+            **plan(options["quick"]), "runs": {label: runs[label] for label in labels},
+            "summary": summarize({label: runs[label] for label in labels}, n)}
 
 
 def totals(rates_per_rank: list[list[float]]) -> list[float]:
@@ -137,8 +149,8 @@ def summarize(runs: dict, n: int) -> dict:
 def table(result: dict) -> str:
     s = result["summary"]
     lines = [f"throughput: {result['model']} through TorchTrainer, {result['threads_per_rank']} thread(s) "
-             f"per process, {result['batches']} timed batches of {result['steps_per_batch']} steps after "
-             f"{result['warmup']}",
+             f"per process, {result['rounds']} round(s) of {result['batches']} timed batches of "
+             f"{result['steps_per_batch']} steps after {result['warmup']}",
              f"{'run':<18}{'samples/s per worker':>24}{'samples/s total':>24}"]
     for label, f in s["samples_per_s"].items():
         w, t = f["per_worker"], f["total"]

@@ -115,7 +115,7 @@ def test_throughput_runs_one_rank_n_ranks_and_n_independent_processes_and_report
     runs = result["runs"]
     assert list(runs) == ["1 rank", "2 ranks", "2 independent"]
     assert [len(run["rates_per_rank"]) for run in runs.values()] == [1, 2, 2]
-    assert all(len(rates) == result["batches"] and all(r > 0 for r in rates)
+    assert all(len(rates) == result["batches"] * result["rounds"] and all(r > 0 for r in rates)
                for run in runs.values() for rates in run["rates_per_rank"])
     s = result["summary"]
     for key in ("weak_scaling_efficiency", "ceiling_efficiency", "share_of_ceiling"):
