@@ -111,6 +111,7 @@ def test_setup_installs_torch_with_the_arguments_the_script_chose():
     setup_env = (SCRIPT.parent / "setup_env.sh").read_text()
 
     assert 'torch_index=$("$py" scripts/torch_index.py "torch==${TORCH_VERSION}")' in setup_env
-    install = 'pip_install ${torch_index_args[@]+"${torch_index_args[@]}"} \\\n  "torch==${TORCH_VERSION}"'
+    install = ('pip_install ${torch_index_args[@]+"${torch_index_args[@]}"} --no-binary mpi4py \\\n'
+               '  "torch==${TORCH_VERSION}"')
     assert install in setup_env
     assert "scripts/torch_index.py | sha256sum" in setup_env  # a change to the choice re-runs the install
