@@ -337,6 +337,11 @@ class Trainer(ABC):
     def _max_steps_reached(self) -> bool:
         return self.config.max_steps is not None and self.state.step >= self.config.max_steps
 
+    @property
+    def finished(self) -> bool:
+        """Whether training has reached its end (at an epoch's end: whether that was the last epoch)."""
+        return self._finished()
+
     def _finished(self) -> bool:
         """Training ends by epochs completed (counted in samples, so it holds across a resume at another
         world size, where step numbers change meaning), by max_steps optimizer steps taken, or by a stop."""

@@ -84,6 +84,8 @@ class Coordinator:
         frozen = self.study.trials[trial.number]
         if step not in frozen.intermediate_values and math.isfinite(value):
             trial.report(value, step)
+        if message.get("last"):  # the trial trained to its end: it completes
+            return {"prune": False}
         return {"prune": bool(trial.should_prune())}
 
     def _finish(self, message: dict[str, Any]) -> dict[str, Any]:

@@ -44,8 +44,9 @@ def make_pruner(options: SweepOptions) -> Any:
     import optuna
 
     if options.pruner == "median":
-        # prune below the median of finished trials once one has finished: sweeps here are tens of trials
-        return optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0)
+        # worse than the median of finished trials at the same epoch, from the second epoch on (the first is
+        # often LR warm-up), once one trial has finished: sweeps here are tens of trials, not hundreds
+        return optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=1)
     if options.pruner == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=1)
     return optuna.pruners.NopPruner()

@@ -69,7 +69,8 @@ class TrialReporter(Callback):
     the group leader asks the coordinator whether to prune (the leader's stop request reaches the other ranks
     at the epoch's end, through the trainer's own stop vote: no collective is added)."""
 
-    def __init__(self, metric: str, mode: str, should_prune: Callable[[int, float], bool] | None) -> None:
+    def __init__(self, metric: str, mode: str,
+                 should_prune: Callable[[int, float, bool], bool] | None) -> None:
         self.metric, self.mode, self.should_prune = metric, mode, should_prune
         self.history: list[dict[str, Any]] = []
         self.pruned = self.diverged = self.ended = False
@@ -84,7 +85,8 @@ class TrialReporter(Callback):
         if bad:
             self.diverged = True
             trainer.state.request_stop(f"the trial diverged ({bad[0]} is {record.get(bad[0])})")
-        elif value is not None and self.should_prune and self.should_prune(record["epoch"], value):
+        elif value is not None and self.should_prune and self.should_prune(record["epoch"], value,
+                                                                           trainer.finished):
             self.pruned = True
             trainer.state.request_stop("pruned by the sweep")
 
@@ -228,10 +230,12 @@ def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, co
 
         changes.update(mlflow=True, mlflow_tracking_uri=tracking_uri(options))
 
-    def should_prune(epoch: int, value: float) -> bool:
+    def should_prune(epoch: int, value: float, last: bool) -> bool:
+        """Report the epoch's value; after the last epoch there is nothing left to prune."""
         assert control is not None
-        reply = messages.request(control, {"op": "report", "trial": number, "step": epoch, "value": value})
-        return bool(reply.get("prune"))
+        reply = messages.request(control, {"op": "report", "trial": number, "step": epoch, "value": value,
+                                           "last": last})
+        return bool(reply.get("prune")) and not last
 
     reporter = TrialReporter(options.metric, options.mode, should_prune if control is not None else None)
     context = RunContext(communicator=group, config_overrides=changes, callbacks=[reporter],

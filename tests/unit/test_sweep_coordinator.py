@@ -72,7 +72,7 @@ def test_trials_left_running_by_a_stopped_sweep_are_resumed_first_and_finished_o
     assert states[first["trial"]] == "COMPLETE"
 
 
-def test_the_median_pruner_prunes_a_trial_worse_than_finished_ones(tmp_path):
+def test_the_median_pruner_prunes_a_trial_worse_than_finished_ones_from_its_second_epoch(tmp_path):
     c, _ = coordinator(tmp_path, GRID, pruner="median")
     good = c.handle({"op": "next", "ranks": [0]})
     for epoch, value in enumerate([1.0, 0.5, 0.25]):
@@ -80,7 +80,11 @@ def test_the_median_pruner_prunes_a_trial_worse_than_finished_ones(tmp_path):
         assert reply == {"prune": False}
     finish(c, good["trial"], best=0.25)
     bad = c.handle({"op": "next", "ranks": [0]})
-    assert c.handle({"op": "report", "trial": bad["trial"], "step": 0, "value": 5.0}) == {"prune": True}
+    assert c.handle({"op": "report", "trial": bad["trial"], "step": 0, "value": 5.0}) == {"prune": False}
+    # after its last epoch a trial is never pruned: it trained to its end
+    assert c.handle({"op": "report", "trial": bad["trial"], "step": 1, "value": 5.0, "last": True}) == {
+        "prune": False}
+    assert c.handle({"op": "report", "trial": bad["trial"], "step": 2, "value": 5.0}) == {"prune": True}
     finish(c, bad["trial"], state="pruned")
     assert c.study.trials[bad["trial"]].state.name == "PRUNED"
 
@@ -125,17 +129,17 @@ def train_one_rank(config: TrainConfig, reporter: TrialReporter, changes=None):
 def test_a_run_context_applies_the_trial_over_the_script_config_and_reports_each_epoch():
     reported = []
     reporter = TrialReporter("eval_loss", "min",
-                             lambda epoch, value: reported.append((epoch, value)) or False)
+                             lambda epoch, value, last: reported.append((epoch, value, last)) or False)
     config = TrainConfig(epochs=3, lr=0.05, batch_size=4, progress_bar=False, extra={"a": 1, "b": 2})
     trainer = train_one_rank(config, reporter, {"lr": 0.02, "extra": {"b": 3}})
     assert trainer.config.lr == 0.02 and trainer.config.extra == {"a": 1, "b": 3}
-    assert [epoch for epoch, _ in reported] == [0, 1, 2]
-    assert reporter.values() == [value for _, value in reported] and reporter.ended
+    assert [(epoch, last) for epoch, _, last in reported] == [(0, False), (1, False), (2, True)]
+    assert reporter.values() == [value for _, value, _ in reported] and reporter.ended
     assert reporter.best() == min(reporter.values())
 
 
 def test_pruning_stops_training_at_the_end_of_the_epoch():
-    reporter = TrialReporter("eval_loss", "min", lambda epoch, value: epoch == 1)
+    reporter = TrialReporter("eval_loss", "min", lambda epoch, value, last: epoch == 1)
     trainer = train_one_rank(TrainConfig(epochs=5, lr=0.05, batch_size=4, progress_bar=False), reporter)
     assert reporter.pruned and len(trainer.state.history) == 2
 
