@@ -24,10 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--op", choices=("allreduce", "broadcast", "allgather"), default="allreduce",
                         help="allreduce: the collective measured (default: allreduce)")
     parser.add_argument("--framework", choices=("torch", "tensorflow", "both"), default="both",
-                        help="overhead: the trainers compared with their hand-written loops (default: both)")
+                        help="overhead: the trainers compared with their hand-written loops; throughput: the "
+                             "trainers measured, reported side by side (default: both)")
     parser.add_argument("--model", choices=("cnn", "resnet50"), default="cnn",
                         help="throughput: the model (default: cnn, a small CPU-sized CNN; resnet50 for GPUs, "
-                             "needs torchvision)")
+                             "needs torchvision (PyTorch) or keras.applications (TensorFlow))")
     parser.add_argument("--timeout", type=float, default=3600.0, metavar="S",
                         help="stop a job of the benchmark after S seconds (default: 3600)")
     parser.add_argument("-v", "--verbose", action="store_true",

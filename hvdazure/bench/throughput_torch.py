@@ -1,21 +1,18 @@
-"""The PyTorch side of the throughput benchmark: synthetic data, the models, and TorchTrainer with a callback
-that times batches of steps after a warm-up. Imported in ranks only.
+"""The PyTorch side of the throughput benchmark: synthetic data, the models (throughput.MODELS) and
+TorchTrainer with throughput.BatchTimer, which times batches of steps after a warm-up. Imported in ranks only.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import horovod.torch as hvd
 import torch
 from torch.utils.data import Dataset
 
-from hvdazure import Callback, TrainConfig
+from hvdazure import TrainConfig
+from hvdazure.bench.throughput import CNN_WIDTH, MODELS, BatchTimer
 from hvdazure.torch import TorchTrainer
-
-# model -> (sample shape, classes, batch per rank)
-MODELS = {"cnn": ((3, 32, 32), 10, 64), "resnet50": ((3, 224, 224), 1000, 32)}
 
 
 class SyntheticData(Dataset):
@@ -40,32 +37,11 @@ def build_model(name: str) -> torch.nn.Module:
         import torchvision
 
         return torchvision.models.resnet50(weights=None)
-    nn, w = torch.nn, 32  # a small CNN: about 70 ms a step on one CPU core at batch 64, 0.1 M parameters
+    nn, w = torch.nn, CNN_WIDTH  # about 70 ms a step on one CPU core at batch 64
     return nn.Sequential(nn.Conv2d(3, w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(2 * w, 4 * w, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), nn.Linear(4 * w, 10))
-
-
-class BatchTimer(Callback):
-    """After `warmup` steps, the samples per second of this rank over each batch of `steps_per_batch` steps
-    (on CUDA, after the device has finished the batch's work)."""
-
-    def __init__(self, warmup: int, steps_per_batch: int, batch_size: int) -> None:
-        self.warmup, self.steps_per_batch, self.batch_size = warmup, steps_per_batch, batch_size
-        self.steps, self.rates, self.mark = 0, [], 0.0
-
-    def on_step_end(self, trainer: Any) -> None:
-        self.steps += 1
-        done = self.steps - self.warmup
-        if done < 0 or done % self.steps_per_batch:
-            return
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        if done > 0:
-            self.rates.append(self.steps_per_batch * self.batch_size / (now - self.mark))
-        self.mark = now
+                         nn.Flatten(), nn.Linear(4 * w, MODELS["cnn"].classes))
 
 
 class SyntheticTrainer(TorchTrainer):
@@ -80,8 +56,8 @@ class SyntheticTrainer(TorchTrainer):
         return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
     def train_dataset(self) -> Dataset:
-        shape, classes, _ = MODELS[self.model_name]
-        return SyntheticData(self.length, shape, classes)
+        side, classes, _ = MODELS[self.model_name]
+        return SyntheticData(self.length, (3, side, side), classes)
 
     def training_step(self, net: torch.nn.Module, batch: Any) -> torch.Tensor:
         x, y = batch
@@ -93,7 +69,8 @@ def rates_per_rank(model: str, batch_size: int, warmup: int, batches: int, steps
     """Train on synthetic data through TorchTrainer; every rank's samples/s per timed batch (on rank 0,
     None elsewhere) and the world size."""
     steps = warmup + batches * steps_per_batch
-    timer = BatchTimer(warmup, steps_per_batch, batch_size)
+    timer = BatchTimer(warmup, steps_per_batch, batch_size,
+                       synchronize=torch.cuda.synchronize if torch.cuda.is_available() else None)
     hvd.init()
     config = TrainConfig(epochs=1, batch_size=batch_size, lr=0.01, log_every=steps_per_batch,
                          progress_bar=False)

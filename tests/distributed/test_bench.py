@@ -19,7 +19,8 @@ COMMANDS = {
     "allreduce": ["-np", "2", "--mpi" if MPI4PY else "--gloo"],
     # PyTorch only: the TensorFlow job's start-up and tracing alone would take the suite's whole budget
     "overhead": ["-np", "2", "--framework", "torch", "--mpi"],
-    "throughput": ["-np", "2", "--mpi"],
+    # PyTorch only: the TensorFlow side (checked by hand, `--framework tensorflow --quick`) adds about 25 s
+    "throughput": ["-np", "2", "--framework", "torch", "--mpi"],
     "checkpoint": ["-np", "1", "--mpi"],
     "launch": ["-np", "1", "--mpi"],
 }
@@ -112,12 +113,15 @@ def test_overhead_pairs_blocks_and_reports_a_finite_ratio_with_its_interval(over
 
 def test_throughput_runs_one_rank_n_ranks_and_n_independent_processes_and_reports_efficiencies(benches):
     result, stdout, png = benches["throughput"]
-    runs = result["runs"]
+    assert list(result["frameworks"]) == ["torch"]
+    torch_run = result["frameworks"]["torch"]
+    assert torch_run["status"] == "measured" and torch_run["trainer"] == "TorchTrainer"
+    runs = torch_run["runs"]
     assert list(runs) == ["1 rank", "2 ranks", "2 independent"]
     assert [len(run["rates_per_rank"]) for run in runs.values()] == [1, 2, 2]
     assert all(len(rates) == result["batches"] * result["rounds"] and all(r > 0 for r in rates)
                for run in runs.values() for rates in run["rates_per_rank"])
-    s = result["summary"]
+    s = torch_run["summary"]
     for key in ("weak_scaling_efficiency", "ceiling_efficiency", "share_of_ceiling"):
         assert s[key]["value"] > 0 and all(math.isfinite(v) for v in s[key]["ci95"]), key
     assert s["samples_per_s"]["2 ranks"]["total"]["mean"] > 0
