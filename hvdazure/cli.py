@@ -354,10 +354,10 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                     "allreduce: latency and bandwidth of hvdazure's gradient path against raw Horovod, "
                     "torch.distributed and mpi4py (--mpi). overhead: the trainers against hand-written "
                     "Horovod loops, paired blocks, the median ratio with a bootstrap 95% interval. "
-                    "throughput: samples/s through TorchTrainer on 1 and N ranks, weak-scaling efficiency, "
-                    "and N independent processes as the ceiling. checkpoint: save and load against bare "
-                    "torch.save/load, the stall of async and blocking checkpoints, resume memory. launch: "
-                    "hvdazure run against the bare launcher.",
+                    "throughput: samples/s through TorchTrainer and TensorFlowTrainer on 1 and N ranks, "
+                    "weak-scaling efficiency, and N independent processes as the ceiling. checkpoint: save "
+                    "and load against bare torch.save/load, the stall of async and blocking checkpoints, "
+                    "resume memory. launch: hvdazure run against the bare launcher.",
         epilog="examples:\n  hvdazure bench allreduce -np 2 --mpi --json ar.json --plot ar.png\n"
                "  hvdazure bench overhead -np 2 --framework torch\n  hvdazure bench throughput -np 2 --quick",
         formatter_class=argparse.RawDescriptionHelpFormatter,
