@@ -142,6 +142,13 @@ def test_without_a_chosen_interface_the_launchers_choose_their_own():
         assert not {"btl_tcp_if_include", "oob_tcp_if_include"} & set(_mca(argv))
 
 
+def test_waiting_mpi_ranks_yield_their_core_unless_the_environment_says_otherwise():
+    spec = LaunchSpec(num_proc=2, command=["t.py"], controller="mpi")
+    assert _mca(build_command(spec, ENV)[0])["mpi_yield_when_idle"] == "1"
+    argv, env = build_command(spec, {**ENV, "OMPI_MCA_mpi_yield_when_idle": "0"})
+    assert "mpi_yield_when_idle" not in _mca(argv) and env["OMPI_MCA_mpi_yield_when_idle"] == "0"
+
+
 def test_mpirun_notices_a_lost_node_within_a_minute_unless_the_environment_says_otherwise():
     spec = LaunchSpec(num_proc=2, command=["t.py"], controller="mpi")
     argv, _ = build_command(spec, ENV)
