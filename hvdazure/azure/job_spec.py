@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from hvdazure.azure import vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.errors import JobSpecError
+from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
 
 if TYPE_CHECKING:
     from hvdazure.azure.sweep_spec import InJobSweepPlan, InJobSweepSpec, SweepPlan, SweepSpec
@@ -255,7 +256,10 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     args = tuple(str(a) for a in spec.script_args)
     _check_placeholders(args, inputs, outputs)
     config = check_train_config_args(args, code_dir)
-    env = {**vm_sizes.nccl_environment(vm_size), **_check_env(spec.env)}
+    # Azure ML starts mpirun itself: waiting ranks yield their core through the environment, as
+    # `hvdazure run --mpi` does on its command line (hvdazure/launch/command.py, MPI_YIELD_WHEN_IDLE)
+    yield_when_idle = {f"OMPI_MCA_{k}": v for k, v in MPI_YIELD_WHEN_IDLE.items()}
+    env = {**yield_when_idle, **vm_sizes.nccl_environment(vm_size), **_check_env(spec.env)}
     experiment = spec.experiment or _experiment_name(code_dir)
     if not _EXPERIMENT.match(experiment):
         raise JobSpecError(f"--experiment {experiment!r}: letters, digits, '_' and '-' only, starting with a "

@@ -58,7 +58,8 @@ def test_the_yaml_loads_with_load_job_into_an_mpi_job_of_the_asked_layout(projec
     assert body["command"] == "python train.py --set epochs=3"
     environment = result.plan.environment
     assert body["environmentId"] == f"{environment.name}:{environment.version}"  # resolved to an id on submit
-    assert body["environmentVariables"] == {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"}
+    assert body["environmentVariables"] == {"OMPI_MCA_mpi_yield_when_idle": "1", "NCCL_SOCKET_IFNAME": "eth0",
+                                           "NCCL_DEBUG": "INFO"}
     assert (body["computeId"], body["experimentName"]) == ("gpu-cluster", "project")
     assert body == result.body
 
@@ -162,7 +163,8 @@ def test_v1_dry_run_serialises_the_run_configuration_and_loads_it_back(project, 
                                                                          "gpu-cluster")
     assert config["docker"] == {"useDocker": True, "sharedVolumes": True, "arguments": [], "shmSize": "8g"}
     assert config["environment"]["docker"]["baseImage"] == IMAGE
-    assert config["environmentVariables"] == {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"}
+    assert config["environmentVariables"] == {"OMPI_MCA_mpi_yield_when_idle": "1",
+                                              "NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"}
     assert result.body["mpi"] == config["mpi"]
 
 

@@ -91,7 +91,8 @@ def test_the_users_variables_override_the_nccl_defaults(project):
     env = {"NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "INFO"}
     plan = resolve(spec(env=env), vm_size="Standard_NC24ads_A100_v4")
 
-    assert plan.env == {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "INFO"}
+    assert plan.env == {"OMPI_MCA_mpi_yield_when_idle": "1", "NCCL_SOCKET_IFNAME": "eth0",
+                        "NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "INFO"}
 
 
 # --- the code ---------------------------------------------------------------------------------------------

@@ -192,7 +192,8 @@ def test_the_run_configuration_is_mpi_with_processes_per_node_and_nodes(project,
     assert configuration["environment"]["python"]["userManagedDependencies"] is True
     assert configuration["environment"]["environmentVariables"] == {}  # not the SDK's EXAMPLE_ENV_VAR
     assert configuration["environmentVariables"] == {
-        "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+        "OMPI_MCA_mpi_yield_when_idle": "1", "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_IB_PCI_RELAXED_ORDERING": "1",
         "UCX_IB_PCI_RELAXED_ORDERING": "on", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 

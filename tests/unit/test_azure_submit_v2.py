@@ -240,7 +240,8 @@ def test_the_job_put_is_an_mpi_job_of_nodes_times_processes_running_python_on_th
     assert re.fullmatch(re.escape(WS) + r"/codes/[^/]+/versions/1", body["codeId"])
     assert (body["experimentName"], body["displayName"]) == ("digits", "digits 2x8")
     assert body["environmentVariables"] == {
-        "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+        "OMPI_MCA_mpi_yield_when_idle": "1", "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_IB_PCI_RELAXED_ORDERING": "1",
         "UCX_IB_PCI_RELAXED_ORDERING": "on", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
