@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # versions.env is parsed in one place, beside the test that checks every other copy of the pins against it
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_versions_agree import read_versions_env
@@ -13,9 +15,22 @@ from test_versions_agree import read_versions_env
 PINS = read_versions_env()
 
 
-def test_doctor_reports_torch_tensorflow_mpi_and_gloo():
-    proc = subprocess.run([sys.executable, "-m", "hvdazure.cli", "doctor", "--json"], capture_output=True,
-                          text=True, timeout=180)
+@pytest.fixture(scope="module")
+def doctor_runs() -> dict[str, subprocess.CompletedProcess]:
+    """`hvdazure doctor --json` and `hvdazure doctor`, run at the same time: each spends ~25 s in
+    `horovodrun --check-build`, mostly one core's work."""
+    started = {name: subprocess.Popen([sys.executable, "-m", "hvdazure.cli", "doctor", *args],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name, args in {"json": ["--json"], "human": []}.items()}
+    done = {}
+    for name, proc in started.items():
+        stdout, stderr = proc.communicate(timeout=180)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return done
+
+
+def test_doctor_reports_torch_tensorflow_mpi_and_gloo(doctor_runs):
+    proc = doctor_runs["json"]
 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
@@ -30,9 +45,8 @@ def test_doctor_reports_torch_tensorflow_mpi_and_gloo():
     assert report["problems"] == []
 
 
-def test_doctor_human_report_ends_with_a_verdict():
-    proc = subprocess.run([sys.executable, "-m", "hvdazure.cli", "doctor"], capture_output=True, text=True,
-                          timeout=180)
+def test_doctor_human_report_ends_with_a_verdict(doctor_runs):
+    proc = doctor_runs["human"]
 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "controllers        MPI, Gloo" in proc.stdout
