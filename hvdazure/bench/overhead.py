@@ -51,6 +51,20 @@ class StepClock(Callback):
         self.mark = now
 
 
+class InStepTimer:
+    """Mixin for a binding's Trainer (listed before it): the time of each `_run_step`, the step itself, so
+    that what the trainer does around it can be told apart. Framework-free: both benchmarks use it."""
+
+    in_step_s: list[float]
+
+    def _run_step(self, *args: Any) -> float:
+        start = time.perf_counter()
+        try:
+            return super()._run_step(*args)  # type: ignore[misc]
+        finally:
+            self.in_step_s.append(time.perf_counter() - start)
+
+
 def steady(durations: list[float], in_step_s: list[float] | None = None) -> tuple[float, float | None]:
     """A block's time without its first step (per-block setup), and, given the time of each step inside
     _run_step, the time outside it over the same steps."""

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdazure import TrainConfig
-from hvdazure.bench.overhead import CLASSES, FEATURES, HIDDEN, LOG_EVERY, LR, StepClock, steady
+from hvdazure.bench.overhead import CLASSES, FEATURES, HIDDEN, LOG_EVERY, LR, InStepTimer, StepClock, steady
 from hvdazure.tensorflow import TensorFlowTrainer
 from hvdazure.tensorflow.collectives import init_horovod
 
@@ -70,7 +70,7 @@ def hand_written(data: tuple[np.ndarray, np.ndarray], batch_size: int) -> list[f
     return durations
 
 
-class BenchTrainer(TensorFlowTrainer):
+class BenchTrainer(InStepTimer, TensorFlowTrainer):
     """The same model, data and optimizer; times its own _run_step (the rest of a step is its bookkeeping)."""
 
     def __init__(self, config: TrainConfig, data: tuple[np.ndarray, np.ndarray], clock: StepClock) -> None:
@@ -89,13 +89,6 @@ class BenchTrainer(TensorFlowTrainer):
     def training_step(self, net: keras.Model, batch: Any) -> tf.Tensor:
         x, y = batch
         return loss_of(net, x, y)
-
-    def _run_step(self, *args: Any) -> float:
-        start = time.perf_counter()
-        try:
-            return super()._run_step(*args)
-        finally:
-            self.in_step_s.append(time.perf_counter() - start)
 
 
 def block_runners(steps: int, batch_size: int) -> dict[str, Any]:

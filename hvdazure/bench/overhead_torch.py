@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from hvdazure import TrainConfig
-from hvdazure.bench.overhead import CLASSES, FEATURES, HIDDEN, LOG_EVERY, LR, StepClock, steady
+from hvdazure.bench.overhead import CLASSES, FEATURES, HIDDEN, LOG_EVERY, LR, InStepTimer, StepClock, steady
 from hvdazure.torch import TorchTrainer
 
 SAMPLES = 8192
@@ -64,7 +64,7 @@ def hand_written(epochs: int, batch_size: int, lr: float = LR, log_every: int = 
     return durations
 
 
-class BenchTrainer(TorchTrainer):
+class BenchTrainer(InStepTimer, TorchTrainer):
     """The same model, data and optimizer as the hand-written loop; times its own _run_step, so that what
     the loop does around the step (its bookkeeping) is the rest of the step's time."""
 
@@ -84,13 +84,6 @@ class BenchTrainer(TorchTrainer):
     def training_step(self, net: torch.nn.Module, batch: Any) -> torch.Tensor:
         x, y = batch
         return torch.nn.functional.cross_entropy(net(x), y)
-
-    def _run_step(self, *args: Any) -> float:
-        start = time.perf_counter()
-        try:
-            return super()._run_step(*args)
-        finally:
-            self.in_step_s.append(time.perf_counter() - start)
 
 
 def with_trainer(epochs: int, batch_size: int, lr: float = LR, log_every: int = LOG_EVERY,
