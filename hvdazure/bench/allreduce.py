@@ -33,6 +33,7 @@ from typing import Any
 
 from hvdazure.bench import stats
 from hvdazure.bench.runner import BenchError, main, progress
+from hvdazure.figures import pyplot, save_figure
 
 KB, MB = 1024, 1024 * 1024
 TARGET = 0.98  # hvdazure's bandwidth as a share of raw Horovod's, at >= 1 MB
@@ -286,10 +287,7 @@ def table(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Bus bandwidth (algorithm bandwidth on one rank) against message size, log-log, a line per peer."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     key = "busbw_GBps" if result["world_size"] > 1 else "algbw_GBps"
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -303,9 +301,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_title(f"{result['op']}, {result['world_size']} ranks, {result['device']}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

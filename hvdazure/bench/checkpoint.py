@@ -28,6 +28,7 @@ from pathlib import Path
 
 from hvdazure.bench import stats
 from hvdazure.bench.runner import BenchError, main, progress, run_ranks
+from hvdazure.figures import pyplot, save_figure
 
 SAVE_TARGET = 1.2
 
@@ -135,10 +136,7 @@ def table(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Save and load times per variant, and the stall per checkpoint, async against blocking."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     s = result["summary"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
@@ -152,9 +150,7 @@ def plot(result: dict, path: Path) -> None:
     right.set_xticks(range(1, len(stall) + 1), list(stall))
     right.set_ylabel("stall per checkpoint (ms)")
     right.set_title(f"training, {result['world_size']} ranks")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

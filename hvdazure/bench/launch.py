@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hvdazure.bench import stats
 from hvdazure.bench.runner import BenchError, main, progress
+from hvdazure.figures import pyplot, save_figure
 
 BARE, OURS = {"gloo": "horovodrun", "mpi": "mpirun"}, "hvdazure run"
 JOB = """
@@ -102,10 +103,7 @@ def table(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Every repeat's wall time per variant."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     names = list(result["times_s"])
@@ -113,9 +111,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks(range(1, len(names) + 1), names, rotation=15)
     ax.set_ylabel("job wall time (s)")
     ax.set_title(f"launch: {result['world_size']} ranks, one allreduce, {result['launcher']}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

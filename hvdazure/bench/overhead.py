@@ -27,6 +27,7 @@ from typing import Any
 from hvdazure import Callback
 from hvdazure.bench import stats
 from hvdazure.bench.runner import main, progress, run_ranks
+from hvdazure.figures import pyplot, save_figure
 
 TARGET = 1.02
 BATCH_SIZE = 64
@@ -157,10 +158,7 @@ def table(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Each framework's per-pair ratios in order, with the median, its interval and the target."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for index, r in enumerate(result["frameworks"].values()):
@@ -176,9 +174,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("trainer / hand-written (block time)")
     ax.set_title("trainer overhead (shaded: 95% interval of the median)")
     ax.legend(fontsize="small")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 from hvdazure import Callback
 from hvdazure.bench import stats
 from hvdazure.bench.runner import BenchError, main, progress, run_ranks
+from hvdazure.figures import pyplot, save_figure
 
 TARGET = 0.90
 
@@ -256,10 +257,7 @@ def table(result: dict) -> str:
 def plot(result: dict, path: Path) -> None:
     """Total samples/s of each framework's runs with their intervals, and the efficiencies against the
     target."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     measured = {r["trainer"]: r["summary"] for r in result["frameworks"].values()
                 if r["status"] == "measured"}
@@ -286,9 +284,7 @@ def plot(result: dict, path: Path) -> None:
     right.axhline(TARGET, color="C3", linestyle="--", label=f"target {TARGET}")
     right.set_ylabel("efficiency vs N x 1 rank")
     right.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hvdazure.figures import pyplot, save_figure
 from hvdazure.sweep.coordinator import RUNNING, trial_dir
 from hvdazure.sweep.options import SweepOptions
 from hvdazure.sweep.space import SearchSpace, overrides
@@ -98,10 +99,7 @@ def write_results(options: SweepOptions, study: Any, space: SearchSpace) -> Swee
 
 def plot(results: SweepResults, path: Path) -> None:
     """The metric of each trial with the best so far, and the metric against each parameter."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     metric, rows = results.options.metric, [r for r in results.rows if _number(r["value"])]
     names = sorted({k for r in results.rows for k in r["params"]})[:4]
@@ -136,8 +134,7 @@ def plot(results: SweepResults, path: Path) -> None:
             ax.set_xticks(range(len(labels)), labels)
         ax.set(xlabel=name, ylabel=metric)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
 
 
 def _number(value: Any) -> bool:
