@@ -136,15 +136,11 @@ def serve(coordinator: Coordinator, comm: Any, leaders: int) -> None:
     to answer (a broken journal, say) aborts the sweep: each later request is told there is no trial."""
     from mpi4py import MPI
 
-    from hvdazure.sweep.messages import TAG_REPLY, TAG_REQUEST
+    from hvdazure.sweep.messages import TAG_REPLY, TAG_REQUEST, wait_until
 
-    status, done, sleep = MPI.Status(), 0, 0.0005
+    status, done = MPI.Status(), 0
     while done < leaders:
-        if not comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REQUEST, status=status):
-            time.sleep(sleep)
-            sleep = min(sleep * 2, 0.01)
-            continue
-        sleep = 0.0005
+        wait_until(lambda: comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REQUEST, status=status), 0.01)
         source = status.Get_source()
         message = comm.recv(source=source, tag=TAG_REQUEST)
         if message["op"] == "bye":

@@ -9,6 +9,7 @@ never Horovod's, so nothing here can interleave with a trial's collectives.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 TAG_REQUEST = 11  # a group leader to the coordinator
@@ -19,14 +20,19 @@ TAG_OUTCOME = 14  # a member to its leader: how the trial ended on that rank
 _MAX_SLEEP_S = 0.02
 
 
+def wait_until(ready: Callable[[], Any], max_sleep_s: float = _MAX_SLEEP_S) -> None:
+    """Poll `ready` with sleeps doubling from 0.5 ms up to `max_sleep_s`, instead of a blocking MPI call."""
+    sleep = 0.0005
+    while not ready():
+        time.sleep(sleep)
+        sleep = min(sleep * 2, max_sleep_s)
+
+
 def receive(comm: Any, source: int, tag: int) -> Any:
     """The next message from `source` with `tag`, waiting without spinning a core."""
     from mpi4py import MPI
 
-    sleep = 0.0005
-    while not comm.Iprobe(source=source, tag=tag):
-        time.sleep(sleep)
-        sleep = min(sleep * 2, _MAX_SLEEP_S)
+    wait_until(lambda: comm.Iprobe(source=source, tag=tag))
     return comm.recv(source=source, tag=tag, status=MPI.Status())
 
 
@@ -39,7 +45,4 @@ def request(comm: Any, message: dict[str, Any], coordinator: int = 0) -> dict[st
 def barrier(comm: Any) -> None:
     """Every rank of `comm` got here; ranks that are done wait without spinning a core."""
     pending = comm.Ibarrier()
-    sleep = 0.0005
-    while not pending.Test():
-        time.sleep(sleep)
-        sleep = min(sleep * 2, _MAX_SLEEP_S * 5)
+    wait_until(pending.Test, _MAX_SLEEP_S * 5)
