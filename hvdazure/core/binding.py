@@ -49,9 +49,11 @@ class FrameworkState(ABC):
     """Model, optimizer and framework state of one rank, saved into and loaded from checkpoints."""
 
     @abstractmethod
-    def save_files(self) -> dict[str, Callable[[BinaryIO], None]]:
-        """Writers of the tensor files of a checkpoint (model, optimizer), called on rank 0. The state is
-        copied when this is called: training may go on while a background thread writes the files."""
+    def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:
+        """Writers of the tensor files of a checkpoint (model, optimizer), called on rank 0. With `copy`,
+        the state is copied when this is called: training goes on while a background thread writes the
+        files. Without, the writers read the live state: the caller trains no further until they are done
+        (a blocking save needs no copy, in time or memory)."""
 
     @abstractmethod
     def load_files(self, paths: dict[str, str]) -> None:

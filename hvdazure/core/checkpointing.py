@@ -13,13 +13,13 @@ resume.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import platform
 import random
 import threading
 from collections.abc import Callable, Iterator
+from copy import deepcopy
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
@@ -80,22 +80,25 @@ class TrainerCheckpoints:
         self.trainer = trainer
         self.directory = directory
         self.manager = CheckpointManager(directory, keep_last=c.keep_last, keep_best=c.keep_best,
-                                         monitor=c.monitor, mode=c.monitor_mode) if trainer.is_main else None
+                                         monitor=c.monitor, mode=c.monitor_mode,
+                                         hash=c.checkpoint_hash) if trainer.is_main else None
         self.last_saved_step: int | None = None
         self._pending: threading.Thread | None = None  # rank 0's write in progress
         self._outcome: dict[str, Any] = {}  # rank 0: how the last write ended
 
     # --- saving ------------------------------------------------------------------------------------------
     def save(self, reason: str, wait: bool = True) -> str | None:
-        """Checkpoint the current step; called by all ranks together. Rank 0 snapshots the state in memory
-        and writes it, in a background thread when `wait` is False (training goes on meanwhile; the outcome
-        is collected, on every rank, at the next save or `finish_pending`). Returns the name once written."""
+        """Checkpoint the current step; called by all ranks together. Rank 0 writes it in a background
+        thread; when `wait` is False, from a copy in memory while training goes on (the outcome is
+        collected, on every rank, at the next save or `finish_pending`: one write at a time, so a save due
+        while the previous one is still being written waits for it); when True, from the live state,
+        waited for. Returns the name once written."""
         t = self.trainer
         self.finish_pending()
         rngs = [json.loads(b) for b in t.comm.allgather_bytes(json.dumps(self._rng_state()).encode())]
         if t.is_main:
             try:
-                step, files, manifest = self._snapshot(reason, rngs)
+                step, files, manifest = self._snapshot(reason, rngs, copy=not wait)
                 self._pending = threading.Thread(target=self._write, args=(step, files, manifest, reason),
                                                  name="hvdazure-checkpoint", daemon=True)
                 self._pending.start()
@@ -125,7 +128,7 @@ class TrainerCheckpoints:
         if self.last_saved_step == self.trainer.state.step and "error" not in self._outcome:
             return None
         try:
-            step, files, manifest = self._snapshot(reason, [self._rng_state()])
+            step, files, manifest = self._snapshot(reason, [self._rng_state()], copy=False)
             self._write(step, files, manifest, reason)
         except Exception as exc:
             logger.error(f"could not save a checkpoint after the error: {exc}")
@@ -136,9 +139,10 @@ class TrainerCheckpoints:
             self._pending.join()
             self._pending = None
 
-    def _snapshot(self, reason: str,
-                  rngs: list[dict[str, Any]]) -> tuple[int, dict[str, Any], dict[str, Any]]:
-        """Everything a checkpoint holds, copied now: the model may change while it is written."""
+    def _snapshot(self, reason: str, rngs: list[dict[str, Any]],
+                  copy: bool) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        """Everything a checkpoint holds; model and optimizer copied now if `copy` (training goes on while
+        they are written), the small JSON state always."""
         t, s = self.trainer, self.trainer.state
         state = {
             "state": s.to_dict(),
@@ -146,11 +150,11 @@ class TrainerCheckpoints:
             "callbacks": {key: cb.state_dict() for key, cb in t.stateful_callbacks().items()},
             "framework": t.state_io.save_extra(),
         }
-        files = {**t.state_io.save_files(), STATE_FILE: _json_writer(copy.deepcopy(state)),
+        files = {**t.state_io.save_files(copy), STATE_FILE: _json_writer(deepcopy(state)),
                  RNG_FILE: _json_writer(rngs)}
         metrics = {**{f"train_{k}": v for k, v in s.train_metrics.items()},
                    **{f"eval_{k}": v for k, v in s.eval_metrics.items()}}
-        manifest = copy.deepcopy({
+        manifest = deepcopy({
             "framework": t.framework_name, "reason": reason, "epoch": s.epoch,
             "step_in_epoch": s.step_in_epoch, "samples_in_epoch": s.samples_in_epoch,
             "samples_seen": s.samples_seen, "world_size": t.world_size,

@@ -65,6 +65,7 @@ class TrainConfig:
     keep_last: int = 3  # newest checkpoints kept
     keep_best: int = 0  # best checkpoints kept by `monitor`, in addition
     checkpoint_async: bool = True  # rank 0 writes in the background after an in-memory copy
+    checkpoint_hash: Literal["xxh3_128", "sha256"] = "xxh3_128"  # each file's integrity hash in the manifest
     resume: str | None = None  # "auto": newest valid checkpoint in checkpoint_dir, if any; or a path
     # preemption notices (Azure Scheduled Events): every rank checkpoints and exits 143 before the VM goes
     preemption_watch: bool | None = None  # None: on inside Azure ML, off elsewhere; needs checkpointing

@@ -51,8 +51,9 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
             variable.assign(tf.reshape(piece, variable.shape))
 
 
-def _writer(variables: Sequence[Any]) -> Callable[[BinaryIO], None]:
-    arrays = {f"{i:05d}": np.array(v.numpy(), copy=True) for i, v in enumerate(variables)}  # copied now
+def _writer(variables: Sequence[Any], copy: bool) -> Callable[[BinaryIO], None]:
+    arrays = {f"{i:05d}": np.array(v.numpy(), copy=True) if copy else np.asarray(v.numpy())
+              for i, v in enumerate(variables)}
     paths = np.array([v.path for v in variables], dtype=np.str_)
     return lambda file: np.savez(file, **arrays, **{_PATHS_KEY: paths})
 
@@ -80,9 +81,9 @@ class KerasState(FrameworkState):
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
 
-    def save_files(self) -> dict[str, Callable[[BinaryIO], None]]:
-        return {MODEL_FILE: _writer(model_weights(self.model)),
-                OPTIMIZER_FILE: _writer(self.optimizer.variables)}
+    def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:
+        return {MODEL_FILE: _writer(model_weights(self.model), copy),
+                OPTIMIZER_FILE: _writer(self.optimizer.variables, copy)}
 
     def load_files(self, paths: dict[str, str]) -> None:
         _load(paths[MODEL_FILE], model_weights(self.model), MODEL_FILE)

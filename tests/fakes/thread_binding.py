@@ -440,9 +440,9 @@ class ThreadState(FrameworkState):
     def __init__(self, trainer: ThreadRanksTrainer) -> None:
         self.trainer = trainer
 
-    def save_files(self) -> dict[str, Callable[[BinaryIO], None]]:
+    def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:
         t = self.trainer
-        weights, velocity = t.weights.copy(), t.velocity.copy()  # training goes on during the write
+        weights, velocity = (t.weights.copy(), t.velocity.copy()) if copy else (t.weights, t.velocity)
         return {"model.npy": lambda file: np.save(file, weights, allow_pickle=False),
                 "optimizer.npy": lambda file: np.save(file, velocity, allow_pickle=False)}
 

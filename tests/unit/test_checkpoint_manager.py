@@ -21,6 +21,7 @@ from typing import Any
 
 import fsspec
 import pytest
+import xxhash
 
 from hvdazure.core.checkpoint import FORMAT_VERSION, CheckpointError, CheckpointManager, pointer_directory
 
@@ -94,7 +95,7 @@ def test_save_then_read_files_returns_the_written_bytes(root: str) -> None:
     assert manager.read_files(checkpoint) == {"model.bin": _weights(120), "state.json": b'{"step": 120}'}
 
 
-def test_manifest_records_format_version_step_created_and_each_files_sha256_and_size(root: str) -> None:
+def test_manifest_records_format_version_step_created_and_each_files_hash_and_size(root: str) -> None:
     checkpoint = _save(CheckpointManager(root), 7, eval_loss=0.25)
     manifest = json.loads(_cat(f"{root}/step-00000007/manifest.json"))
 
@@ -107,22 +108,69 @@ def test_manifest_records_format_version_step_created_and_each_files_sha256_and_
     assert abs(datetime.now(timezone.utc) - created) < timedelta(minutes=1)
     state = b'{"step": 7}'
     assert manifest["files"] == {
-        "model.bin": {"sha256": hashlib.sha256(_weights(7)).hexdigest(), "bytes": len(_weights(7))},
-        "state.json": {"sha256": hashlib.sha256(state).hexdigest(), "bytes": len(state)},
+        "model.bin": {"xxh3_128": xxhash.xxh3_128(_weights(7)).hexdigest(), "bytes": len(_weights(7))},
+        "state.json": {"xxh3_128": xxhash.xxh3_128(state).hexdigest(), "bytes": len(state)},
     }
 
 
-def test_large_writes_hashed_alongside_the_write_give_the_right_sha256(root: str) -> None:
+def test_sha256_on_request_is_recorded_as_format_version_1_which_earlier_versions_read(root: str) -> None:
+    checkpoint = _save(CheckpointManager(root, hash="sha256"), 7)
+
+    assert checkpoint.manifest["format_version"] == 1
+    assert checkpoint.manifest["files"]["model.bin"] == {"sha256": hashlib.sha256(_weights(7)).hexdigest(),
+                                                         "bytes": len(_weights(7))}
+    assert CheckpointManager(root).read_files(checkpoint)["model.bin"] == _weights(7)
+
+
+def test_a_checkpoint_of_an_earlier_version_with_sha256_records_still_loads(root: str) -> None:
+    # What hvdazure wrote before xxh3_128: format_version 1, {"sha256", "bytes"} records, keys in this order.
+    files = {"model.bin": _weights(3), "state.json": b'{"step": 3}'}
+    manifest = {"framework": "test", "metrics": {}, "format_version": 1, "step": 3,
+                "created": "2026-11-01T10:00:00+00:00",
+                "files": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+                          for name, data in files.items()}}
+    for name, data in {**files, "manifest.json": json.dumps(manifest, indent=2).encode()}.items():
+        _pipe(f"{root}/step-00000003/{name}", data)
+    _pipe(f"{root}/latest", b"step-00000003\n")
+    manager = CheckpointManager(root)
+
+    with manager.open_latest_valid() as (checkpoint, paths, warnings):
+        assert checkpoint is not None and checkpoint.step == 3 and warnings == []
+        assert set(paths) == set(files)
+    assert manager.read_files(checkpoint) == files
+    _flip_a_bit(f"{root}/step-00000003/model.bin")
+    with pytest.raises(CheckpointError, match=r"'model\.bin' does not match its sha256"):
+        manager.read_files(checkpoint)
+
+
+def test_a_record_without_a_known_hash_is_one_line_naming_the_file_and_what_it_has(root: str) -> None:
+    manifest = _save(CheckpointManager(root), 2).manifest
+    manifest["files"]["model.bin"] = {"blake3": "00", "bytes": len(_weights(2))}
+    _pipe(f"{root}/step-00000002/manifest.json", json.dumps(manifest).encode())
+
+    with pytest.raises(CheckpointError, match=r"no hash this hvdazure knows for file 'model\.bin' \(blake3; "
+                                              r"known: xxh3_128, sha256\)") as error:
+        CheckpointManager(root).open(f"{root}/step-00000002")
+    assert "\n" not in str(error.value)
+
+
+def test_an_unknown_hash_choice_is_refused_before_anything_is_written(root: str) -> None:
+    with pytest.raises(ValueError, match="hash must be one of xxh3_128, sha256, got 'md5'"):
+        CheckpointManager(root, hash="md5")
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+def test_large_writes_hashed_alongside_the_write_give_the_right_hash(root: str, algorithm: str) -> None:
     chunks = [os.urandom(3 << 20), b"small", os.urandom(2 << 20)]  # big writes take the parallel path
 
     def write(file: Any) -> None:
         for chunk in chunks:
             file.write(chunk)
 
-    checkpoint = CheckpointManager(root).save(1, {"big.bin": write}, {})
+    checkpoint = CheckpointManager(root, hash=algorithm).save(1, {"big.bin": write}, {})
     data = b"".join(chunks)
-    assert checkpoint.manifest["files"]["big.bin"] == {"sha256": hashlib.sha256(data).hexdigest(),
-                                                       "bytes": len(data)}
+    expected = hashlib.sha256(data) if algorithm == "sha256" else xxhash.xxh3_128(data)
+    assert checkpoint.manifest["files"]["big.bin"] == {algorithm: expected.hexdigest(), "bytes": len(data)}
     assert CheckpointManager(root).read_files(checkpoint)["big.bin"] == data
 
 
@@ -221,7 +269,7 @@ def test_read_files_rejects_bytes_that_do_not_match_the_manifest(root: str) -> N
     checkpoint = _save(manager, 2)
     _flip_a_bit(f"{root}/step-00000002/model.bin")
 
-    with pytest.raises(CheckpointError, match=r"'model\.bin'.*sha256"):
+    with pytest.raises(CheckpointError, match=r"'model\.bin' does not match its xxh3_128"):
         manager.read_files(checkpoint)
 
 
@@ -417,7 +465,7 @@ def test_a_crash_at_any_point_of_a_resave_leaves_a_valid_checkpoint_of_that_step
 HALF_COPIED: dict[str, Callable[[str], None]] = {
     "missing file": lambda d: _rm(f"{d}/model.bin"),
     "truncated file": lambda d: _pipe(f"{d}/model.bin", _cat(f"{d}/model.bin")[:1000]),
-    "flipped bit": lambda d: _flip_a_bit(f"{d}/model.bin"),  # same size: only its sha256 tells
+    "flipped bit": lambda d: _flip_a_bit(f"{d}/model.bin"),  # same size: only its hash tells
 }
 
 

@@ -160,5 +160,5 @@ class Checkpoint(keras.callbacks.Callback):
         manifest = {"framework": "tensorflow", "source": "keras_fit", "epoch": epochs_done,
                     "world_size": hvd.size(), "metrics": metrics,
                     "config": {"monitor": self.monitor, "monitor_mode": self.mode}}
-        files = KerasState(self.model, optimizer).save_files()
+        files = KerasState(self.model, optimizer).save_files(copy=False)  # written before training goes on
         self._manager.save(int(optimizer.iterations), files, manifest)
