@@ -1,6 +1,6 @@
 """The PyTorch side of the checkpoint benchmark: save/load against bare torch.save/load on rank 0, training
-blocks with and without checkpoints on every rank, and the resume-memory probe (a fresh process). Imported
-in ranks and probes only.
+blocks with and without checkpoints on every rank, and the memory probes (fresh processes). Imported in
+ranks and probes only.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch.utils.data import TensorDataset
 from hvdazure import Callback, TrainConfig
 from hvdazure.core.checkpoint import CheckpointManager
 from hvdazure.torch import TorchTrainer
+from hvdazure.torch.state import TorchState
 
 BATCH_SIZE = 32
 
@@ -39,15 +40,22 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
-    """The same state (model + optimizer) through CheckpointManager (temporary folder, sha256 while writing,
-    fsync, rename, `latest`; loading verifies every file first) and through one bare torch.save, with and
-    without fsync; the variants alternate in every repeat. Seconds per variant and repeat."""
+    """The same state (model + optimizer) saved and loaded the trainer's way and by hand, seconds per
+    variant and repeat, the variants' order rotated from one repeat to the next, after one unrecorded round:
+
+    - "hvdazure save": what a blocking checkpoint does with the model and optimizer (TorchState's files
+      through CheckpointManager: temporary folder, hashed while written, fsync, rename, `latest`);
+    - "torch.save + fsync" and "torch.save": one file with both state dicts, durable or not;
+    - "write + fsync": as many bytes as the hand-saved file, written and fsynced: the disk's floor;
+    - "hvdazure load": what a resume does (the newest valid checkpoint, every file verified, loaded into
+      the model and optimizer) against "torch.load": the hand-saved file loaded into them.
+    """
     model = big_model(mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = TorchState(model, optimizer, None, torch.device("cpu"))
     manager = CheckpointManager(str(root / "managed"), keep_last=1)
-    bare = root / "bare.pt"
-    writers = {"model.pt": lambda f: torch.save(model.state_dict(), f),
-               "optimizer.pt": lambda f: torch.save(optimizer.state_dict(), f)}
+    bare, floor_file = root / "bare.pt", root / "floor.bin"
+    step = iter(range(1, 1_000_000))
 
     def bare_save(fsync: bool) -> None:
         with open(bare, "wb") as f:
@@ -56,18 +64,37 @@ def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
                 f.flush()
                 os.fsync(f.fileno())
 
-    def managed_load() -> None:
-        with manager.open_latest_valid() as (_, paths, _):  # as a resume: each file hashed, then loaded
-            torch.load(paths["model.pt"], weights_only=True)
-            torch.load(paths["optimizer.pt"], weights_only=True)
+    def floor() -> None:
+        with open(floor_file, "wb") as f:
+            f.write(floor_bytes)
+            f.flush()
+            os.fsync(f.fileno())
 
-    variants = {"bare save": lambda: bare_save(False), "bare save + fsync": lambda: bare_save(True),
-                "hvdazure save": None, "bare load": lambda: torch.load(bare, weights_only=True),
+    def bare_load() -> None:
+        loaded = torch.load(bare, weights_only=True)
+        model.load_state_dict(loaded["model"])
+        optimizer.load_state_dict(loaded["optimizer"])
+
+    def managed_load() -> None:
+        with manager.open_latest_valid() as (_, paths, _):
+            state.load_files(paths)
+
+    def managed_save() -> None:  # as a blocking checkpoint: the files written from the live state
+        manager.save(next(step), state.save_files(copy=False), {})
+
+    variants = {"torch.save": lambda: bare_save(False), "torch.save + fsync": lambda: bare_save(True),
+                "write + fsync": floor, "hvdazure save": managed_save, "torch.load": bare_load,
                 "hvdazure load": managed_load}
+    bare_save(False)
+    floor_bytes = bare.read_bytes()
     times: dict[str, list[float]] = {name: [] for name in variants}
-    for step in range(repeats):
-        for name, fn in variants.items():
-            times[name].append(timed(fn or (lambda s=step: manager.save(s, writers, {}))))
+    names = list(variants)
+    for repeat in range(-1, repeats):  # round -1 warms up in this order (first allocations, files in place)
+        shift = max(repeat, 0) % len(names)
+        for name in names[shift:] + names[:shift]:
+            seconds = timed(variants[name])
+            if repeat >= 0:
+                times[name].append(seconds)
     return times
 
 
@@ -137,23 +164,34 @@ def measure_ranks(mb: int, repeats: int, pairs: int, steps: int, every: int,
     return {"world_size": hvd.size(), "save_load_s": times, "block_s": blocks}
 
 
-class ResumeProbe(StallTrainer):
+class MemoryProbe(StallTrainer):
     """The benchmark model with a handful of samples, so that the data do not blur the memory figures."""
 
     def train_dataset(self) -> TensorDataset:
         return TensorDataset(torch.randn(8, big_model(self.config.extra["mb"]).in_features))
 
 
+PROBES = ("baseline", "async save", "blocking save", "resume")
+
+
 def probe(mode: str, mb: int, directory: str) -> None:
-    """In a fresh single-rank process: "save" writes one checkpoint to `directory`; "baseline" builds the
-    trainer; "resume" builds it and resumes from `directory`. Prints this process's peak RSS in bytes."""
-    config = TrainConfig(batch_size=8, lr=1e-6, progress_bar=False, checkpoint_dir=directory,
-                         resume="auto" if mode == "resume" else None, extra={"mb": mb, "samples": 8})
-    trainer = ResumeProbe(config)
+    """In a fresh single-rank process: build the trainer (as fit() does before its first step), then
+    "prepare": save one checkpoint into `directory` for the resumes; "baseline": nothing more; "async save"
+    / "blocking save": save a checkpoint and wait for it; "resume": build it resuming from `directory`.
+    Prints this process's peak RSS and the size of the newest checkpoint in `directory`, in bytes."""
+    if mode not in ("prepare", *PROBES):
+        raise SystemExit(f"unknown probe {mode!r}")
+    config = TrainConfig(batch_size=8, lr=1e-6, progress_bar=False, checkpoint_dir=directory, keep_last=1,
+                         checkpoint_async=mode == "async save", resume="auto" if mode == "resume" else None,
+                         extra={"mb": mb, "samples": 8})
+    trainer = MemoryProbe(config)
     trainer._prepare()  # what fit() does before the first step: build, broadcast, and resume if asked
-    if mode == "save":
-        trainer.save_checkpoint("benchmark")
-    print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    if mode in ("prepare", "async save", "blocking save"):
+        trainer.save_checkpoint("benchmark", wait=mode != "async save")
+        trainer._checkpoints.finish_pending()
+    newest = CheckpointManager(directory).checkpoints()[-1]
+    print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "checkpoint_bytes": sum(f["bytes"] for f in newest.manifest["files"].values())}))
 
 
 if __name__ == "__main__":  # a probe: python -m hvdazure.bench.checkpoint_torch MODE MB DIRECTORY
