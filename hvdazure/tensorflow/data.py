@@ -8,13 +8,16 @@ pipeline of unknown length cannot offer it, so it is refused with the way round 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from hvdazure.core.sharding import MicroBatch
+
+# Training batches larger than this are prefetched in a tf.data pipeline; smaller ones are gathered directly.
+PREFETCH_ABOVE_BYTES = 1 << 20
 
 
 class ArrayData:
@@ -42,12 +45,21 @@ class ArrayData:
         return tf.nest.map_structure(lambda a: tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)),
                                      self.structure)
 
-    def batches(self, micro_batches: Iterator[MicroBatch]) -> tf.data.Dataset:
-        """A prefetching pipeline of the non-empty micro-batches, in order: gathering the next batch
-        overlaps the current step."""
+    def batches(self, micro_batches: Iterable[MicroBatch]) -> Iterator[Any]:
+        """The non-empty micro-batches' samples, in order. Small batches are gathered when asked for (NumPy:
+        ~0.1 ms for 1 MB), cheaper than the ~0.4 ms of CPU a tf.data pipeline spends per element; larger ones
+        come from a prefetching pipeline, so that gathering them overlaps the current step."""
         cells = [mb.indices for mb in micro_batches if not mb.is_empty]
-        return tf.data.Dataset.from_generator(lambda: (self.take(indices) for indices in cells),
-                                              output_signature=self.signature()).prefetch(2)
+        largest = max(map(len, cells), default=0)
+        if largest * self.bytes_per_sample <= PREFETCH_ABOVE_BYTES:
+            return (self.take(indices) for indices in cells)
+        return iter(tf.data.Dataset.from_generator(lambda: (self.take(indices) for indices in cells),
+                                                   output_signature=self.signature()).prefetch(2))
+
+    @property
+    def bytes_per_sample(self) -> int:
+        """The size of one sample, all arrays together."""
+        return sum(a[:1].nbytes for a in tf.nest.flatten(self.structure))
 
 
 def _as_array(value: Any) -> np.ndarray:
