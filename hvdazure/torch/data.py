@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset, default_collate
 
 from hvdazure.core.sharding import ShardPlan, eval_range
 
@@ -29,11 +29,45 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return sum(not mb.is_empty for step in self.plan.epoch(self.epoch, self.start_sample) for mb in step)
 
 
-def train_loader(dataset: Dataset, plan: ShardPlan, epoch: int, start_sample: int, collate_fn: Callable,
-                 num_workers: int, pin_memory: bool) -> DataLoader:
-    """Batches for this rank's micro-batches of `epoch`, in plan order."""
-    return DataLoader(dataset, batch_sampler=ShardedBatchSampler(plan, epoch, start_sample),
-                      collate_fn=collate_fn, num_workers=num_workers, pin_memory=pin_memory)
+def train_loader(dataset: Dataset, plan: ShardPlan, epoch: int, start_sample: int,
+                 collate_fn: Callable | None, num_workers: int, pin_memory: bool) -> DataLoader:
+    """Batches for this rank's micro-batches of `epoch`, in plan order (see `make_loader`)."""
+    batches = ShardedBatchSampler(plan, epoch, start_sample)
+    return make_loader(dataset, batches, collate_fn, num_workers, pin_memory)
+
+
+def make_loader(dataset: Dataset, batches: Iterable[list[int]], collate_fn: Callable | None, num_workers: int,
+           pin_memory: bool = False) -> DataLoader:
+    """A DataLoader of the samples at each of `batches`' lists of indices; `collate_fn` None: torch's
+    default_collate. A TensorDataset with the default collate is read a batch at a time (one indexing per
+    tensor: the same batch as stacking its samples, ~10x faster than a sample at a time)."""
+    if collate_fn is None and type(dataset) is TensorDataset:
+        dataset, collate_fn = _TensorBatches(dataset.tensors), _as_is
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn or default_collate,
+                      num_workers=num_workers, pin_memory=pin_memory)
+
+
+class _TensorBatches(Dataset):
+    """A TensorDataset's tensors, read a batch of indices at a time (`__getitems__`, which the DataLoader
+    uses when a dataset has it): the list of batched tensors that default_collate makes of the samples."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        self.tensors = tensors
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        return tuple(tensor[index] for tensor in self.tensors)
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.int64)
+        return [tensor[index] for tensor in self.tensors]
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+
+def _as_is(batch: Any) -> Any:
+    """The collate of a batch that is already one (module-level: DataLoader workers pickle it)."""
+    return batch
 
 
 def eval_batches(num_samples: int, batch_size: int, world_size: int, rank: int) -> list[list[int]]:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import horovod
 import horovod.torch as hvd
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torch.utils.data import default_collate as _default_collate
 
 from hvdazure.core.config import ConfigError
@@ -24,7 +24,7 @@ from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.sharding import MicroBatch
 from hvdazure.core.trainer import Trainer
 from hvdazure.torch.collectives import TorchCollectives
-from hvdazure.torch.data import eval_batches, to_device, train_loader
+from hvdazure.torch.data import eval_batches, make_loader, to_device, train_loader
 from hvdazure.torch.state import TorchState
 
 _OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
@@ -132,14 +132,19 @@ class TorchTrainer(Trainer):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=_AMP_DTYPES[precision])
 
+    def _collate_fn(self) -> Callable[[list[Any]], Any] | None:
+        """The user's `collate`, or None for the default (which data.loader may do faster, batch-wise)."""
+        return None if type(self).collate is TorchTrainer.collate else self.collate
+
     def _step_batches(self, micro_batches: list[MicroBatch]) -> Iterator[Any]:
         """This rank's batches of the current step, on the device (None for an empty micro-batch). The
         loader is made afresh when training is not where the previous step left it: a new epoch, or a
         resume point."""
         s = self.state
         if self._batches is None or self._batches_at != (s.epoch, s.step_in_epoch):
-            loader = train_loader(self._train_data, self.plan, s.epoch, s.samples_in_epoch, self.collate,
-                                  self.config.num_workers, pin_memory=self.device.type == "cuda")
+            loader = train_loader(self._train_data, self.plan, s.epoch, s.samples_in_epoch,
+                                  self._collate_fn(), self.config.num_workers,
+                                  pin_memory=self.device.type == "cuda")
             self._batches = iter(loader)
         for micro_batch in micro_batches:
             yield None if micro_batch.is_empty else to_device(next(self._batches), self.device)
@@ -189,8 +194,7 @@ class TorchTrainer(Trainer):
             return False
         # A rank with no evaluation samples (fewer samples than ranks) runs nothing and reports no metric.
         batches = eval_batches(len(self._eval_data), self.config.batch_size, self.world_size, self.rank)
-        loader = DataLoader(self._eval_data, batch_sampler=batches, collate_fn=self.collate,
-                            num_workers=self.config.num_workers)
+        loader = make_loader(self._eval_data, batches, self._collate_fn(), self.config.num_workers)
         self.model.eval()
         with torch.no_grad(), self._autocast():
             for indices, batch in zip(batches, loader, strict=True):
@@ -202,7 +206,9 @@ class TorchTrainer(Trainer):
         return True
 
     def _metric_to_float64(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
+        # On the CPU a metric is read as a Python float: the same float64 arithmetic as torch's, without a
+        # cast, multiply and add dispatched per metric and step. On a GPU reading it would wait for the step.
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
             return value.detach().to(torch.float64)
         return float(value)
 
