@@ -19,13 +19,12 @@ class TorchCollectives(Collectives):
 
     def allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
         # Each row travels with its length in front, so one allgather of rows of any lengths suffices.
-        row = torch.stack([self._scalar(float(len(values))), *(self._scalar(v) for v in values)])
+        row = self._vector([len(values), *values])
         return split_rows(hvd.allgather(row, name="hvdazure.rows").tolist())
 
     def allreduce_sum_async(self, values: Sequence[Any], name: str) -> Callable[[], list[float]]:
         """Start an elementwise sum across ranks; the returned function waits for it (during the step)."""
-        handle = hvd.allreduce_async(torch.stack([self._scalar(v) for v in values]), op=hvd.Sum,
-                                     name=f"hvdazure.{name}")
+        handle = hvd.allreduce_async(self._vector(values), op=hvd.Sum, name=f"hvdazure.{name}")
         return lambda: hvd.synchronize(handle).tolist()
 
     def broadcast_bytes(self, data: bytes | None) -> bytes:
@@ -42,6 +41,13 @@ class TorchCollectives(Collectives):
         blob = joined.numpy().tobytes()
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         return [blob[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
+
+    def _vector(self, values: Sequence[Any]) -> torch.Tensor:
+        """`values` (numbers or scalar tensors) as one float64 vector on the device; numbers read on the host
+        make it in one operation, not one per value."""
+        if all(isinstance(v, int | float) for v in values):
+            return torch.tensor(values, dtype=torch.float64, device=self.device)
+        return torch.stack([self._scalar(v) for v in values])
 
     def _scalar(self, value: Any) -> torch.Tensor:
         return torch.as_tensor(value, dtype=torch.float64, device=self.device).detach().reshape(())
