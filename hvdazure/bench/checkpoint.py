@@ -123,6 +123,8 @@ def summarize(result: dict, p: dict) -> dict:
                                             "ci95": list(stats.bootstrap_interval(values))}
                                    for saving, values in stall.items()},
         "async_stall_over_blocking": _ratio(stall["async"], stall["blocking"], STALL_TARGET),
+        "async_copy_over_blocking_stall": statistics.median(t["async copy"]) / statistics.median(
+            stall["blocking"]),
         "step_s_without_checkpoints": statistics.median(blocks["none"]) / (p["steps"] - 1),
     }
 
@@ -136,7 +138,7 @@ def _line(text: str, figure: dict) -> str:
 def table(result: dict) -> str:
     s = result["summary"]
     lines = [f"checkpoint: a {result['mb']} MB model (+ optimizer), {result['repeats']} rotated repeats"]
-    lines += [f"  {name:<20}{value:>9.3f} s (median)" for name, value in s["median_s"].items()]
+    lines += [f"  {name:<28}{value:>9.3f} s (median)" for name, value in s["median_s"].items()]
     lines += [_line("hvdazure save / torch.save + fsync", s["save_vs_torch_save_fsync"]),
               _line("hvdazure save / torch.save (not durable)", s["save_vs_torch_save"]),
               _line("hvdazure save / write + fsync (the disk's floor)", s["save_vs_floor"]),
@@ -148,6 +150,10 @@ def table(result: dict) -> str:
         lines.append(f"  stall per {saving} checkpoint: {st['median'] * 1e3:.0f} ms (95% interval "
                      f"{st['ci95'][0] * 1e3:.0f} to {st['ci95'][1] * 1e3:.0f} ms)")
     lines.append(_line("async stall / blocking stall", s["async_stall_over_blocking"]))
+    copy_ms = s["median_s"]["async copy"] * 1e3
+    lines.append(f"  the copy an async checkpoint makes before training goes on: {copy_ms:.0f} ms, "
+                 f"{s['async_copy_over_blocking_stall']:.2f} of the blocking stall (the async stall's floor; "
+                 "the write's CPU time adds to it where training uses every core)")
     peak = result["memory"]
     lines.append(f"rank 0's peak memory above a baseline of "
                  f"{statistics.median(peak['peak_rss_mb']['baseline']):.0f} MB, checkpoint "

@@ -148,13 +148,15 @@ class CheckpointManager:
         self._verified: set[tuple[str, str]] = set()
 
     # --- saving ------------------------------------------------------------------------------------------
-    def save(self, step: int, files: Mapping[str, Callable[[BinaryIO], None]],
-             manifest: Mapping[str, Any]) -> Checkpoint:
+    def save(self, step: int, files: Mapping[str, Callable[[BinaryIO], None]], manifest: Mapping[str, Any],
+             on_durable: Callable[[Checkpoint], None] | None = None) -> Checkpoint:
         """Write one checkpoint: each callback writes one file's bytes to the binary file object it is given.
 
         The bytes are hashed as they pass through, so nothing is held twice in memory. Then manifest.json,
         the rename into place (under a new version's name if the step has a checkpoint already), `latest`,
-        and retention (which deletes that older checkpoint of the step).
+        and retention (which deletes that older checkpoint of the step). `on_durable` is called once the
+        checkpoint is complete, durable and named by `latest`, before retention: a caller waiting for
+        the checkpoint need not wait for the deletion of older ones.
         """
         name = self._unused_name(step)
         for file_name in files:
@@ -186,6 +188,8 @@ class CheckpointManager:
         self._write_latest(name)
         checkpoint = Checkpoint(name, self._url(name), full)
         self._verified.add(_identity(checkpoint))  # its files were hashed as they were written
+        if on_durable is not None:
+            on_durable(checkpoint)
         self._apply_retention(name)
         return checkpoint
 

@@ -84,6 +84,7 @@ class TrainerCheckpoints:
                                          hash=c.checkpoint_hash) if trainer.is_main else None
         self.last_saved_step: int | None = None
         self._pending: threading.Thread | None = None  # rank 0's write in progress
+        self._durable = threading.Event()  # rank 0: the pending write's checkpoint is complete, or it failed
         self._outcome: dict[str, Any] = {}  # rank 0: how the last write ended
 
     # --- saving ------------------------------------------------------------------------------------------
@@ -92,27 +93,38 @@ class TrainerCheckpoints:
         thread; when `wait` is False, from a copy in memory while training goes on (the outcome is
         collected, on every rank, at the next save or `finish_pending`: one write at a time, so a save due
         while the previous one is still being written waits for it); when True, from the live state,
-        waited for. Returns the name once written."""
+        waited for until the checkpoint is durable and `latest` names it (the deletion of older ones by
+        retention goes on in the background). Returns the name once written."""
         t = self.trainer
         self.finish_pending()
         rngs = [json.loads(b) for b in t.comm.allgather_bytes(json.dumps(self._rng_state()).encode())]
         if t.is_main:
             try:
                 step, files, manifest = self._snapshot(reason, rngs, copy=not wait)
+                self._durable.clear()
                 self._pending = threading.Thread(target=self._write, args=(step, files, manifest, reason),
                                                  name="hvdazure-checkpoint", daemon=True)
                 self._pending.start()
             except Exception as exc:  # reported on every rank by finish_pending, never a hang
                 self._outcome = {"error": f"saving a checkpoint to {self.directory} failed: {exc}"}
         self.last_saved_step = t.state.step
-        return self.finish_pending() if wait else None
+        if not wait:
+            return None
+        if t.is_main and self._pending is not None:
+            self._durable.wait()
+        return self._share_outcome()
 
     def finish_pending(self) -> str | None:
-        """Wait for rank 0's write in progress (if any) and share its outcome; every rank calls this at
-        the same point. Raises CheckpointError on every rank if the write failed."""
-        t = self.trainer
-        if t.is_main:
+        """Wait for rank 0's write in progress (if any), retention included, and share its outcome; every
+        rank calls this at the same point. Raises CheckpointError on every rank if the write failed."""
+        if self.trainer.is_main:
             self._join()
+        return self._share_outcome()
+
+    def _share_outcome(self) -> str | None:
+        """Broadcast rank 0's outcome of the last write: its checkpoint's name, or its error raised here on
+        every rank."""
+        t = self.trainer
         mine = json.dumps(self._outcome).encode() if t.is_main else None
         outcome = json.loads(t.comm.broadcast_bytes(mine))
         self._outcome = {}
@@ -166,14 +178,22 @@ class TrainerCheckpoints:
         return s.step, files, manifest
 
     def _write(self, step: int, files: dict[str, Any], manifest: dict[str, Any], reason: str) -> None:
-        """Rank 0's storage work (no collectives): its outcome is kept for finish_pending."""
+        """Rank 0's storage work (no collectives): its outcome is kept for finish_pending, and set (with
+        `_durable`) as soon as the checkpoint is durable, before retention deletes older ones."""
         assert self.manager is not None
-        try:
-            checkpoint = self.manager.save(step, files, manifest)
+
+        def durable(checkpoint: Checkpoint) -> None:
             logger.info(f"saved checkpoint {checkpoint.name} ({reason})")
             self._outcome = {"name": checkpoint.name}
+            self._durable.set()
+
+        try:
+            self.manager.save(step, files, manifest, on_durable=durable)
         except Exception as exc:
-            self._outcome = {"error": f"saving a checkpoint to {self.directory} failed: {exc}"}
+            if not self._durable.is_set():  # after that, the checkpoint is safe (retention only warns)
+                self._outcome = {"error": f"saving a checkpoint to {self.directory} failed: {exc}"}
+        finally:
+            self._durable.set()
 
     def _rng_state(self) -> dict[str, Any]:
         return {**python_rng_state(), "framework": self.trainer.state_io.save_rng()}

@@ -145,7 +145,11 @@ def test_launch_times_the_bare_launcher_and_hvdazure_run_alike(benches):
 def test_checkpoint_compares_save_and_load_with_bare_torch_and_measures_both_stalls(benches):
     result, stdout, png = benches["checkpoint"]
     assert set(result["save_load_s"]) == {"torch.save", "torch.save + fsync", "write + fsync",
-                                          "hvdazure save", "torch.load", "hvdazure load"}
+                                          "hvdazure save", "hvdazure save + retention",
+                                          "hvdazure save, CPU time", "async copy", "torch.load",
+                                          "hvdazure load"}
+    times = result["save_load_s"]
+    assert all(a < b for a, b in zip(times["hvdazure save"], times["hvdazure save + retention"], strict=True))
     assert all(len(t) == result["repeats"] and all(v > 0 for v in t) for t in result["save_load_s"].values())
     assert all(len(b) == result["pairs"] and all(v > 0 for v in b) for b in result["block_s"].values())
     s = result["summary"]

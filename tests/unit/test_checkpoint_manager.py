@@ -174,6 +174,22 @@ def test_large_writes_hashed_alongside_the_write_give_the_right_hash(root: str, 
     assert CheckpointManager(root).read_files(checkpoint)["big.bin"] == data
 
 
+def test_on_durable_is_called_when_latest_names_the_complete_checkpoint_before_retention_deletes(
+        root: str) -> None:
+    manager = CheckpointManager(root, keep_last=1)
+    _save(manager, 1)
+    seen = []
+
+    def durable(checkpoint: Any) -> None:
+        seen.append((checkpoint.name, _cat(f"{root}/latest"), _listing(root)))
+        assert manager.read_files(checkpoint)["model.bin"] == _weights(2)
+
+    saved = manager.save(2, {"model.bin": lambda f: f.write(_weights(2))}, {}, on_durable=durable)
+
+    assert seen == [("step-00000002", b"step-00000002\n", {"step-00000001", "step-00000002", "latest"})]
+    assert saved.name == "step-00000002" and _listing(root) == {"step-00000002", "latest"}
+
+
 def test_latest_names_the_newest_checkpoint(root: str) -> None:
     manager = CheckpointManager(root)
     _save(manager, 10)
