@@ -3,21 +3,24 @@ training stall of async and blocking checkpoints, and rank 0's peak memory durin
 
     hvdazure bench checkpoint -np 2 [--quick] [--json OUT.json] [--plot OUT.png]
 
-Save and load (rank 0, as saving is; a ~100 MB model + optimizer; --quick: 4 MB), variants rotated in each of
-7 repeats (--quick: 2) after a warm-up round: a blocking checkpoint's save of model and optimizer (temporary
-folder, hashed while written, fsync, rename, `latest`) against torch.save of the same state + fsync, and
-write + fsync of as many bytes (the disk's floor, measured in the same run); a resume's load (the newest
-valid checkpoint, every byte verified, loaded into model and optimizer) against torch.load of the hand-saved
-file into them. Ratios per repeat: their median with a bootstrap 95% interval, against the targets
-save <= 1.1 x torch.save + fsync, load <= 1.3 x torch.load.
+Save and load (rank 0, as saving is; a ~100 MB model + optimizer; --quick: 4 MB): a blocking checkpoint's
+save of model and optimizer (temporary folder, hashed while written, fsync, rename, `latest`) against
+torch.save of the same state + fsync, and write + fsync of as many bytes (the disk's floor, measured in the
+same run); a resume's load (the newest valid checkpoint, every byte verified, loaded into model and
+optimizer) against torch.load of the hand-saved file into them. The variants' order is rotated over 21
+repeats (--quick: 2) after a warm-up round, so that each follows every other as often: on a VM whose freed
+memory is slow to touch again for a while (this one), whatever follows a load pays for it. Ratios per
+repeat: their median with a bootstrap 95% interval, against the targets save <= 1.1 x torch.save + fsync,
+load <= 1.3 x torch.load.
 Stall (every rank): rounds of three training blocks, without checkpoints, with async checkpoints and with
 blocking ones (checkpoint_async: false), a checkpoint every 10 of 45 steps (--quick: every 3 of 7), their
-order rotated; a block is timed from its first step's end to the end of fit(), a pending background write
-included. The stall per checkpoint is (block - the round's block without) / checkpoints, per round; the
-async stall over the blocking one, per round, against the target <= 0.10. 5 rounds (--quick: 1). Run it
-with -np 1 and -np 2: the stall depends on what the ranks share.
+order rotated; a block is timed from its first step's end to its last step's end: the last periodic
+checkpoint's background write ends within it, and the final checkpoint fit() writes after it (blocking in
+every mode) is left out. The stall per checkpoint is (block - the round's block without) / checkpoints, per
+round; the async stall over the blocking one, per round, against the target <= 0.10. 8 rounds (--quick: 1).
+Run it with -np 1 and -np 2: the stall depends on what the ranks share.
 Memory: fresh single-rank processes that build the trainer and then do nothing, an async save, a blocking
-save or a resume, rotated (5 rounds; --quick: 1); each one's peak RSS minus the baseline's of its
+save or a resume, rotated (3 rounds; --quick: 1); each one's peak RSS minus the baseline's of its
 round, over the checkpoint's size, against the target <= 1.2.
 """
 
@@ -39,14 +42,15 @@ SAVE_TARGET, LOAD_TARGET, STALL_TARGET, MEMORY_TARGET = 1.1, 1.3, 0.10, 1.2
 
 
 def plan(quick: bool) -> dict:
-    return ({"mb": 4, "repeats": 2, "pairs": 1, "steps": 7, "every": 3} if quick else
-            {"mb": 100, "repeats": 7, "pairs": 5, "steps": 45, "every": 10})
+    return ({"mb": 4, "repeats": 2, "pairs": 1, "memory_rounds": 1, "steps": 7, "every": 3} if quick else
+            {"mb": 100, "repeats": 21, "pairs": 8, "memory_rounds": 3, "steps": 45, "every": 10})
 
 
 def measure(options: dict) -> dict | None:
     from hvdazure.bench.checkpoint_torch import measure_ranks
 
-    return measure_ranks(**plan(options["quick"]), progress=progress)
+    p = plan(options["quick"])
+    return measure_ranks(p["mb"], p["repeats"], p["pairs"], p["steps"], p["every"], progress=progress)
 
 
 def _probe(mode: str, mb: int, directory: Path, timeout_s: float | None) -> dict:
@@ -86,7 +90,7 @@ def collect(options: dict, timeout_s: float | None = None, verbose: bool = False
     result = run_ranks("checkpoint", options, options["np"], options["controller"], timeout_s=timeout_s,
                        verbose=verbose)
     progress("checkpoint: memory probes")
-    peak = memory(p["mb"], p["pairs"], timeout_s)
+    peak = memory(p["mb"], p["memory_rounds"], timeout_s)
     return {**p, **result, "memory": peak, "summary": summarize(result, p)}
 
 
@@ -157,7 +161,7 @@ def table(result: dict) -> str:
     peak = result["memory"]
     lines.append(f"rank 0's peak memory above a baseline of "
                  f"{statistics.median(peak['peak_rss_mb']['baseline']):.0f} MB, checkpoint "
-                 f"{peak['checkpoint_mb']:.0f} MB, {result['pairs']} round(s):")
+                 f"{peak['checkpoint_mb']:.0f} MB, {result['memory_rounds']} round(s):")
     for mode, added in peak["added_mb"].items():
         lines.append(f"  {mode}: +{added['median']:.0f} MB median ({added['min']:.0f} to {added['max']:.0f})")
         lines.append(_line(f"{mode} / checkpoint size", peak["added_over_checkpoint"][mode]))

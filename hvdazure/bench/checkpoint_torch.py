@@ -117,13 +117,19 @@ def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
     return times
 
 
-class FirstStepMark(Callback):
-    """The time the first step ended: a block is timed from there to the end of fit() (a pending background
-    write included)."""
+class BlockClock(Callback):
+    """A block is timed from the end of its first step to the end of its last, after the periodic
+    checkpoints' (the trainer's final checkpoint, blocking in every mode, comes after); the last periodic
+    checkpoint leaves steps enough for a background write to end within the block."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
 
     def on_step_end(self, trainer: Any) -> None:
         if trainer.state.step == 1:
-            self.mark = time.perf_counter()
+            self.start = time.perf_counter()
+        if trainer.state.step == self.steps:
+            self.seconds = time.perf_counter() - self.start
 
 
 class StallTrainer(TorchTrainer):
@@ -145,15 +151,16 @@ class StallTrainer(TorchTrainer):
 
 def training_block(mb: int, steps: int, every: int, saving: str, directory: Path) -> float:
     """`steps` training steps; `saving`: "none", "async" (background write after an in-memory copy) or
-    "blocking" (checkpoint_async: false), a checkpoint every `every` steps. Seconds after the first step."""
+    "blocking" (checkpoint_async: false), a checkpoint every `every` steps. Seconds from the end of the first
+    step to the end of the last (BlockClock)."""
     config = TrainConfig(epochs=1, batch_size=BATCH_SIZE, lr=1e-6, progress_bar=False, log_every=1000,
                          checkpoint_dir=None if saving == "none" else str(directory),
                          checkpoint_every_steps=every, checkpoint_every_epochs=None, keep_last=1,
                          checkpoint_async=saving == "async",
                          extra={"mb": mb, "samples": steps * BATCH_SIZE * hvd.size()})
-    mark = FirstStepMark()
-    StallTrainer(config, callbacks=[mark]).fit()
-    return time.perf_counter() - mark.mark
+    clock = BlockClock(steps)
+    StallTrainer(config, callbacks=[clock]).fit()
+    return clock.seconds
 
 
 def measure_ranks(mb: int, repeats: int, pairs: int, steps: int, every: int,
