@@ -56,7 +56,7 @@ def test_weak_scaling_efficiency_of_two_ranks_at_90_percent_of_twice_one_rank():
 def test_checkpoint_stall_is_the_extra_block_time_per_checkpoint_against_the_same_round_without():
     result = {"save_load_s": {"torch.save": [1.0, 1.0], "torch.save + fsync": [2.0, 2.0],
                               "write + fsync": [1.0, 2.0], "hvdazure save": [2.1, 2.3],
-                              "async copy": [0.04, 0.06],
+                              "async copy": [0.04, 0.06], "hvdazure save, CPU time": [0.1, 0.1],
                               "torch.load": [1.0, 1.0], "hvdazure load": [1.2, 1.4]},
               "block_s": {"none": [10.0, 12.0], "async": [10.2, 12.4], "blocking": [12.0, 14.0]}}
 
@@ -68,6 +68,7 @@ def test_checkpoint_stall_is_the_extra_block_time_per_checkpoint_against_the_sam
     assert s["async_stall_over_blocking"]["values"] == pytest.approx([0.1, 0.2])
     assert s["async_stall_over_blocking"]["verdict"] == "undecided"  # 0.1 and 0.2 against <= 0.10
     assert s["async_copy_over_blocking_stall"] == pytest.approx(0.05 / 0.5)
+    assert s["async_busy_over_blocking_stall"] == pytest.approx(0.15 / 0.5)
     assert s["save_vs_torch_save_fsync"]["median"] == pytest.approx(1.1)
     assert s["save_vs_torch_save_fsync"]["verdict"] == "undecided"  # 1.05 and 1.15 against <= 1.1
     assert s["save_vs_floor"]["values"] == pytest.approx([2.1, 1.15])
