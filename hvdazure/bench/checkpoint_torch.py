@@ -118,18 +118,20 @@ def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
 
 
 class BlockClock(Callback):
-    """A block is timed from the end of its first step to the end of its last, after the periodic
-    checkpoints' (the trainer's final checkpoint, blocking in every mode, comes after); the last periodic
-    checkpoint leaves steps enough for a background write to end within the block."""
+    """Each step's time in a block, from the end of the step before (a periodic checkpoint included in its
+    step's), after the first step and up to the last (the trainer's final checkpoint, blocking in every
+    mode, comes after it); the last periodic checkpoint leaves steps enough for a background write to end
+    within the block."""
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
+        self.durations: list[float] = []
 
     def on_step_end(self, trainer: Any) -> None:
-        if trainer.state.step == 1:
-            self.start = time.perf_counter()
-        if trainer.state.step == self.steps:
-            self.seconds = time.perf_counter() - self.start
+        now = time.perf_counter()
+        if 1 < trainer.state.step <= self.steps:
+            self.durations.append(now - self.mark)
+        self.mark = now
 
 
 class StallTrainer(TorchTrainer):
@@ -149,10 +151,10 @@ class StallTrainer(TorchTrainer):
         return model(x).pow(2).mean()
 
 
-def training_block(mb: int, steps: int, every: int, saving: str, directory: Path) -> float:
+def training_block(mb: int, steps: int, every: int, saving: str, directory: Path) -> list[float]:
     """`steps` training steps; `saving`: "none", "async" (background write after an in-memory copy) or
-    "blocking" (checkpoint_async: false), a checkpoint every `every` steps. Seconds from the end of the first
-    step to the end of the last (BlockClock)."""
+    "blocking" (checkpoint_async: false), a checkpoint every `every` steps. The seconds of each step after
+    the first (BlockClock)."""
     config = TrainConfig(epochs=1, batch_size=BATCH_SIZE, lr=1e-6, progress_bar=False, log_every=1000,
                          checkpoint_dir=None if saving == "none" else str(directory),
                          checkpoint_every_steps=every, checkpoint_every_epochs=None, keep_last=1,
@@ -160,7 +162,7 @@ def training_block(mb: int, steps: int, every: int, saving: str, directory: Path
                          extra={"mb": mb, "samples": steps * BATCH_SIZE * hvd.size()})
     clock = BlockClock(steps)
     StallTrainer(config, callbacks=[clock]).fit()
-    return clock.seconds
+    return clock.durations
 
 
 def measure_ranks(mb: int, repeats: int, pairs: int, steps: int, every: int,
@@ -176,18 +178,19 @@ def measure_ranks(mb: int, repeats: int, pairs: int, steps: int, every: int,
         hvd.barrier()
         if hvd.rank() == 0:
             progress("checkpoint: save and load done")
-        blocks: dict[str, list[float]] = {"none": [], "async": [], "blocking": []}
+        blocks: dict[str, list[list[float]]] = {"none": [], "async": [], "blocking": []}
         order = list(blocks)
         for pair in range(pairs):
             for saving in order[pair % 3:] + order[:pair % 3]:
-                seconds = training_block(mb, steps, every, saving, root / f"{saving}{pair}")
-                blocks[saving].append(float(hvd.allreduce(torch.tensor(seconds, dtype=torch.float64),
-                                                          op=hvd.Max, name="bench.block")))
+                durations = training_block(mb, steps, every, saving, root / f"{saving}{pair}")
+                slowest = hvd.allreduce(torch.tensor(durations, dtype=torch.float64), op=hvd.Max,
+                                        name="bench.block")  # ranks step together: the slowest's time
+                blocks[saving].append(slowest.tolist())
             if hvd.rank() == 0:
                 progress(f"checkpoint: training round {pair + 1}/{pairs}")
     if hvd.rank() != 0:
         return None
-    return {"world_size": hvd.size(), "save_load_s": times, "block_s": blocks}
+    return {"world_size": hvd.size(), "save_load_s": times, "step_s": blocks}
 
 
 class MemoryProbe(StallTrainer):

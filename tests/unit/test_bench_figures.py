@@ -53,25 +53,28 @@ def test_weak_scaling_efficiency_of_two_ranks_at_90_percent_of_twice_one_rank():
     assert s["target"]["verdict"] == "met"
 
 
-def test_checkpoint_stall_is_the_extra_block_time_per_checkpoint_against_the_same_round_without():
+def test_checkpoint_stall_is_a_blocks_excess_over_its_median_step_per_checkpoint():
     result = {"save_load_s": {"torch.save": [1.0, 1.0], "torch.save + fsync": [2.0, 2.0],
                               "write + fsync": [1.0, 2.0], "hvdazure save": [2.1, 2.3],
                               "async copy": [0.04, 0.06], "hvdazure save, CPU time": [0.1, 0.1],
                               "torch.load": [1.0, 1.0], "hvdazure load": [1.2, 1.4]},
-              "block_s": {"none": [10.0, 12.0], "async": [10.2, 12.4], "blocking": [12.0, 14.0]}}
+              "step_s": {"none": [[0.2, 0.2, 0.2, 0.2], [0.3, 0.3, 0.3, 0.3]],
+                         "async": [[0.2, 0.3, 0.2, 0.2], [0.3, 0.3, 0.3, 0.7]],
+                         "blocking": [[0.2, 1.2, 0.2, 0.2], [0.3, 0.3, 2.3, 0.3]]}}
 
     s = checkpoint.summarize(result, {"steps": 45, "every": 10})
 
     assert s["checkpoints_per_block"] == 4
-    assert s["stall_s_per_checkpoint"]["async"]["per_round"] == pytest.approx([0.05, 0.1])
-    assert s["stall_s_per_checkpoint"]["blocking"]["median"] == pytest.approx(0.5)
+    assert s["stall_s_per_checkpoint"]["none"]["per_round"] == pytest.approx([0.0, 0.0])
+    assert s["stall_s_per_checkpoint"]["async"]["per_round"] == pytest.approx([0.1 / 4, 0.4 / 4])
+    assert s["stall_s_per_checkpoint"]["blocking"]["per_round"] == pytest.approx([1.0 / 4, 2.0 / 4])
     assert s["async_stall_over_blocking"]["values"] == pytest.approx([0.1, 0.2])
     assert s["async_stall_over_blocking"]["verdict"] == "undecided"  # 0.1 and 0.2 against <= 0.10
-    assert s["async_copy_over_blocking_stall"] == pytest.approx(0.05 / 0.5)
-    assert s["async_busy_over_blocking_stall"] == pytest.approx(0.15 / 0.5)
+    assert s["async_copy_over_blocking_stall"] == pytest.approx(0.05 / 0.375)
+    assert s["async_busy_over_blocking_stall"] == pytest.approx(0.15 / 0.375)
     assert s["save_vs_torch_save_fsync"]["median"] == pytest.approx(1.1)
     assert s["save_vs_torch_save_fsync"]["verdict"] == "undecided"  # 1.05 and 1.15 against <= 1.1
     assert s["save_vs_floor"]["values"] == pytest.approx([2.1, 1.15])
     assert s["load_vs_torch_load"]["median"] == pytest.approx(1.3)
     assert s["load_vs_torch_load"]["ci95"][1] == pytest.approx(1.4)
-    assert s["step_s_without_checkpoints"] == pytest.approx(11.0 / 44)
+    assert s["step_s_without_checkpoints"] == pytest.approx(0.25)
