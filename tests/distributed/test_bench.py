@@ -155,9 +155,10 @@ def test_checkpoint_compares_save_and_load_with_bare_torch_and_measures_both_sta
     assert all(len(steps) == result["steps"] - 1 and min(steps) > 0
                for blocks in result["step_s"].values() for steps in blocks)
     s = result["summary"]
-    for key in ("save_vs_torch_save_fsync", "save_vs_torch_save", "save_vs_floor", "load_vs_torch_load",
-                "async_stall_over_blocking"):
+    for key in ("save_vs_torch_save_fsync", "save_vs_torch_save", "save_vs_floor", "load_vs_torch_load"):
         assert s[key]["median"] > 0 and all(math.isfinite(v) for v in s[key]["ci95"]), key
+    stall = s["async_stall_over_blocking"]  # a stall may come out below zero: noise, in --quick's one round
+    assert math.isfinite(stall["median"]) and all(math.isfinite(v) for v in stall["ci95"])
     for key in ("save_vs_torch_save_fsync", "load_vs_torch_load", "async_stall_over_blocking"):
         assert s[key]["verdict"] in ("met", "not met", "undecided"), key
     assert set(s["stall_s_per_checkpoint"]) == {"none", "async", "blocking"}
