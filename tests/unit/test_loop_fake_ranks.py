@@ -473,6 +473,23 @@ def test_a_resume_at_the_same_world_size_continues_each_rank_s_random_stream(che
         assert draws == [s.random_draw for s in whole[rank].steps]
 
 
+@pytest.mark.parametrize("algorithm", ["xxh3_128", "sha256"])
+def test_checkpoint_hash_chooses_the_manifest_s_records_and_the_resume_is_exact(checkpoint_dir: str,
+                                                                                algorithm: str) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = make_config(epochs=2, batch_size=2, checkpoint_dir=checkpoint_dir, checkpoint_hash=algorithm,
+                         checkpoint_every_steps=2)
+    whole = fit(2, problem, config.replace(checkpoint_dir=None))
+    fit(2, problem, config.replace(max_steps=5))
+    manifests = [c.manifest for c in CheckpointManager(checkpoint_dir).checkpoints()]
+    second = fit(2, problem, config.replace(resume="auto"))
+
+    assert manifests and all(set(record) == {algorithm, "bytes"}
+                             for m in manifests for record in m["files"].values())
+    assert {m["format_version"] for m in manifests} == {1 if algorithm == "sha256" else 2}
+    np.testing.assert_array_equal(second[0].weights, whole[0].weights)
+
+
 class Signal(Callback):
     """SIGTERM arrives on the rank it is given to, at the start of optimizer step `at_step` (0-based)."""
 
