@@ -34,8 +34,7 @@ class TorchState(FrameworkState):
         # file is memory-mapped: load_state_dict copies it into the parameters, with no second copy in
         # memory. The optimizer's is read: Optimizer.load_state_dict keeps the tensors it is given, which
         # must not stay mapped to a file in a checkpoint directory that retention may delete.
-        self.model.load_state_dict(torch.load(paths[MODEL_FILE], map_location=self.device, weights_only=True,
-                                              mmap=True))
+        self.model.load_state_dict(load_mapped(paths[MODEL_FILE], self.device))
         self.optimizer.load_state_dict(torch.load(paths[OPTIMIZER_FILE], map_location=self.device,
                                                   weights_only=True))
 
@@ -57,6 +56,17 @@ class TorchState(FrameworkState):
 
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
+
+
+def load_mapped(path: str, device: torch.device) -> Any:
+    """torch.load(path) memory-mapped, or read where the filesystem cannot map files (FUSE mounts with direct
+    I/O, as blob storage mounts may be, refuse mmap): the same tensors either way."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "unable to mmap" not in str(exc):
+            raise
+    return torch.load(path, map_location=device, weights_only=True)
 
 
 class StagingBuffers:

@@ -6,9 +6,17 @@ from __future__ import annotations
 import io
 import zipfile
 
+import pytest
 import torch
 
-from hvdazure.torch.state import MODEL_FILE, OPTIMIZER_FILE, StagingBuffers, TorchState, save_without_zip_crc
+from hvdazure.torch.state import (
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    StagingBuffers,
+    TorchState,
+    load_mapped,
+    save_without_zip_crc,
+)
 
 
 def _trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -111,6 +119,26 @@ def test_load_files_puts_the_saved_state_into_the_model_and_optimizer_in_place(t
     assert other[0].weight.data_ptr() == pointer
     _assert_same(other.state_dict(), model.state_dict())
     _assert_same(other_optimizer.state_dict(), optimizer.state_dict())
+
+
+def test_a_file_that_cannot_be_memory_mapped_is_read_instead(tmp_path, monkeypatch) -> None:
+    path = tmp_path / MODEL_FILE
+    torch.save({"w": torch.arange(6.0)}, path)
+
+    def refuse_mmap(*args: object, **kwargs: object) -> None:  # test double of a FUSE mount's refusal
+        raise RuntimeError(f"unable to mmap 1234 bytes from file <{path}>: No such device (19)")
+
+    monkeypatch.setattr(torch.UntypedStorage, "from_file", refuse_mmap)
+
+    _assert_same(load_mapped(str(path), torch.device("cpu")), {"w": torch.arange(6.0)})
+
+
+def test_other_errors_of_a_mapped_load_are_raised_as_they_are(tmp_path) -> None:
+    path = tmp_path / MODEL_FILE
+    path.write_bytes(b"not a torch file")
+
+    with pytest.raises(RuntimeError, match="zip"):
+        load_mapped(str(path), torch.device("cpu"))
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
