@@ -60,9 +60,12 @@ from typing import Any, BinaryIO
 
 from hvdazure.core.rank_logging import logger
 
-FORMAT_VERSION = 2  # written with xxh3_128 records; SHA-256 manifests are written as version 1
-_READABLE_FORMATS = (1, 2)
-HASHES = ("xxh3_128", "sha256")  # what a file's record may name; the first is the default
+# The format_version a manifest is written as, by its files' hash: SHA-256 records are what every hvdazure
+# reads (version 1); xxh3_128 ones are version 2, which an older hvdazure refuses with a clear message.
+_FORMAT_BY_HASH = {"xxh3_128": 2, "sha256": 1}
+HASHES = tuple(_FORMAT_BY_HASH)  # what a file's record may name; the first is the default
+FORMAT_VERSION = _FORMAT_BY_HASH[HASHES[0]]
+_READABLE_FORMATS = sorted(set(_FORMAT_BY_HASH.values()))
 MANIFEST = "manifest.json"
 LATEST = "latest"
 _TMP_PREFIX = ".tmp-"
@@ -173,8 +176,7 @@ class CheckpointManager:
         try:
             records = {file_name: self._write(posixpath.join(tmp, file_name), write)
                        for file_name, write in files.items()}
-            version = 1 if self.hash == "sha256" else FORMAT_VERSION
-            full = {**manifest, "format_version": version, "step": step,
+            full = {**manifest, "format_version": _FORMAT_BY_HASH[self.hash], "step": step,
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": records}
             text = json.dumps(full, indent=2).encode()
             self._write(posixpath.join(tmp, MANIFEST), lambda f: f.write(text))
@@ -545,7 +547,7 @@ def _stream_verified(fs: Any, root: str, checkpoint: Checkpoint, file_name: str,
     the manifest. A file that is not there is a CheckpointError; any other failure to open or read it is the
     storage's error, raised as it is: the checkpoint may be fine, and resume must not pass it over."""
     path = posixpath.join(root, file_name)
-    algorithm, _ = _recorded_hash(checkpoint.manifest["files"][file_name])
+    algorithm, recorded = _recorded_hash(checkpoint.manifest["files"][file_name])
     try:
         source = fs.open(path, "rb")
     except FileNotFoundError:
@@ -561,7 +563,10 @@ def _stream_verified(fs: Any, root: str, checkpoint: Checkpoint, file_name: str,
             size += count
             if sink is not None:
                 sink.write(chunk)
-    _check_file(checkpoint, file_name, size, digest.hexdigest())
+    _check_size(checkpoint, file_name, size)
+    if digest.hexdigest() != recorded:
+        raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} does not match its "
+                              f"{algorithm} in the manifest (corrupt)")
 
 
 def _new_hash(algorithm: str) -> Any:
@@ -635,14 +640,6 @@ def _check_size(checkpoint: Checkpoint, file_name: str, size: int) -> None:
     if size != recorded:
         raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} has {size} bytes, the "
                               f"manifest says {recorded} (truncated?)")
-
-
-def _check_file(checkpoint: Checkpoint, file_name: str, size: int, digest: str) -> None:
-    _check_size(checkpoint, file_name, size)
-    algorithm, recorded = _recorded_hash(checkpoint.manifest["files"][file_name])
-    if digest != recorded:
-        raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} does not match its "
-                              f"{algorithm} in the manifest (corrupt)")
 
 
 def _check_file_name(name: str) -> None:
