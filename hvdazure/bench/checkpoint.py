@@ -83,7 +83,7 @@ def memory(mb: int, rounds: int, timeout_s: float | None) -> dict:
              for mode in PROBES if mode != "baseline"}
     return {"checkpoint_mb": checkpoint_mb, "peak_rss_mb": peaks,
             "added_mb": {mode: stats.summary(values) for mode, values in added.items()},
-            "added_over_checkpoint": {mode: _interval([v / checkpoint_mb for v in values], MEMORY_TARGET)
+            "added_over_checkpoint": {mode: _figure([v / checkpoint_mb for v in values], MEMORY_TARGET)
                                       for mode, values in added.items()}}
 
 
@@ -96,18 +96,18 @@ def collect(options: dict, timeout_s: float | None = None, verbose: bool = False
     return {**p, **result, "memory": peak, "summary": summarize(result, p)}
 
 
-def _interval(values: list[float], target: float) -> dict:
+def _figure(values: list[float], target: float | None = None) -> dict:
+    """`values` with their median and bootstrap 95% interval; against a `target` (at most), its verdict."""
     interval = stats.bootstrap_interval(values)
-    return {"values": values, "median": statistics.median(values), "ci95": list(interval), "target": target,
-            "verdict": stats.verdict(interval, target)}
+    figure = {"values": values, "median": statistics.median(values), "ci95": list(interval)}
+    if target is not None:
+        figure |= {"target": target, "verdict": stats.verdict(interval, target)}
+    return figure
 
 
 def _ratio(a: list[float], b: list[float], target: float | None = None) -> dict:
-    ratios = [x / y for x, y in zip(a, b, strict=True)]
-    if target is not None:
-        return _interval(ratios, target)
-    return {"values": ratios, "median": statistics.median(ratios),
-            "ci95": list(stats.bootstrap_interval(ratios))}
+    """The per-pair ratios a / b as a _figure."""
+    return _figure([x / y for x, y in zip(a, b, strict=True)], target)
 
 
 def summarize(result: dict, p: dict) -> dict:

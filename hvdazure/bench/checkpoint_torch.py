@@ -5,6 +5,7 @@ ranks and probes only.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
@@ -62,7 +63,7 @@ def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
     state = TorchState(model, optimizer, None, torch.device("cpu"))
     manager = CheckpointManager(str(root / "managed"), keep_last=1)
     bare, floor_file = root / "bare.pt", root / "floor.bin"
-    step = iter(range(1, 1_000_000))
+    step = itertools.count(1)
 
     def bare_save(fsync: bool) -> None:
         with open(bare, "wb") as f:
