@@ -1,5 +1,7 @@
 """What the allreduce and throughput benchmarks compute from their timings, on known inputs."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from hvdazure.bench import allreduce, checkpoint, throughput
@@ -78,3 +80,17 @@ def test_checkpoint_stall_is_a_blocks_excess_over_its_median_step_per_checkpoint
     assert s["load_vs_torch_load"]["median"] == pytest.approx(1.3)
     assert s["load_vs_torch_load"]["ci95"][1] == pytest.approx(1.4)
     assert s["step_s_without_checkpoints"] == pytest.approx(0.25)
+
+
+def test_a_checkpoint_block_is_timed_step_by_step_up_to_its_last_step_not_fits_final_save():
+    from hvdazure.bench.checkpoint_torch import BlockClock
+
+    clock = BlockClock(steps=3)
+    trainer = SimpleNamespace(state=SimpleNamespace(step=0))  # test double of a Trainer: only its step count
+    for step in (1, 2, 3):
+        trainer.state.step = step
+        clock.on_step_end(trainer)
+
+    # steps 2 and 3, each from the end of the step before; what fit() does after step 3 (its final, blocking
+    # checkpoint) is in none of them
+    assert len(clock.durations) == 2 and all(d >= 0 for d in clock.durations)
