@@ -23,11 +23,14 @@ test-unit: setup
 test-distributed: setup
 	$(VENV)/bin/pytest tests/distributed tests/integration
 
+# ruff; the import contracts of [tool.importlinter] and the types of [tool.mypy] (both in pyproject.toml)
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-logo
+	$(VENV)/bin/mypy
 
 doctor: setup
 	$(VENV)/bin/hvdazure doctor
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache
