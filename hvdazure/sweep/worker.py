@@ -193,8 +193,8 @@ def _run_group(options: SweepOptions, control: Any, group: Any, ranks: list[int]
     exit_code = 0
     while True:
         if leader:  # the members wait for the leader's word even after a signal: it always comes
-            assignment = {"trial": None} if stop.signum else messages.request(control, {"op": "next",
-                                                                                     "ranks": ranks})
+            assignment: dict[str, Any] = {"trial": None} if stop.signum else messages.request(
+                control, {"op": "next", "ranks": ranks})
             for member in range(1, size):
                 group.send(assignment, dest=member, tag=messages.TAG_ASSIGN)
         else:
