@@ -89,3 +89,10 @@ def compute_not_found(compute: str) -> SubmitError:
     """The one line for a compute the workspace lacks, whichever SDK looked."""
     return SubmitError(f"compute {compute!r} not found in the workspace: create it with `hvdazure azure "
                        f"compute create {compute} --vm-size SIZE --max-nodes N`")
+
+
+def output_file(path: str | Path) -> Path:
+    """`path` made absolute, its directory created: where write_yaml writes."""
+    path = Path(path).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure.azure import run_config_v1
-from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found
+from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import JobSpecError
 from hvdazure.azure.resolved_job import CommandJob, InJobSweep, ResolvedJob, SweepJob
@@ -42,8 +42,7 @@ class ScriptRun:
         """Serialise the run configuration to `path` as YAML."""
         import yaml
 
-        path = Path(path).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = output_file(path)
         config = run_config_v1.build_run_config(self.job)
         path.write_text(yaml.safe_dump(run_config_v1.run_configuration(self.job, config), sort_keys=False))
         return [path]

@@ -27,7 +27,7 @@ from typing import Any
 
 from hvdazure._version import __version__
 from hvdazure.azure import compute
-from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found
+from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError, one_line
 from hvdazure.azure.job_spec import is_local_path
@@ -128,8 +128,7 @@ class V2Backend:
         """Write the job (and the environment it needs registered) as YAML for `az ml ... create -f`.
         Returns the files written: the environment's first, as it must be created first."""
         form = _form(job)
-        path = Path(path).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = output_file(path)
         written = []
         data = _plain(build_job(job)._to_dict())
         layout_of(data, form)["code"] = _relative(job.code_dir, path.parent)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure.azure import code_snapshot, run_config_v1
+from hvdazure.azure.backend import output_file
 from hvdazure.azure.errors import JobSpecError, SubmitError, one_line
 from hvdazure.azure.hyperdrive_args import ENTRY_FILE, ENTRY_SOURCE, entry_arguments
 from hvdazure.azure.resolved_job import CommandJob, ResolvedJob, SearchParameter, SweepJob
@@ -115,8 +116,7 @@ class HyperDriveRun:
         """The HyperDrive settings and the trial's run configuration, as YAML."""
         import yaml
 
-        path = Path(path).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = output_file(path)
         config = self.build_config()
         data = {"hyperdrive": settings(config),
                 "run_configuration": run_config_v1.run_configuration(self.job, config.run_config)}

@@ -489,6 +489,8 @@ def test_cli_refuses_a_bad_sweep_in_one_line_with_status_2_and_writes_nothing(pr
     (["in-job-sweep", *JOB, "--space", "space.yaml", "--metric", "m", "--sampler", "bayesian"],
      "argument --sampler: invalid choice: 'bayesian'"),
     ([*JOB, "--trials", "5"], "unrecognized arguments: --trials 5"),
+    ([*JOB, "--sweep", "space.yaml"], "unrecognized arguments: --sweep space.yaml"),  # the old spellings
+    ([*JOB, "--in-job-sweep", "space.yaml"], "unrecognized arguments: --in-job-sweep space.yaml"),
     ([*JOB, "--metric", "eval_loss"], "unrecognized arguments: --metric eval_loss"),
 ])
 def test_cli_refuses_options_that_do_not_go_with_the_job_before_anything_is_written(project, capsys, argv,
