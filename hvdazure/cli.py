@@ -8,11 +8,13 @@ import json
 import sys
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hvdazure._version import __version__
 
 if TYPE_CHECKING:
+    from hvdazure.azure.backend import Submitted
+    from hvdazure.azure.submission import DryRunResult
     from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
     from hvdazure.azure.workspace import WorkspaceRef
 
@@ -84,7 +86,8 @@ def _submit(args: argparse.Namespace) -> int:
             docker_args=args.docker_args, vm_size=args.vm_size,
             sweep=args.sweep_from(args) if args.sweep_from else None)
         if args.dry_run:
-            result: Any = submission.dry_run(spec, args.output_yaml or submission.DEFAULT_YAML, sdk=args.sdk)
+            output_yaml = args.output_yaml or submission.DEFAULT_YAML
+            result: DryRunResult | Submitted = submission.dry_run(spec, output_yaml, sdk=args.sdk)
         elif args.output_yaml:
             return _fail("--output-yaml goes with --dry-run")
         else:

@@ -37,7 +37,6 @@ from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
 if TYPE_CHECKING:
     from hvdazure.core.config import TrainConfig
 
-
 INPUT_TYPES = ("uri_folder", "uri_file")
 INPUT_MODES = ("ro_mount", "download", "rw_mount", "direct", "eval_mount", "eval_download")
 OUTPUT_MODES = ("rw_mount", "upload", "direct")
