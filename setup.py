@@ -38,7 +38,7 @@ setup(
         "azure": ["azure-ai-ml>=1.35,<2", "azure-identity>=1.15", "pathspec>=0.11", "adlfs>=2023.10"],
         # the legacy SDK v1 path (hvdazure submit --sdk v1); azureml-core is out of support since 2026-06-30
         "azure-v1": ["azureml-core>=1.61", "azureml-train-core>=1.61", "azure-identity>=1.15",
-                     "pathspec>=0.11"],  # azureml-train-core: HyperDriveConfig (hvdazure submit --sweep)
+                     "pathspec>=0.11"],  # azureml-train-core: HyperDriveConfig (hvdazure submit sweep)
         "tensorboard": ["tensorboard>=2.14"],
         "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=2", "alembic>=1.12"],
         # hvdazure sweep; mpi4py must be built from source against Horovod's MPI (scripts/setup_env.sh)

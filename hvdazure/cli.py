@@ -7,8 +7,16 @@ import dataclasses
 import json
 import sys
 import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hvdazure._version import __version__
+
+if TYPE_CHECKING:
+    from hvdazure.azure.backend import Submitted
+    from hvdazure.azure.submission import DryRunResult
+    from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
+    from hvdazure.azure.workspace import WorkspaceRef
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -64,17 +72,9 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from hvdazure.azure import compute, errors, job_spec, submission, sweep_spec
+    from hvdazure.azure import compute, errors, job_spec, submission
 
     try:
-        sweep = sweep_spec.from_options(
-            sweep=args.sweep, in_job_sweep=args.in_job_sweep, metric=args.metric, mode=args.mode,
-            trials=args.trials, max_concurrent_trials=args.max_concurrent_trials, sampler=args.sampler,
-            seed=args.seed, early_termination=args.early_termination,
-            evaluation_interval=args.evaluation_interval, delay_evaluation=args.delay_evaluation,
-            slack_factor=args.slack_factor,
-            truncation_percentage=args.truncation_percentage, timeout=args.timeout,
-            ranks_per_trial=args.ranks_per_trial, pruner=args.pruner)
         spec = job_spec.JobSpec(
             script=args.script, compute=args.compute, nodes=args.nodes, script_args=args.script_args,
             processes_per_node=args.processes_per_node, code_dir=args.code, image=args.image,
@@ -83,9 +83,11 @@ def _submit(args: argparse.Namespace) -> int:
             inputs=[job_spec.parse_input(text) for text in args.input],
             outputs=[job_spec.parse_output(text) for text in args.output],
             experiment=args.experiment, display_name=args.display_name, shm_size=args.shm_size,
-            docker_args=args.docker_args, vm_size=args.vm_size, sweep=sweep)
+            docker_args=args.docker_args, vm_size=args.vm_size,
+            sweep=args.sweep_from(args) if args.sweep_from else None)
         if args.dry_run:
-            result = submission.dry_run(spec, args.output_yaml or submission.DEFAULT_YAML, sdk=args.sdk)
+            output_yaml = args.output_yaml or submission.DEFAULT_YAML
+            result: DryRunResult | Submitted = submission.dry_run(spec, output_yaml, sdk=args.sdk)
         elif args.output_yaml:
             return _fail("--output-yaml goes with --dry-run")
         else:
@@ -99,6 +101,26 @@ def _submit(args: argparse.Namespace) -> int:
         return _fail(errors.one_line(exc))
     print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.report()))
     return 0
+
+
+def _sweep_job_spec(args: argparse.Namespace) -> SweepSpec:
+    """`hvdazure submit sweep`'s options, as the Python API takes them."""
+    from hvdazure.azure.sweep_spec import SweepSpec, early_termination
+
+    policy = early_termination(args.early_termination, args.evaluation_interval, args.delay_evaluation,
+                               args.slack_factor, args.truncation_percentage)
+    return SweepSpec(space=args.space, metric=args.metric, mode=args.mode, trials=args.trials,
+                     max_concurrent_trials=args.max_concurrent_trials, sampler=args.sampler, seed=args.seed,
+                     early_termination=policy, max_duration=args.max_duration)
+
+
+def _in_job_sweep_spec(args: argparse.Namespace) -> InJobSweepSpec:
+    """`hvdazure submit in-job-sweep`'s options, as the Python API takes them."""
+    from hvdazure.azure.sweep_spec import InJobSweepSpec
+
+    return InJobSweepSpec(space=args.space, metric=args.metric, mode=args.mode, trials=args.trials,
+                          ranks_per_trial=args.ranks_per_trial, sampler=args.sampler, pruner=args.pruner,
+                          seed=args.seed)
 
 
 def _azure_compute_create(args: argparse.Namespace) -> int:
@@ -116,7 +138,7 @@ def _azure_compute_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _workspace(args: argparse.Namespace):  # -> hvdazure.azure.workspace.WorkspaceRef
+def _workspace(args: argparse.Namespace) -> WorkspaceRef:
     from hvdazure.azure.workspace import WorkspaceRef
 
     return WorkspaceRef.from_options(args.workspace_config, args.subscription, args.resource_group,
@@ -140,11 +162,16 @@ def _positive_float(text: str) -> float:
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser that, when `trailing_dest` is set, stores everything after the first `--` there
-    verbatim (a submitted script's own arguments), so that options may come before or after the script."""
+    verbatim (a submitted script's own arguments), so that options may come before or after the script;
+    and that hands the arguments to one of its `variants` when they start with its name (`hvdazure submit
+    sweep ...`), parsing them itself otherwise (`hvdazure submit SCRIPT ...`)."""
 
     trailing_dest: str | None = None
+    variants: dict[str, argparse.ArgumentParser] | None = None
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
+        if self.variants and args and args[0] in self.variants:
+            return self.variants[args[0]].parse_known_args(args[1:], namespace)
         if self.trailing_dest is None or args is None:
             return super().parse_known_args(args, namespace)
         args = list(args)
@@ -162,75 +189,114 @@ def _add_workspace_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--workspace", metavar="NAME")
 
 
-def _add_sweep_options(submit: argparse.ArgumentParser) -> None:
-    sweep = submit.add_argument_group(
-        "hyperparameter sweep (README: Sweeps on Azure ML)",
-        "SPACE.yaml: TrainConfig fields / extra.NAME with Azure ML's distributions (as for `hvdazure sweep`)")
-    sweep.add_argument("--sweep", metavar="SPACE.yaml",
-                       help="submit an Azure ML sweep job: one job per trial, each the MPI job above, given "
-                            "its values as --set NAME=VALUE and logging --metric with MLflow")
-    sweep.add_argument("--in-job-sweep", metavar="SPACE.yaml",
-                       help="instead: run `hvdazure sweep` inside this one MPI job, trials of "
-                            "--ranks-per-trial ranks packed onto its GPUs, results in ./outputs/sweep; "
-                            "SPACE.yaml must be in the code directory (SDK v2)")
-    sweep.add_argument("--metric", help="required with either: the metric to optimise, which every trial "
-                                        "logs (hvdazure's trainer logs eval_NAME and train_NAME), e.g. "
-                                        "eval_loss")
-    sweep.add_argument("--mode", metavar="min|max", help="minimise (default) or maximise --metric")
-    sweep.add_argument("--trials", type=int, metavar="N", help="trials in all (default: 10)")
-    sweep.add_argument("--sampler", metavar="NAME",
-                       help="--sweep: random (default), grid (choice parameters only) or bayesian (choice, "
-                            "uniform, quniform; no early termination); --in-job-sweep: tpe (default), random "
-                            "or grid")
-    sweep.add_argument("--seed", type=int, help="the sampler's seed (--sweep: random sampling only; "
-                                                "--in-job-sweep: default 0)")
-    sweep.add_argument("--max-concurrent-trials", type=int, metavar="K",
-                       help="--sweep: trials running at once, each on --nodes nodes (default: every trial; "
-                            "the cluster's size queues the rest)")
-    sweep.add_argument("--early-termination", metavar="POLICY",
-                       help="--sweep: cancel trials that are behind, by Azure ML's policy: none (default), "
-                            "bandit (outside --slack-factor of the best), median (below the median of "
-                            "running averages) or truncation (the worst --truncation-percentage)")
-    sweep.add_argument("--evaluation-interval", type=int, metavar="N",
-                       help="--sweep: apply the policy every N reports of the metric (default: 1)")
-    sweep.add_argument("--delay-evaluation", type=int, metavar="N",
-                       help="--sweep: first apply the policy after N reports (default: 5)")
-    sweep.add_argument("--slack-factor", type=float, metavar="F",
-                       help="--sweep, bandit: allowed distance from the best, as a ratio (default: 0.1)")
-    sweep.add_argument("--truncation-percentage", type=int, metavar="P",
-                       help="--sweep, truncation: percent of trials cancelled per evaluation (default: 20)")
-    sweep.add_argument("--timeout", type=int, metavar="SECONDS",
-                       help="--sweep: end the sweep job after this long, cancelling running trials")
-    sweep.add_argument("--ranks-per-trial", type=int, metavar="R",
-                       help="--in-job-sweep: ranks of each trial, dividing nodes x processes per node "
-                            "(default: 1)")
-    sweep.add_argument("--pruner", metavar="NAME",
-                       help="--in-job-sweep: Optuna's pruner, none (default), median or hyperband")
+_SUBMIT_DESCRIPTION = (
+    "Submit SCRIPT as an Azure ML command job with an MPI distribution: NODES x PROCESSES_PER_NODE ranks, "
+    "each running `python SCRIPT ARGS` (Azure ML starts mpirun). Everything that can be checked offline is "
+    "checked before anything is uploaded; --dry-run checks the job with no Azure access at all. SDK v2 "
+    "(azure-ai-ml) by default; --sdk v1 uses azureml-core, which is out of support since 2026-06-30.")
 
 
 def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
+    """`hvdazure submit SCRIPT ...` (a command job), and its two sweeps: `hvdazure submit sweep SCRIPT ...`
+    and `hvdazure submit in-job-sweep SCRIPT ...`, each with its own options, so that argparse refuses an
+    option that does not go with the job asked for."""
     submit = sub.add_parser(
-        "submit", help="run a training script as a multi-node MPI job on Azure ML",
-        description="Submit SCRIPT as an Azure ML command job with an MPI distribution: NODES x "
-                    "PROCESSES_PER_NODE ranks, each running `python SCRIPT ARGS` (Azure ML starts mpirun). "
-                    "Everything that can be checked offline is checked before anything is uploaded; "
-                    "--dry-run checks the job with no Azure access at all. SDK v2 (azure-ai-ml) by default; "
-                    "--sdk v1 uses azureml-core, which is out of support since 2026-06-30.",
+        "submit", help="run a training script as a multi-node MPI job on Azure ML (or a sweep of them)",
+        usage="hvdazure submit [sweep | in-job-sweep] SCRIPT --compute NAME [options] [-- ARGS]",
+        description=_SUBMIT_DESCRIPTION + " A hyperparameter sweep: `hvdazure submit sweep --help` (an Azure "
+                    "ML sweep job, one job per trial) or `hvdazure submit in-job-sweep --help` (`hvdazure "
+                    "sweep` inside one job).",
         epilog="the script's own arguments go after --. examples:\n"
                "  hvdazure submit train.py --compute gpu-cluster --nodes 2 \\\n"
                "      --image myacr.azurecr.io/hvdazure-gpu:0.1.0 --dry-run -- --set epochs=10\n"
                "  hvdazure submit train.py --compute gpu-cluster --nodes 2 --processes-per-node 8 \\\n"
                "      --environment azureml:hvdazure-gpu@latest --input data=azureml:digits@latest \\\n"
-               "      --stream -- --set extra.data_dir='${{inputs.data}}'\n"
-               "  hvdazure submit train.py --sweep space.yaml --trials 20 --max-concurrent-trials 4 \\\n"
-               "      --metric eval_loss --early-termination bandit --compute gpu-cluster --nodes 2 ...\n"
-               "  hvdazure submit train.py --in-job-sweep space.yaml --trials 24 --ranks-per-trial 4 \\\n"
-               "      --metric eval_loss --pruner median --compute gpu-cluster --nodes 2 ...",
+               "      --stream -- --set extra.data_dir='${{inputs.data}}'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    submit.trailing_dest = "script_args"
-    submit.add_argument("script", help="the training script, inside the code directory")
-    layout = submit.add_argument_group("layout")
+    _add_submit_options(submit)
+    submit.set_defaults(sweep_from=None)
+    sweep = _Parser(
+        prog="hvdazure submit sweep",
+        usage="hvdazure submit sweep SCRIPT --space SPACE.yaml --metric NAME --compute NAME [options] "
+              "[-- ARGS]",
+        description="Submit an Azure ML sweep job: one job per trial, each the MPI command job `hvdazure "
+                    "submit SCRIPT` makes, given the trial's values as --set NAME=VALUE and logging --metric "
+                    "with MLflow, which Azure ML reads. SPACE.yaml: TrainConfig fields / extra.NAME with "
+                    "Azure ML's distributions, as for `hvdazure sweep` (README: Sweeps on Azure ML). SDK v1: "
+                    "a HyperDrive run.",
+        epilog="the script's own arguments go after --. example:\n"
+               "  hvdazure submit sweep train.py --space space.yaml --metric eval_loss --trials 20 \\\n"
+               "      --max-concurrent-trials 4 --early-termination bandit \\\n"
+               "      --compute gpu-cluster --nodes 2 ...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_submit_options(sweep, _add_sweep_job_options)
+    sweep.set_defaults(sweep_from=_sweep_job_spec)
+    in_job = _Parser(
+        prog="hvdazure submit in-job-sweep",
+        usage="hvdazure submit in-job-sweep SCRIPT --space SPACE.yaml --metric NAME --compute NAME "
+              "[options] [-- ARGS]",
+        description="Submit one MPI command job that runs `hvdazure sweep` on its ranks: trials of "
+                    "--ranks-per-trial ranks packed onto its GPUs, with the options of `hvdazure sweep` "
+                    "(the job's layout gives the ranks, and results go to ./outputs/sweep, uploaded with the "
+                    "job; every trial logs to MLflow as a child run of the job's run). SPACE.yaml must be in "
+                    "the code directory. SDK v2 only.",
+        epilog="the script's own arguments go after --. example:\n"
+               "  hvdazure submit in-job-sweep train.py --space space.yaml --metric eval_loss \\\n"
+               "      --trials 24 --ranks-per-trial 4 --pruner median --compute gpu-cluster --nodes 2 ...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_submit_options(in_job, _add_in_job_sweep_options)
+    in_job.set_defaults(sweep_from=_in_job_sweep_spec)
+    submit.variants = {"sweep": sweep, "in-job-sweep": in_job}
+
+
+def _add_sweep_job_options(parser: argparse.ArgumentParser) -> None:
+    """`hvdazure submit sweep`: the search every sweep takes, with Azure ML's sampling and policies."""
+    from hvdazure.azure.sweep_spec import POLICIES, SAMPLERS
+    from hvdazure.sweep.options import add_search_arguments
+
+    search = add_search_arguments(parser)
+    search.add_argument("--sampler", default="random", choices=SAMPLERS,
+                        help="Azure ML's sampling: random (default), grid (choice parameters only) or "
+                             "bayesian (choice, uniform, quniform; no early termination)")
+    search.add_argument("--seed", type=int, help="the sampler's seed (random sampling only; default: none)")
+    limits = parser.add_argument_group("Azure ML sweep job")
+    limits.add_argument("--max-concurrent-trials", type=int, metavar="K",
+                        help="trials running at once, each on --nodes nodes (default: every trial; the "
+                             "cluster's size queues the rest)")
+    limits.add_argument("--max-duration", type=int, metavar="SECONDS",
+                        help="end the sweep job after this long, cancelling running trials (they get no "
+                             "grace to save a checkpoint, unlike `hvdazure sweep --timeout`)")
+    limits.add_argument("--early-termination", choices=("none", *POLICIES), metavar="POLICY",
+                        help="cancel trials that are behind, by Azure ML's policy: none (default), bandit "
+                             "(outside --slack-factor of the best), median (below the median of running "
+                             "averages) or truncation (the worst --truncation-percentage)")
+    limits.add_argument("--evaluation-interval", type=int, metavar="N",
+                        help="apply the policy every N reports of the metric (default: 1)")
+    limits.add_argument("--delay-evaluation", type=int, metavar="N",
+                        help="first apply the policy after N reports (default: 5)")
+    limits.add_argument("--slack-factor", type=float, metavar="F",
+                        help="bandit: allowed distance from the best, as a ratio (default: 0.1)")
+    limits.add_argument("--truncation-percentage", type=int, metavar="P",
+                        help="truncation: percent of trials cancelled per evaluation (default: 20)")
+
+
+def _add_in_job_sweep_options(parser: argparse.ArgumentParser) -> None:
+    """`hvdazure submit in-job-sweep`: `hvdazure sweep`'s own search options."""
+    from hvdazure.sweep.options import add_optuna_arguments, add_search_arguments
+
+    add_optuna_arguments(add_search_arguments(parser))
+
+
+def _add_submit_options(parser: _Parser,
+                        add_sweep_options: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    """The options of every `hvdazure submit`: the script, its layout, environment and job, the sweep's when
+    it is one (`add_sweep_options`), the workspace, and what to do."""
+    parser.trailing_dest = "script_args"
+    parser.add_argument("script", help="the training script, inside the code directory")
+    layout = parser.add_argument_group("layout")
     layout.add_argument("--compute", required=True, help="the Azure ML compute cluster")
     layout.add_argument("--nodes", type=int, default=1, help="nodes (default: 1)")
     layout.add_argument("--processes-per-node", "-ppn", type=int, metavar="N",
@@ -245,14 +311,14 @@ def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
                         help="shared memory per container, e.g. 16g (default: 2g)")
     layout.add_argument("--docker-args", metavar="ARGS",
                         help="extra `docker run` arguments, e.g. --docker-args='--user root'")
-    environment = submit.add_argument_group("environment")
+    environment = parser.add_argument_group("environment")
     environment.add_argument("--image", help="Docker image with an MPI library (docker/: hvdazure-gpu)")
     environment.add_argument("--conda-file", metavar="ENV.YML", help="with --image: conda environment on top")
     environment.add_argument("--environment", metavar="azureml:NAME@latest",
                              help="a registered environment instead of --image")
     environment.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                              help="environment variable (repeatable; NCCL defaults for the VM size added)")
-    job = submit.add_argument_group("job")
+    job = parser.add_argument_group("job")
     job.add_argument("--code", metavar="DIR", help="directory to upload; the job starts there (default: .)")
     job.add_argument("--input", action="append", default=[], metavar="NAME=URI[:MODE]",
                      help="input (repeatable): azureml:ASSET@latest, azureml://datastores/..., a local path; "
@@ -262,19 +328,21 @@ def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
     job.add_argument("--experiment", help="experiment name (default: the code directory's name)")
     job.add_argument("--display-name", help="the job's display name")
     job.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag (repeatable)")
-    _add_sweep_options(submit)
-    _add_workspace_options(submit)
-    mode = submit.add_argument_group("mode")
-    mode.add_argument("--dry-run", action="store_true",
-                      help="write the job YAML and validate it offline; upload and submit nothing")
-    mode.add_argument("--output-yaml", metavar="PATH", help="with --dry-run: where to write the YAML "
-                                                            "(default: hvdazure-job.yml)")
-    mode.add_argument("--stream", action="store_true", help="follow the job's logs after submitting")
-    mode.add_argument("--sdk", default="v2", help="v2 (azure-ai-ml, default) or v1 (azureml-core, legacy, "
-                                                  "out of support since 2026-06-30)")
-    mode.add_argument("--json", action="store_true", help="print the result as JSON")
-    mode.add_argument("-v", "--verbose", action="store_true", help="show the SDK's traceback on failure")
-    submit.set_defaults(func=_submit, script_args=[])
+    if add_sweep_options is not None:
+        add_sweep_options(parser)
+    _add_workspace_options(parser)
+    submission = parser.add_argument_group("submission")
+    submission.add_argument("--dry-run", action="store_true",
+                            help="write the job YAML and validate it offline; upload and submit nothing")
+    submission.add_argument("--output-yaml", metavar="PATH", help="with --dry-run: where to write the YAML "
+                                                                  "(default: hvdazure-job.yml)")
+    submission.add_argument("--stream", action="store_true", help="follow the job's logs after submitting")
+    submission.add_argument("--sdk", default="v2", help="v2 (azure-ai-ml, default) or v1 (azureml-core, "
+                                                        "legacy, out of support since 2026-06-30)")
+    submission.add_argument("--json", action="store_true", help="print the result as JSON")
+    submission.add_argument("-v", "--verbose", action="store_true",
+                            help="show the SDK's traceback on failure")
+    parser.set_defaults(func=_submit, script_args=[])
 
 
 def _add_azure_parser(sub: argparse._SubParsersAction) -> None:

@@ -15,13 +15,14 @@ on first use:
 """
 
 _API = {
-    "JobSpec": "job_spec", "InputSpec": "job_spec", "OutputSpec": "job_spec", "JobPlan": "job_spec",
-    "parse_input": "job_spec", "parse_output": "job_spec",
+    "JobSpec": "job_spec", "parse_input": "job_spec", "parse_output": "job_spec",
+    "InputSpec": "resolved_job", "OutputSpec": "resolved_job", "ResolvedJob": "resolved_job",
+    "EarlyTermination": "resolved_job",
     "WorkspaceRef": "workspace", "ClusterSpec": "compute",
     "SubmitError": "errors", "JobSpecError": "errors",
     "dry_run": "submission", "submit": "submission", "create_compute": "submission",
-    "DryRunResult": "submission",
-    "SweepSpec": "sweep_spec", "InJobSweepSpec": "sweep_spec", "EarlyTermination": "sweep_spec",
+    "DryRunResult": "submission", "Submitted": "backend",
+    "SweepSpec": "sweep_spec", "InJobSweepSpec": "sweep_spec",
 }
 
 

@@ -1,4 +1,5 @@
-"""Errors of a submission, and the one rule for every message hvdazure prints about one: no secrets.
+"""Errors of a submission, the one rule for every message hvdazure prints about one (no secrets), and the
+count check every option of a job goes through.
 
 Azure SDK exceptions can carry SAS URLs (`...?sv=...&sig=...`), bearer tokens or storage keys in their text
 (a failed blob upload names the URL it used). Everything shown to the user passes through `redact` first.
@@ -42,3 +43,12 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, SubmitError):
         return first
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def check_count(value: object, option: str, least: int = 1) -> int:
+    """`value` as an integer of at least `least`, else one line naming `option` (bools are not counts)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobSpecError(f"{option} must be an integer, got {value!r}")
+    if value < least:
+        raise JobSpecError(f"{option} must be at least {least}, got {value}")
+    return value

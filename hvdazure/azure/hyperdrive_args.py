@@ -5,7 +5,7 @@ HyperDrive hands each trial its sampled values as script arguments appended afte
 
     python hvdazure_hyperdrive.py --param lr=lr --param extra_hidden=extra.hidden -- train.py ARGS
 
-(that file, written into the snapshot by `hvdazure submit --sweep ... --sdk v1`, calls `main` below), and
+(that file, written into the snapshot by `hvdazure submit sweep ... --sdk v1`, calls `main` below), and
 this turns the appended `--lr 0.01 --extra_hidden 64` into `--set lr=0.01 --set extra.hidden=64` after ARGS
 and runs train.py as `__main__`, in this process: every MPI rank does the same. Also runnable as
 `python -m hvdazure.azure.hyperdrive_args ...`. Standard library only.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 ENTRY_FILE = "hvdazure_hyperdrive.py"  # what a v1 sweep's ScriptRunConfig runs, at the top of the snapshot
 ENTRY_SOURCE = '''\
-"""Written by `hvdazure submit --sweep ... --sdk v1`: HyperDrive passes sampled values as `--KEY VALUE`
+"""Written by `hvdazure submit sweep ... --sdk v1`: HyperDrive passes sampled values as `--KEY VALUE`
 script arguments; hvdazure.azure.hyperdrive_args turns them into the script's `--set NAME=VALUE`."""
 from hvdazure.azure.hyperdrive_args import main
 

@@ -1,4 +1,5 @@
-"""What the user asked `hvdazure submit` for, validated offline and resolved into a plan; no Azure SDK here.
+"""What the user asked `hvdazure submit` for (JobSpec), validated offline and resolved into a ResolvedJob;
+no Azure SDK here.
 
 Azure ML accepts some wrong jobs silently (zero or negative counts, a script that was not uploaded) and
 reports others only after the code is uploaded and the job queued. Everything that can be checked without
@@ -12,27 +13,28 @@ Azure is checked here, before anything is uploaded, each problem as one line nam
 
 The job runs `python SCRIPT ARGS` from the top of the code directory on every rank: Azure ML starts
 `mpirun` itself, with `nodes x processes_per_node` ranks. A sweep (`JobSpec.sweep`, see sweep_spec.py)
-changes what the ranks run: each trial of an Azure ML sweep job is this command with the sampled values as
-`--set` arguments, and an in-job sweep runs `python -m hvdazure.sweep SCRIPT ...` on every rank.
+changes the job's kind (resolved_job.py), which says what the ranks run: each trial of an Azure ML sweep
+job is this command with the sampled values as `--set` arguments, and an in-job sweep runs
+`python -m hvdazure.sweep SCRIPT ...` on every rank.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdazure.azure import vm_sizes
+from hvdazure.azure import sweep_spec, vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
-from hvdazure.azure.errors import JobSpecError
+from hvdazure.azure.errors import JobSpecError, check_count
+from hvdazure.azure.resolved_job import InputSpec, JobEnvironment, OutputSpec, ResolvedJob
+from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
 from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
 
 if TYPE_CHECKING:
-    from hvdazure.azure.sweep_spec import InJobSweepPlan, InJobSweepSpec, SweepPlan, SweepSpec
     from hvdazure.core.config import TrainConfig
 
 INPUT_TYPES = ("uri_folder", "uri_file")
@@ -47,27 +49,6 @@ _REGISTERED_ENV = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)(@latest|:[A-Za-z0-
 # would sit in the job definition in plain text.
 _SECRET_WORDS = {"SECRET", "PASSWORD", "PASSWD", "TOKEN", "SAS", "CREDENTIAL", "CREDENTIALS", "PAT"}
 _SECRET_VALUE = re.compile(r"[?&]sig=|eyJ[A-Za-z0-9\-_]{8,}\.|AccountKey=|SharedAccessSignature=", re.I)
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """A job input: an Azure ML data asset (`azureml:NAME@latest`, `azureml:NAME:VERSION`), a datastore path
-    (`azureml://datastores/...`), a storage URL without credentials, or a local path (uploaded)."""
-
-    name: str
-    uri: str
-    type: str = "uri_folder"
-    mode: str = "ro_mount"
-
-
-@dataclass(frozen=True)
-class OutputSpec:
-    """A job output; without a URI, Azure ML picks a place in the workspace's default datastore."""
-
-    name: str
-    uri: str | None = None
-    type: str = "uri_folder"
-    mode: str = "rw_mount"
 
 
 @dataclass(frozen=True)
@@ -93,92 +74,7 @@ class JobSpec:
     shm_size: str | None = None  # e.g. "16g"; Azure ML's default is 2g
     docker_args: str | None = None  # extra `docker run` arguments, e.g. "--user root"
     vm_size: str | None = None  # the compute's VM size, when known before asking Azure
-    sweep: SweepSpec | InJobSweepSpec | None = None  # --sweep (an Azure ML sweep job) or --in-job-sweep
-
-
-@dataclass(frozen=True)
-class EnvironmentPlan:
-    """The Azure ML environment the job runs in. Ours are named and versioned by content, so a second
-    submission with the same image (and conda file) reuses the registered environment."""
-
-    name: str
-    version: str | None  # None for `@latest` of a registered environment
-    image: str | None = None
-    conda_file: Path | None = None
-    registered: bool = False  # True: the user's own, referenced and never created
-
-    @property
-    def reference(self) -> str:
-        which = "@latest" if self.version is None else f":{self.version}"
-        return f"azureml:{self.name}{which}"
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    """A validated job: what will be uploaded and submitted, in the terms of both SDKs."""
-
-    code_dir: Path
-    script: str  # relative to code_dir, POSIX separators
-    script_args: tuple[str, ...]
-    compute: str
-    nodes: int
-    processes_per_node: int
-    environment: EnvironmentPlan
-    env: dict[str, str]
-    inputs: tuple[InputSpec, ...]
-    outputs: tuple[OutputSpec, ...]
-    experiment: str
-    display_name: str
-    tags: dict[str, str]
-    shm_size: str | None
-    docker_args: str | None
-    vm_size: str | None
-    snapshot: CodeSnapshot
-    warnings: tuple[str, ...] = ()
-    sweep: SweepPlan | InJobSweepPlan | None = None
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.processes_per_node
-
-    @property
-    def argv(self) -> tuple[str, ...]:
-        """What every rank runs (a sweep job's trial with `${{search_space.KEY}}` for the sampled values)."""
-        if self.sweep is not None:
-            return self.sweep.rank_argv(self)
-        return ("python", self.script, *self.script_args)
-
-    @property
-    def command(self) -> str:
-        """The job's command line; `${{inputs.x}}` placeholders stay as Azure ML substitutes them."""
-        return shlex.join(self.argv)
-
-    def summary(self) -> list[str]:
-        """What a person checks before spending GPU hours, one fact per line (no secrets: see _check_env)."""
-        environment = self.environment
-        lines = [
-            f"MPI layout: {self.nodes} node(s) x {self.processes_per_node} process(es) = world size "
-            f"{self.world_size}, on compute {self.compute}" + (f" ({self.vm_size})" if self.vm_size else ""),
-            f"environment: {environment.reference}"
-            + (f" (image {environment.image})" if environment.image else "")
-            + (f" + conda file {environment.conda_file.name}" if environment.conda_file else ""),
-            f"command: {self.command}",
-            f"code: {self.code_dir} ({len(self.snapshot.files)} files, "
-            f"{self.snapshot.total_bytes / 2**20:.1f} MB)",
-            f"experiment: {self.experiment}; display name: {self.display_name}",
-        ]
-        if self.docker_args:
-            lines.append(f"docker arguments: {self.docker_args}")
-        if self.env:
-            lines.append("environment variables: "
-                         + " ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
-        for spec in self.inputs:
-            lines.append(f"input {spec.name}: {spec.type} {spec.uri} ({spec.mode})")
-        for out in self.outputs:
-            lines.append(f"output {out.name}: {out.type} {out.uri or '(default datastore)'} ({out.mode})")
-        if self.sweep is not None:
-            lines += self.sweep.summary(self)
-        return lines
+    sweep: SweepSpec | InJobSweepSpec | None = None  # hvdazure submit sweep | in-job-sweep
 
 
 # --- parsing the CLI's strings --------------------------------------------------------------------------
@@ -228,7 +124,7 @@ def parse_mapping(items: Sequence[str], option: str) -> dict[str, str]:
 
 # --- validation and resolution ----------------------------------------------------------------------------
 def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = None,
-            snapshot: CodeSnapshot | None = None) -> JobPlan:
+            snapshot: CodeSnapshot | None = None) -> ResolvedJob:
     """Validate `spec` and work out the job: raises JobSpecError with one line naming what to change.
     `vm_size` is the compute's size as Azure reports it, when known (else `spec.vm_size`); `snapshot` a
     scan of the same code directory made earlier (a second resolve need not walk it again)."""
@@ -268,17 +164,15 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
         raise JobSpecError(f"--shm-size {spec.shm_size!r}: a size such as 16g, 512m")
     tags = {str(k): str(v) for k, v in spec.tags.items()}
     warnings = [w for w in (snapshot.size_warning(), *_unreferenced(args, inputs, outputs)) if w]
-    plan = JobPlan(
+    job = ResolvedJob(
         code_dir=code_dir, script=script, script_args=args, compute=spec.compute.strip(), nodes=nodes,
         processes_per_node=processes, environment=_environment(spec, cwd), env=env, inputs=inputs,
         outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
         f"{nodes}x{processes}", tags=tags, shm_size=spec.shm_size, docker_args=spec.docker_args or None,
         vm_size=vm_size, snapshot=snapshot, warnings=tuple(warnings))
     if spec.sweep is None:
-        return plan
-    from hvdazure.azure import sweep_spec
-
-    return sweep_spec.apply(spec.sweep, plan, config=config, cwd=cwd)
+        return job
+    return sweep_spec.apply(spec.sweep, job, config=config, cwd=cwd)
 
 
 def check_train_config_args(script_args: Sequence[str], code_dir: Path) -> TrainConfig | None:
@@ -326,15 +220,6 @@ def environment_version(image: str, conda_text: str | None) -> str:
     return f"{tag}-{digest}" if tag else digest
 
 
-def check_count(value: object, option: str, least: int = 1) -> int:
-    """`value` as an integer of at least `least`, else one line naming `option` (bools are not counts)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise JobSpecError(f"{option} must be an integer, got {value!r}")
-    if value < least:
-        raise JobSpecError(f"{option} must be at least {least}, got {value}")
-    return value
-
-
 def _processes_per_node(value: int | None, vm_size: str | None) -> int:
     if value is not None:
         return check_count(value, "--processes-per-node")
@@ -363,7 +248,7 @@ def _code_and_script(spec: JobSpec, cwd: Path) -> tuple[Path, str]:
     return code_dir, script
 
 
-def _environment(spec: JobSpec, cwd: Path) -> EnvironmentPlan:
+def _environment(spec: JobSpec, cwd: Path) -> JobEnvironment:
     if spec.environment and (spec.image or spec.conda_file):
         raise JobSpecError("--environment names a registered environment: give it alone, or --image "
                            "(with --conda-file), not both")
@@ -373,7 +258,7 @@ def _environment(spec: JobSpec, cwd: Path) -> EnvironmentPlan:
             raise JobSpecError(f"--environment {spec.environment!r}: expected azureml:NAME@latest or "
                                "azureml:NAME:VERSION")
         name, which = match.groups()
-        return EnvironmentPlan(name=name, version=None if which == "@latest" else which[1:], registered=True)
+        return JobEnvironment(name=name, version=None if which == "@latest" else which[1:], registered=True)
     if not spec.image:
         raise JobSpecError("no environment: give --image REGISTRY/IMAGE:TAG (docker/README.md builds "
                            "hvdazure-gpu) or --environment azureml:NAME@latest")
@@ -387,7 +272,7 @@ def _environment(spec: JobSpec, cwd: Path) -> EnvironmentPlan:
         conda_text = conda_file.read_text()
     repository = spec.image.rsplit("/", 1)[-1].partition("@")[0].partition(":")[0]
     name = re.sub(r"[^A-Za-z0-9_.\-]", "-", repository).strip(".-_") or "hvdazure"
-    return EnvironmentPlan(name=name, version=environment_version(spec.image, conda_text), image=spec.image,
+    return JobEnvironment(name=name, version=environment_version(spec.image, conda_text), image=spec.image,
                            conda_file=conda_file)
 
 

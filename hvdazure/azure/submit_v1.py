@@ -1,181 +1,149 @@
-"""Submitting a JobPlan with Azure ML's legacy SDK v1 (azureml-core), for workspaces that still use it.
+"""Submitting a ResolvedJob with Azure ML's legacy SDK v1 (azureml-core), for workspaces that still use it.
 
-azureml-core has been out of support since 2026-06-30; it is imported only here, only for `--sdk v1`.
-The job is a `ScriptRunConfig` with `MpiConfiguration(process_count_per_node, node_count)`, Docker on
-(`DockerConfiguration(use_docker=True, shm_size=...)`), and an `Environment` on the Docker image: with the
-image alone its Python is used as it is (`user_managed_dependencies`), with a conda file that file is
-built on top. `CondaDependencies.create()` is never used: it adds pip options that need network access
-to PyPI from the cluster. `Experiment.submit` uploads the snapshot and starts the run.
+azureml-core has been out of support since 2026-06-30; it is imported only here and in the modules this one
+uses (run_config_v1.py, sweep_v1.py), only for `--sdk v1`. `V1Backend` is the submit backend (backend.py)
+for it. The job's kind decides its form once (`_form`): a command job is a `ScriptRunConfig`
+(run_config_v1.py), an Azure ML sweep job a HyperDrive run whose trial is that configuration (sweep_v1.py).
+`Experiment.submit` uploads the snapshot and starts the run.
 
 Inputs and outputs (`--input`, `--output`) are SDK v2 features here; v1 jobs read data from a datastore
-path the script is given. So is `--in-job-sweep` (its ranks run `python -m hvdazure.sweep`, which a
-ScriptRunConfig's script cannot be). `--sweep` submits a HyperDrive run whose trial is this job (sweep_v1.py).
+path the script is given. So is `hvdazure submit in-job-sweep` (its ranks run `python -m hvdazure.sweep`,
+which a ScriptRunConfig's script cannot be). Clusters are created with SDK v2 (`--create-compute`).
 """
 
 from __future__ import annotations
 
-import json
-import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdazure._version import __version__
-from hvdazure.azure.errors import JobSpecError, SubmitError, one_line
-from hvdazure.azure.job_spec import JobPlan
-from hvdazure.azure.submit_v2 import Submitted
-from hvdazure.azure.sweep_spec import InJobSweepPlan, SweepPlan
+from hvdazure.azure import run_config_v1
+from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found, output_file
+from hvdazure.azure.compute import ClusterSpec, ComputeInfo
+from hvdazure.azure.errors import JobSpecError
+from hvdazure.azure.resolved_job import CommandJob, InJobSweep, ResolvedJob, SweepJob
+from hvdazure.azure.sweep_v1 import HyperDriveRun
 from hvdazure.azure.workspace import WorkspaceRef
 
 
-def check_supported(plan: JobPlan) -> None:
-    """What SDK v1 jobs cannot do, refused offline."""
-    if plan.inputs or plan.outputs:
-        raise JobSpecError("--input and --output need SDK v2 (the default); with --sdk v1, pass the script a "
-                           "datastore path instead")
-    if isinstance(plan.sweep, InJobSweepPlan):
-        raise JobSpecError("--in-job-sweep needs SDK v2 (the default): an SDK v1 ScriptRunConfig runs a "
-                           "script file, not `python -m hvdazure.sweep`")
-    if isinstance(plan.sweep, SweepPlan):
-        from hvdazure.azure import sweep_v1
+@dataclass(frozen=True)
+class ScriptRun:
+    """A command job as SDK v1 sends it: the ScriptRunConfig itself."""
 
-        sweep_v1.check_supported(plan)
+    job: ResolvedJob
+    also_checked = ""  # for the dry run's report: nothing beyond the run configuration
 
+    def check_supported(self) -> None:
+        """A command job needs nothing beyond what V1Backend checks for every job."""
 
-def build_run_config(plan: JobPlan, workspace: Any = None) -> Any:
-    """The ScriptRunConfig for `plan`. A registered environment is looked up in `workspace` when given
-    (a dry run has none and references it by name and version)."""
-    from azureml.core import Environment, ScriptRunConfig
-    from azureml.core.runconfig import DockerConfiguration, MpiConfiguration
+    def write_yaml(self, path: str | Path) -> list[Path]:
+        """Serialise the run configuration to `path` as YAML."""
+        import yaml
 
-    if plan.sweep is not None:
-        raise JobSpecError("build_run_config takes a command job; a sweep's trial: sweep_v1.trial_plan")
-    check_supported(plan)
-    spec = plan.environment
-    if spec.registered:
-        if workspace is not None:
-            environment = Environment.get(workspace, spec.name, version=spec.version)
-        else:
-            environment = Environment(spec.name)
-            environment.version = spec.version
-    else:
-        if spec.conda_file:
-            environment = Environment.from_conda_specification(spec.name, str(spec.conda_file))
-        else:
-            environment = Environment(spec.name)
-            environment.python.user_managed_dependencies = True  # the image's own Python, as it is
-            environment.python.interpreter_path = "python"
-        environment.docker.base_image = spec.image
-        environment.environment_variables.clear()  # the SDK's EXAMPLE_ENV_VAR placeholder (the setter warns)
-    config = ScriptRunConfig(
-        source_directory=str(plan.code_dir),
-        script=plan.script,
-        arguments=list(plan.script_args),
-        compute_target=plan.compute,
-        environment=environment,
-        distributed_job_config=MpiConfiguration(process_count_per_node=plan.processes_per_node,
-                                                node_count=plan.nodes),
-        docker_runtime_config=DockerConfiguration(use_docker=True, shm_size=plan.shm_size or "2g",
-                                                  arguments=shlex.split(plan.docker_args or "")),
-    )
-    config.run_config.environment_variables = dict(plan.env)
-    return config
+        path = output_file(path)
+        config = run_config_v1.build_run_config(self.job)
+        path.write_text(yaml.safe_dump(run_config_v1.run_configuration(self.job, config), sort_keys=False))
+        return [path]
+
+    def validate_offline(self, files: list[Path]) -> dict[str, Any]:
+        """Load the run configuration back and check its MPI layout, script and arguments against the job."""
+        import yaml
+
+        (path,) = files
+        return run_config_v1.check_run_configuration(self.job, yaml.safe_load(path.read_text()), path.name)
+
+    def notes(self, body: dict[str, Any]) -> tuple[str, ...]:
+        return ()
+
+    @contextmanager
+    def run_config(self, workspace: Any) -> Iterator[Any]:
+        """The ScriptRunConfig to submit (the one write_yaml serialises, its environment from `workspace`)."""
+        yield run_config_v1.build_run_config(self.job, workspace)
 
 
-def write_yaml(plan: JobPlan, path: str | Path) -> list[Path]:
-    """Serialise the run configuration to `path` as YAML (a sweep: see sweep_v1.write_yaml)."""
-    import yaml
-
-    if isinstance(plan.sweep, SweepPlan):
-        from hvdazure.azure import sweep_v1
-
-        return sweep_v1.write_yaml(plan, path)
-    path = Path(path).resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(run_configuration(plan, build_run_config(plan)), sort_keys=False))
-    return [path]
+def _form(job: ResolvedJob) -> ScriptRun | HyperDriveRun:
+    """The one place the job's kind decides what SDK v1 is sent."""
+    match job.kind:
+        case CommandJob():
+            return ScriptRun(job)
+        case SweepJob() as sweep:
+            return HyperDriveRun(job, sweep)
+        case InJobSweep():
+            raise JobSpecError("submit in-job-sweep needs SDK v2 (the default): an SDK v1 ScriptRunConfig "
+                               "runs a script file, not `python -m hvdazure.sweep`")
 
 
-def run_configuration(plan: JobPlan, config: Any) -> dict[str, Any]:
-    """A ScriptRunConfig as azureml-core serialises it (its repr): the `Configuration` of the request that
-    starts the run, with the script and its arguments copied in as Experiment.submit does, and the code
-    directory. (`RunConfiguration.save` would also write a conda_dependencies.yml of the SDK's placeholder
-    packages, which an image-based job does not use.)"""
-    from azureml.core.script_run_config import get_run_config_from_script_run
+class V1Backend:
+    """The submit backend for `--sdk v1` (azureml-core, legacy)."""
 
-    return {"sourceDirectory": str(plan.code_dir), **json.loads(repr(get_run_config_from_script_run(config)))}
+    sdk = "v1"
 
+    def check_supported(self, job: ResolvedJob) -> None:
+        """What SDK v1 jobs cannot do, refused offline."""
+        if job.inputs or job.outputs:
+            raise JobSpecError("--input and --output need SDK v2 (the default); with --sdk v1, pass the "
+                               "script a datastore path instead")
+        _form(job).check_supported()
 
-def validate_offline(plan: JobPlan, files: list[Path]) -> dict[str, Any]:
-    """Load the run configuration back and check its MPI layout, script and arguments against the plan."""
-    import yaml
+    def write_yaml(self, job: ResolvedJob, path: str | Path) -> list[Path]:
+        return _form(job).write_yaml(path)
 
-    if isinstance(plan.sweep, SweepPlan):
-        from hvdazure.azure import sweep_v1
+    def validate_offline(self, job: ResolvedJob, files: list[Path]) -> dict[str, Any]:
+        return _form(job).validate_offline(files)
 
-        return sweep_v1.validate_offline(plan, files)
-    (path,) = files
-    return check_run_configuration(plan, yaml.safe_load(path.read_text()), path.name)
+    def describe_check(self, job: ResolvedJob, body: dict[str, Any], names: list[str]) -> OfflineCheck:
+        form = _form(job)
+        mpi = body["mpi"]
+        checked = ("azureml-core loads the run configuration back (mpi: processCountPerNode "
+                   f"{mpi['processCountPerNode']}, nodeCount {mpi['nodeCount']}){form.also_checked}")
+        how = "the same hvdazure submit --sdk v1 without --dry-run"
+        return OfflineCheck(checked=checked, how_to_submit=how, notes=form.notes(body))
 
-
-def check_run_configuration(plan: JobPlan, data: dict[str, Any], name: str) -> dict[str, Any]:
-    """Load a serialised run configuration with azureml-core and check it says what `plan` says."""
-    from azureml.core.runconfig import RunConfiguration
-
-    data = {key: value for key, value in data.items() if key != "sourceDirectory"}
-    try:
-        loaded = RunConfiguration._get_runconfig_using_dict(data)  # what RunConfiguration.load does
-    except Exception as exc:
-        raise SubmitError(f"azureml-core cannot load {name} back: {one_line(exc)}") from None
-    found = {"script": loaded.script, "arguments": list(loaded.arguments), "nodeCount": loaded.node_count,
-             "mpi": {"processCountPerNode": loaded.mpi.process_count_per_node,
-                     "nodeCount": loaded.mpi.node_count}}
-    wanted = {"script": plan.script, "arguments": list(plan.script_args), "nodeCount": plan.nodes,
-              "mpi": {"processCountPerNode": plan.processes_per_node, "nodeCount": plan.nodes}}
-    if found != wanted:
-        raise SubmitError(f"{name} does not load back as written: {found} != {wanted}")
-    return found
+    def connect(self, workspace: WorkspaceRef, credential: Any,
+                client_options: dict[str, Any]) -> V1Connection:
+        return V1Connection(workspace, credential, client_options)
 
 
-def workspace(ref: WorkspaceRef, credential: Any) -> Any:
-    """The v1 Workspace, authenticated with the same azure-identity credential as v2."""
-    from azureml.core import Workspace
-    from azureml.core.authentication import TokenAuthentication
+class V1Connection:
+    """SDK v1's Workspace, authenticated with the same azure-identity credential as SDK v2's client."""
 
-    def token_for(audience: str) -> str:
-        return credential.get_token(audience.rstrip("/") + "/.default").token
+    def __init__(self, workspace: WorkspaceRef, credential: Any, client_options: dict[str, Any]) -> None:
+        from azureml.core import Workspace
+        from azureml.core.authentication import TokenAuthentication
 
-    auth = TokenAuthentication(token_for, cloud="AzureCloud")
-    return Workspace(ref.subscription_id, ref.resource_group, ref.workspace_name, auth=auth)
+        def token_for(audience: str) -> str:
+            return credential.get_token(audience.rstrip("/") + "/.default").token
 
+        self._v2 = (workspace, credential, client_options)  # for create_compute
+        auth = TokenAuthentication(token_for, cloud="AzureCloud")
+        self.workspace = Workspace(workspace.subscription_id, workspace.resource_group,
+                                   workspace.workspace_name, auth=auth)
 
-def compute_vm_size(ws: Any, compute: str) -> str | None:
-    from azureml.core.compute import ComputeTarget
-    from azureml.exceptions import ComputeTargetException
+    def compute_vm_size(self, compute: str) -> str | None:
+        from azureml.core.compute import ComputeTarget
+        from azureml.exceptions import ComputeTargetException
 
-    try:
-        return getattr(ComputeTarget(workspace=ws, name=compute), "vm_size", None)
-    except ComputeTargetException:
-        raise SubmitError(f"compute {compute!r} not found in the workspace: create it with `hvdazure azure "
-                          f"compute create {compute} --vm-size SIZE --max-nodes N`") from None
+        try:
+            return getattr(ComputeTarget(workspace=self.workspace, name=compute), "vm_size", None)
+        except ComputeTargetException:
+            raise compute_not_found(compute) from None
 
+    def create_compute(self, cluster: ClusterSpec) -> ComputeInfo:
+        """Clusters are created with SDK v2, in the same workspace."""
+        from hvdazure.azure.submit_v2 import V2Backend
 
-def submit(plan: JobPlan, ws: Any, stream: bool = False) -> Submitted:
-    """Upload the snapshot and start the run (the same ScriptRunConfig write_yaml serialises; a sweep: the
-    HyperDrive run sweep_v1 builds)."""
-    if isinstance(plan.sweep, SweepPlan):
-        from hvdazure.azure import sweep_v1
+        return V2Backend().connect(*self._v2).create_compute(cluster)
 
-        with sweep_v1.entry_file(plan.code_dir):  # in the snapshot that Experiment.submit uploads
-            return start(plan, ws, sweep_v1.build_config(plan, ws), stream)
-    return start(plan, ws, build_run_config(plan, ws), stream)
+    def submit(self, job: ResolvedJob, files: list[Path], stream: bool = False) -> Submitted:
+        """Upload the snapshot and start the run: `Experiment.submit` of the configuration write_yaml
+        serialised (a ScriptRunConfig, or a HyperDriveConfig), named and tagged."""
+        from azureml.core import Experiment
 
-
-def start(plan: JobPlan, ws: Any, config: Any, stream: bool) -> Submitted:
-    """`Experiment.submit(config)` (a ScriptRunConfig or a HyperDriveConfig), named and tagged."""
-    from azureml.core import Experiment
-
-    run = Experiment(ws, plan.experiment).submit(config, tags={"hvdazure": __version__, **plan.tags})
-    run.display_name = plan.display_name
-    if stream:
-        run.wait_for_completion(show_output=True)
-    return Submitted(name=run.id, studio_url=run.get_portal_url(), sdk="v1")
+        with _form(job).run_config(self.workspace) as config:
+            run = Experiment(self.workspace, job.experiment).submit(config, tags=job.submitted_tags)
+        run.display_name = job.display_name
+        if stream:
+            run.wait_for_completion(show_output=True)
+        return Submitted(name=run.id, studio_url=run.get_portal_url(), sdk="v1")

@@ -1,4 +1,4 @@
-"""Submitting a JobPlan with Azure ML's SDK v2 (azure-ai-ml): a command job with an MPI distribution.
+"""Submitting a ResolvedJob with Azure ML's SDK v2 (azure-ai-ml): a command job with an MPI distribution.
 
 The job is an `azure.ai.ml.entities.CommandJob` built directly (the `command()` builder's YAML dump does not
 load back with `load_job`), and always carries `MpiDistribution(process_count_per_instance=N)`: without it
@@ -10,8 +10,10 @@ The dry run writes the same entity as YAML (`az ml job create -f` format, the co
 file) and checks it with the SDK's own offline validation: `load_job`'s schema, then the REST body
 (`_to_rest_object()`), which catches what the schema misses, such as a `${{inputs.x}}` the job lacks.
 
-With `--sweep`, the job is an Azure ML sweep job whose trial is this command job (sweep_v2.py); it is
-written, validated and submitted the same way.
+`V2Backend` is the submit backend (backend.py) for `--sdk v2`, the default. The job's kind decides its form
+once (`_form`): a command job (an in-job sweep is one too, its ranks running the sweep), or for `hvdazure
+submit sweep` an Azure ML sweep job whose trial is this command job (sweep_v2.py); either is written,
+validated and submitted the same way.
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure._version import __version__
+from hvdazure.azure import compute
+from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found, output_file
+from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError, one_line
-from hvdazure.azure.job_spec import JobPlan, is_local_path
-from hvdazure.azure.sweep_spec import SweepPlan
+from hvdazure.azure.job_spec import is_local_path
+from hvdazure.azure.resolved_job import CommandJob, InJobSweep, ResolvedJob, SweepJob
+from hvdazure.azure.sweep_v2 import SweepJobForm
 from hvdazure.azure.workspace import WorkspaceRef
 
 # azure-ai-ml announces its own internal experimental classes on stderr while loading a job; the user did
@@ -41,55 +47,62 @@ _YAML_ORDER = ("type", "display_name", "experiment_name", "compute", "code", "co
 
 
 @dataclass(frozen=True)
-class Submitted:
-    """A job the service accepted (which says nothing yet about it running)."""
+class _CommandJobForm:
+    """A command job as SDK v2 sends it: the plain job, and the in-job sweep (its ranks run the sweep)."""
 
-    name: str
-    studio_url: str | None
-    sdk: str
+    schema: str = JOB_SCHEMA
+    yaml_order: tuple[str, ...] = _YAML_ORDER
+    trial_key: str | None = None  # the command, code and layout are the job's own
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "studio_url": self.studio_url, "sdk": self.sdk}
+    def build(self, command_fields: dict[str, Any], shared_fields: dict[str, Any]) -> Any:
+        from azure.ai.ml import entities
 
-    def report(self) -> list[str]:
-        return [f"submitted job {self.name} (SDK {self.sdk})", f"studio: {self.studio_url or 'unknown'}"]
+        return entities.CommandJob(**command_fields, **shared_fields)
+
+    def check_body(self, body: dict[str, Any], job_file: str) -> None:
+        """Nothing beyond the layout, which validate_offline checks for every form."""
 
 
-def build_job(plan: JobPlan) -> Any:
-    """The CommandJob for `plan`, or for `--sweep` the SweepJob whose trial it is; the environment is
-    referenced by name and version (ensure_environment registers it)."""
+def _form(job: ResolvedJob) -> _CommandJobForm | SweepJobForm:
+    """The one place the job's kind decides what SDK v2 is sent."""
+    match job.kind:
+        case SweepJob() as sweep:
+            return SweepJobForm(sweep)
+        case CommandJob() | InJobSweep():
+            return _CommandJobForm()
+
+
+def build_job(job: ResolvedJob) -> Any:
+    """The azure-ai-ml job entity for `job`: a CommandJob, or the SweepJob whose trial it is; the environment
+    is referenced by name and version (ensure_environment registers it)."""
     from azure.ai.ml import Input, MpiDistribution, Output
-    from azure.ai.ml.entities import CommandJob, JobResourceConfiguration
+    from azure.ai.ml.entities import JobResourceConfiguration
 
-    what_runs = {  # on every rank: a sweep job's trial
-        "code": str(plan.code_dir),
-        "command": plan.command,
-        "environment": plan.environment.reference,
-        "resources": JobResourceConfiguration(instance_count=plan.nodes, shm_size=plan.shm_size,
-                                              docker_args=plan.docker_args),
-        "distribution": MpiDistribution(process_count_per_instance=plan.processes_per_node),
-        "environment_variables": dict(plan.env),
+    command_fields = {  # what every rank runs: a sweep job's trial
+        "code": str(job.code_dir),
+        "command": job.command,
+        "environment": job.environment.reference,
+        "resources": JobResourceConfiguration(instance_count=job.nodes, shm_size=job.shm_size,
+                                              docker_args=job.docker_args),
+        "distribution": MpiDistribution(process_count_per_instance=job.processes_per_node),
+        "environment_variables": dict(job.env),
     }
-    around_it = {  # a sweep job's, shared by its trials
-        "compute": plan.compute,
-        "inputs": {i.name: Input(type=i.type, path=_input_path(i.uri), mode=i.mode) for i in plan.inputs},
-        "outputs": {o.name: Output(type=o.type, path=o.uri, mode=o.mode) for o in plan.outputs},
-        "experiment_name": plan.experiment,
-        "display_name": plan.display_name,
-        "tags": {"hvdazure": __version__, **plan.tags},
+    shared_fields = {  # the job's own; a sweep job's trials share them
+        "compute": job.compute,
+        "inputs": {i.name: Input(type=i.type, path=_input_path(i.uri), mode=i.mode) for i in job.inputs},
+        "outputs": {o.name: Output(type=o.type, path=o.uri, mode=o.mode) for o in job.outputs},
+        "experiment_name": job.experiment,
+        "display_name": job.display_name,
+        "tags": job.submitted_tags,
     }
-    if isinstance(plan.sweep, SweepPlan):
-        from hvdazure.azure import sweep_v2
-
-        return sweep_v2.build(plan.sweep, CommandJob(**what_runs), **around_it)
-    return CommandJob(**what_runs, **around_it)
+    return _form(job).build(command_fields, shared_fields)
 
 
-def build_environment(plan: JobPlan) -> Any | None:
+def build_environment(job: ResolvedJob) -> Any | None:
     """The Environment to register, or None when the job uses the user's registered one."""
     from azure.ai.ml.entities import Environment
 
-    env = plan.environment
+    env = job.environment
     if env.registered:
         return None
     return Environment(name=env.name, version=env.version, image=env.image,
@@ -97,68 +110,118 @@ def build_environment(plan: JobPlan) -> Any | None:
                        description=f"registered by hvdazure {__version__} submit")
 
 
-def write_yaml(plan: JobPlan, path: str | Path) -> list[Path]:
-    """Write the job (and the environment it needs registered) as YAML for `az ml ... create -f`. Returns
-    the files written: the environment's first, as it must be created first."""
-    from hvdazure.azure import sweep_v2
-
-    path = Path(path).resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    written = []
-    sweep = isinstance(plan.sweep, SweepPlan)
-    job = _plain(build_job(plan)._to_dict())
-    (job["trial"] if sweep else job)["code"] = _relative(plan.code_dir, path.parent)
-    order = sweep_v2.YAML_ORDER if sweep else _YAML_ORDER
-    ordered = [*(key for key in order if key in job), *(key for key in job if key not in order)]
-    job = {key: job[key] for key in ordered if job[key] not in ({}, [], None)}
-    if not plan.environment.registered:
-        env_path = path.with_name(f"{path.stem}.environment{path.suffix or '.yml'}")
-        environment = {"$schema": ENVIRONMENT_SCHEMA, "name": plan.environment.name,
-                       "version": plan.environment.version, "image": plan.environment.image}
-        if plan.environment.conda_file:
-            environment["conda_file"] = _relative(plan.environment.conda_file, env_path.parent)
-        _dump(environment, env_path)
-        written.append(env_path)
-    _dump({"$schema": sweep_v2.SCHEMA if sweep else JOB_SCHEMA, **job}, path)
-    written.append(path)
-    return written
-
-
-def validate_offline(plan: JobPlan, files: list[Path]) -> dict[str, Any]:
-    """Load the written YAML with the SDK and build the REST body the service would receive; check that it
-    says what the plan says (a sweep job's trial: its layout). Returns the body (`properties` of the job
-    PUT). Raises SubmitError."""
-    from azure.ai.ml import load_environment, load_job
-    from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
-
-    *env_files, job_file = files
-    try:
-        for env_file in env_files:
-            load_environment(env_file)
-        job = load_job(job_file)
-        if hasattr(job, "_validate"):  # a command job's schema check; a SweepJob has none beyond load_job's
-            job._validate(raise_error=True)
-        body = to_rest_job_object(job).as_dict()["properties"]
-    except Exception as exc:  # the SDK's ValidationException, marshmallow's, or its own UserErrorException
-        raise SubmitError(f"Azure ML's validation rejected {job_file.name}: {one_line(exc)}") from None
-    expected = {"distributionType": "Mpi", "processCountPerInstance": plan.processes_per_node}
-    what_runs = layout_of(body)
-    distribution = what_runs.get("distribution") or {}
-    if any(distribution.get(k) != v for k, v in expected.items()) or \
-            (what_runs.get("resources") or {}).get("instanceCount") != plan.nodes:
-        raise SubmitError(f"{job_file.name} does not say {plan.nodes} nodes x {plan.processes_per_node} MPI "
-                          f"processes once loaded: {json.dumps(distribution)}")
-    if isinstance(plan.sweep, SweepPlan):
-        from hvdazure.azure import sweep_v2
-
-        sweep_v2.check_body(body, plan.sweep, job_file.name)
-    return body
-
-
-def layout_of(body: dict[str, Any]) -> dict[str, Any]:
+def layout_of(body: dict[str, Any], form: _CommandJobForm | SweepJobForm) -> dict[str, Any]:
     """The part of a job's REST body that holds the command, resources and distribution: a sweep job's
     trial, or the command job itself."""
-    return body["trial"] if body.get("jobType") == "Sweep" else body
+    return body[form.trial_key] if form.trial_key else body
+
+
+class V2Backend:
+    """The submit backend for `--sdk v2` (azure-ai-ml), the default."""
+
+    sdk = "v2"
+
+    def check_supported(self, job: ResolvedJob) -> None:
+        """SDK v2 submits every kind of job hvdazure makes."""
+
+    def write_yaml(self, job: ResolvedJob, path: str | Path) -> list[Path]:
+        """Write the job (and the environment it needs registered) as YAML for `az ml ... create -f`.
+        Returns the files written: the environment's first, as it must be created first."""
+        form = _form(job)
+        path = output_file(path)
+        written = []
+        data = _plain(build_job(job)._to_dict())
+        layout_of(data, form)["code"] = _relative(job.code_dir, path.parent)
+        ordered = [*(key for key in form.yaml_order if key in data),
+                   *(key for key in data if key not in form.yaml_order)]
+        data = {key: data[key] for key in ordered if data[key] not in ({}, [], None)}
+        if not job.environment.registered:
+            env_path = path.with_name(f"{path.stem}.environment{path.suffix or '.yml'}")
+            environment = {"$schema": ENVIRONMENT_SCHEMA, "name": job.environment.name,
+                           "version": job.environment.version, "image": job.environment.image}
+            if job.environment.conda_file:
+                environment["conda_file"] = _relative(job.environment.conda_file, env_path.parent)
+            _dump(environment, env_path)
+            written.append(env_path)
+        _dump({"$schema": form.schema, **data}, path)
+        written.append(path)
+        return written
+
+    def validate_offline(self, job: ResolvedJob, files: list[Path]) -> dict[str, Any]:
+        """Load the written YAML with the SDK and build the REST body the service would receive; check that
+        it says what the job says (a sweep job's trial: its layout). Returns the body (`properties` of the
+        job PUT). Raises SubmitError."""
+        from azure.ai.ml import load_environment, load_job
+        from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
+
+        *env_files, job_file = files
+        try:
+            for env_file in env_files:
+                load_environment(env_file)
+            loaded = load_job(job_file)
+            if hasattr(loaded, "_validate"):  # a command job's schema check; a SweepJob has only load_job's
+                loaded._validate(raise_error=True)
+            body = to_rest_job_object(loaded).as_dict()["properties"]
+        except Exception as exc:  # the SDK's ValidationException, marshmallow's, or its UserErrorException
+            raise SubmitError(f"Azure ML's validation rejected {job_file.name}: {one_line(exc)}") from None
+        form = _form(job)
+        expected = {"distributionType": "Mpi", "processCountPerInstance": job.processes_per_node}
+        layout = layout_of(body, form)
+        distribution = layout.get("distribution") or {}
+        if any(distribution.get(k) != v for k, v in expected.items()) or \
+                (layout.get("resources") or {}).get("instanceCount") != job.nodes:
+            raise SubmitError(f"{job_file.name} does not say {job.nodes} nodes x {job.processes_per_node} "
+                              f"MPI processes once loaded: {json.dumps(distribution)}")
+        form.check_body(body, job_file.name)
+        return body
+
+    def describe_check(self, job: ResolvedJob, body: dict[str, Any], names: list[str]) -> OfflineCheck:
+        form = _form(job)
+        layout = layout_of(body, form)
+        distribution = layout["distribution"]
+        checked = ("azure-ai-ml's load_job schema and the REST body ("
+                   + ("a Sweep job whose trial has " if form.trial_key else "")
+                   + f"distributionType {distribution['distributionType']}, processCountPerInstance "
+                   f"{distribution['processCountPerInstance']}, instanceCount "
+                   f"{layout['resources']['instanceCount']})")
+        how = " && ".join([*(f"az ml environment create -f {n}" for n in names[:-1]),
+                           f"az ml job create -f {names[-1]}"])
+        return OfflineCheck(checked=checked, how_to_submit=how)
+
+    def connect(self, workspace: WorkspaceRef, credential: Any,
+                client_options: dict[str, Any]) -> V2Connection:
+        return V2Connection(client(workspace, credential, **client_options))
+
+
+class V2Connection:
+    """SDK v2's MLClient for one workspace."""
+
+    def __init__(self, ml_client: Any) -> None:
+        self.ml_client = ml_client
+
+    def compute_vm_size(self, compute: str) -> str | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            target = self.ml_client.compute.get(compute)
+        except ResourceNotFoundError:
+            raise compute_not_found(compute) from None
+        return getattr(target, "size", None)
+
+    def create_compute(self, cluster: ClusterSpec) -> ComputeInfo:
+        return compute.get_or_create(self.ml_client, cluster)
+
+    def submit(self, job: ResolvedJob, files: list[Path], stream: bool = False) -> Submitted:
+        """Register the environment if needed, upload the code and create the job; optionally follow its
+        logs. The job sent is the last of `files` (write_yaml's, checked by validate_offline) loaded as `az
+        ml job create -f` loads it: what a dry run validates is what is submitted."""
+        from azure.ai.ml import load_job
+
+        ensure_environment(self.ml_client, job)
+        created = self.ml_client.jobs.create_or_update(load_job(files[-1]))
+        if stream:
+            self.ml_client.jobs.stream(created.name)
+        return Submitted(name=created.name, studio_url=created.studio_url, sdk="v2")
 
 
 def client(workspace: WorkspaceRef, credential: Any, **kwargs: Any) -> Any:
@@ -169,26 +232,14 @@ def client(workspace: WorkspaceRef, credential: Any, **kwargs: Any) -> Any:
                     **kwargs)
 
 
-def compute_vm_size(ml_client: Any, compute: str) -> str | None:
-    """The compute's VM size; an unknown compute is an error now, not after the upload."""
-    from azure.core.exceptions import ResourceNotFoundError
-
-    try:
-        target = ml_client.compute.get(compute)
-    except ResourceNotFoundError:
-        raise SubmitError(f"compute {compute!r} not found in the workspace: create it with `hvdazure azure "
-                          f"compute create {compute} --vm-size SIZE --max-nodes N`") from None
-    return getattr(target, "size", None)
-
-
-def ensure_environment(ml_client: Any, plan: JobPlan) -> None:
-    """Register the plan's environment unless that name and version exist (versions follow the content).
+def ensure_environment(ml_client: Any, job: ResolvedJob) -> None:
+    """Register the job's environment unless that name and version exist (versions follow the content).
     A registered environment the user named must exist: checked now, before the code is uploaded (the SDK
     itself resolves `@latest` only after the upload)."""
     from azure.core.exceptions import ResourceNotFoundError
 
-    environment = build_environment(plan)
-    wanted = plan.environment
+    environment = build_environment(job)
+    wanted = job.environment
     try:
         if environment is None:
             ml_client.environments.get(wanted.name, **({"version": wanted.version} if wanted.version
@@ -199,20 +250,6 @@ def ensure_environment(ml_client: Any, plan: JobPlan) -> None:
         if environment is None:
             raise SubmitError(f"environment {wanted.reference} not found in the workspace") from None
         ml_client.environments.create_or_update(environment)
-
-
-def submit(plan: JobPlan, ml_client: Any, job_yaml: Path, stream: bool = False) -> Submitted:
-    """Register the environment if needed, upload the code and create the job; optionally follow its logs.
-    The job sent is `job_yaml` (write_yaml's, checked by validate_offline) loaded as `az ml job create -f`
-    loads it: what a dry run validates is what is submitted."""
-    from azure.ai.ml import load_job
-
-    ensure_environment(ml_client, plan)
-    created = ml_client.jobs.create_or_update(load_job(job_yaml))
-    if stream:
-        ml_client.jobs.stream(created.name)
-    return Submitted(name=created.name, studio_url=created.studio_url, sdk="v2")
-
 
 def _input_path(uri: str) -> str:
     """Local paths are uploaded by the SDK: resolve them from the current directory, like the CLI option."""

@@ -1,4 +1,4 @@
-"""An Azure ML sweep job with SDK v2 (azure-ai-ml): `hvdazure submit --sweep SPACE.yaml`.
+"""An Azure ML sweep job with SDK v2 (azure-ai-ml): `hvdazure submit sweep SCRIPT --space SPACE.yaml`.
 
 The sweep job's trial is the MPI command job submit_v2 builds (code, command, environment, resources with
 the node count, `MpiDistribution(process_count_per_instance=N)`), and the job around it holds what every
@@ -8,15 +8,18 @@ value as `--set NAME=${{search_space.KEY}}`, which Azure ML fills in per trial.
 
 azure-ai-ml checks a sweep job's `${{inputs.x}}` references, but not its `${{search_space.x}}` ones: a key the
 search space lacks would reach the script as the literal text. `check_body` checks both ways.
+
+`SweepJobForm` is how submit_v2's backend sends a job of this kind: it wraps the command job as the trial.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from hvdazure.azure.errors import SubmitError
-from hvdazure.azure.sweep_spec import SearchParameter, SweepPlan
+from hvdazure.azure.resolved_job import SearchParameter, SweepJob
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/sweepJob.schema.json"
 YAML_ORDER = ("type", "display_name", "experiment_name", "compute", "trial", "search_space", "objective",
@@ -24,7 +27,25 @@ YAML_ORDER = ("type", "display_name", "experiment_name", "compute", "trial", "se
 _SEARCH_SPACE_REFERENCE = re.compile(r"\$\{\{\s*search_space\.([^}\s]+)\s*\}\}")
 
 
-def build(sweep: SweepPlan, trial: Any, **job_fields: Any) -> Any:
+@dataclass(frozen=True)
+class SweepJobForm:
+    """A sweep job as SDK v2 sends it: the command job as its trial, what the trials share around it."""
+
+    sweep: SweepJob
+    schema: str = SCHEMA
+    yaml_order: tuple[str, ...] = YAML_ORDER
+    trial_key: str | None = "trial"  # where the command, code and layout are
+
+    def build(self, command_fields: dict[str, Any], shared_fields: dict[str, Any]) -> Any:
+        from azure.ai.ml import entities
+
+        return build(self.sweep, entities.CommandJob(**command_fields), **shared_fields)
+
+    def check_body(self, body: dict[str, Any], job_file: str) -> None:
+        check_body(body, self.sweep, job_file)
+
+
+def build(sweep: SweepJob, trial: Any, **job_fields: Any) -> Any:
     """The SweepJob: `trial` is the command job each trial runs, `job_fields` what the trials share
     (compute, inputs, outputs, experiment_name, display_name, tags)."""
     from azure.ai.ml.sweep import Objective, SweepJob, SweepJobLimits
@@ -35,7 +56,8 @@ def build(sweep: SweepPlan, trial: Any, **job_fields: Any) -> Any:
         objective=Objective(goal=sweep.goal, primary_metric=sweep.metric),
         sampling_algorithm=_sampling_algorithm(sweep),
         limits=SweepJobLimits(max_total_trials=sweep.max_total_trials,
-                              max_concurrent_trials=sweep.max_concurrent_trials, timeout=sweep.timeout),
+                              max_concurrent_trials=sweep.max_concurrent_trials,
+                              timeout=sweep.max_duration),
         early_termination=_early_termination(sweep),
         **job_fields,
     )
@@ -52,8 +74,8 @@ def search_space(parameters: tuple[SearchParameter, ...]) -> dict[str, Any]:
     return {p.key: classes[p.kind](**p.args) for p in parameters}
 
 
-def check_body(body: dict[str, Any], sweep: SweepPlan, job_file: str) -> None:
-    """The REST body says what the plan says: every `${{search_space.KEY}}` in the trial's command is a key
+def check_body(body: dict[str, Any], sweep: SweepJob, job_file: str) -> None:
+    """The REST body says what the sweep says: every `${{search_space.KEY}}` in the trial's command is a key
     of the search space and every key is passed, and the objective, limits and sampling survived the
     round trip."""
     referenced = set(_SEARCH_SPACE_REFERENCE.findall(body["trial"]["command"]))
@@ -73,7 +95,7 @@ def check_body(body: dict[str, Any], sweep: SweepPlan, job_file: str) -> None:
         raise SubmitError(f"{job_file} does not load back as written: {found} != {wanted}")
 
 
-def _sampling_algorithm(sweep: SweepPlan) -> Any:
+def _sampling_algorithm(sweep: SweepJob) -> Any:
     from azure.ai.ml.sweep import BayesianSamplingAlgorithm, GridSamplingAlgorithm, RandomSamplingAlgorithm
 
     if sweep.sampler == "random":
@@ -81,7 +103,7 @@ def _sampling_algorithm(sweep: SweepPlan) -> Any:
     return {"grid": GridSamplingAlgorithm, "bayesian": BayesianSamplingAlgorithm}[sweep.sampler]()
 
 
-def _early_termination(sweep: SweepPlan) -> Any:
+def _early_termination(sweep: SweepJob) -> Any:
     from azure.ai.ml.sweep import BanditPolicy, MedianStoppingPolicy, TruncationSelectionPolicy
 
     policy = sweep.early_termination

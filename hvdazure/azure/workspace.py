@@ -72,7 +72,8 @@ class WorkspaceRef:
         if not all(isinstance(i, str) and i for i in ids):
             raise SubmitError(f"workspace config {path} lacks subscription_id, resource_group or "
                               "workspace_name")
-        return cls(*ids)
+        subscription_id, resource_group, workspace_name = (str(i) for i in ids)
+        return cls(subscription_id, resource_group, workspace_name)
 
     @property
     def arm_id(self) -> str:

@@ -100,21 +100,37 @@ class SweepOptions:
                              f"({'; '.join(saved_space)}): use another --output to start a new sweep")
 
 
+def add_search_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """What every sweep takes, wherever its trials run (`hvdazure sweep`, `hvdazure submit sweep` and
+    `hvdazure submit in-job-sweep`): the space, the objective and the number of trials. Returns the group,
+    for the sampler options of the caller's kind of sweep."""
+    group = parser.add_argument_group("search")
+    group.add_argument("--space", required=True, metavar="SPACE.yaml",
+                       help="search space: TrainConfig fields / extra.NAME with Azure ML's distributions")
+    group.add_argument("--metric", required=True,
+                       help="the metric to optimise, as the trainer reports it (eval_NAME, train_NAME), e.g. "
+                            "eval_loss")
+    group.add_argument("--mode", default="min", choices=("min", "max"), help="minimise (default) or not")
+    group.add_argument("--trials", type=int, default=10, help="trials in all (default: 10; a grid: at most "
+                                                              "its size)")
+    return group
+
+
+def add_optuna_arguments(group: argparse._ArgumentGroup) -> None:
+    """How Optuna searches, where hvdazure runs the trials itself (`hvdazure sweep`, `hvdazure submit
+    in-job-sweep`): groups of ranks, the sampler, the pruner and the seed."""
+    group.add_argument("--ranks-per-trial", type=int, default=1, metavar="R",
+                       help="ranks of each trial's data-parallel group (default: 1)")
+    group.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="Optuna sampler (default: tpe)")
+    group.add_argument("--pruner", default="none", choices=PRUNERS,
+                       help="stop unpromising trials early from their per-epoch metric (default: none)")
+    group.add_argument("--seed", type=int, default=0, help="the sampler's seed; trial N trains with seed+N")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The sweep's options, as `hvdazure sweep` and `python -m hvdazure.sweep` take them."""
     parser.add_argument("script", help="the training script (the same as for `hvdazure run`)")
-    parser.add_argument("--space", required=True, metavar="SPACE.yaml",
-                        help="search space: TrainConfig fields / extra.NAME with Azure ML's distributions")
-    parser.add_argument("--trials", type=int, default=10, help="trials in all (default: 10; a grid: at most "
-                                                               "its size)")
-    parser.add_argument("--ranks-per-trial", type=int, default=1, metavar="R",
-                        help="ranks of each trial's data-parallel group (default: 1)")
-    parser.add_argument("--metric", required=True, help="the history key to optimise, e.g. eval_loss")
-    parser.add_argument("--mode", default="min", choices=("min", "max"), help="minimise (default) or not")
-    parser.add_argument("--sampler", default="tpe", choices=SAMPLERS, help="Optuna sampler (default: tpe)")
-    parser.add_argument("--pruner", default="none", choices=PRUNERS,
-                        help="stop unpromising trials early from their per-epoch metric (default: none)")
-    parser.add_argument("--seed", type=int, default=0, help="the sampler's seed; trial N trains with seed+N")
+    add_optuna_arguments(add_search_arguments(parser))
     parser.add_argument("--mlflow", action="store_true",
                         help="log every trial to MLflow, as a child run of one run for the sweep (in Azure "
                              "ML: the job's run; else a SQLite store in --output)")

@@ -1,5 +1,5 @@
 """The search space of a sweep: `space.yaml`, in the shape of Azure ML sweep jobs' `search_space`, so that one
-file serves `hvdazure sweep` (Optuna, locally or in one MPI job) and `hvdazure submit --sweep` (Azure ML).
+file serves `hvdazure sweep` (Optuna, locally or in one MPI job) and `hvdazure submit sweep` (Azure ML).
 
     lr: {type: loguniform, min_value: -9.21, max_value: -2.3}   # exp(uniform(min, max)), as in Azure ML
     batch_size: {type: choice, values: [16, 32, 64]}

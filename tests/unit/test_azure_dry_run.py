@@ -56,7 +56,7 @@ def test_the_yaml_loads_with_load_job_into_an_mpi_job_of_the_asked_layout(projec
     assert body["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 4}
     assert body["resources"] == {"instanceCount": 2, "shmSize": "16g", "properties": {}}
     assert body["command"] == "python train.py --set epochs=3"
-    environment = result.plan.environment
+    environment = result.job.environment
     assert body["environmentId"] == f"{environment.name}:{environment.version}"  # resolved to an id on submit
     assert body["environmentVariables"] == {"OMPI_MCA_mpi_yield_when_idle": "1", "NCCL_SOCKET_IFNAME": "eth0",
                                            "NCCL_DEBUG": "INFO"}
@@ -82,9 +82,9 @@ def test_the_environment_to_register_is_written_beside_the_job_and_holds_the_ima
     assert environment_file == tmp_path / "job.environment.yml"
     environment = load_environment(environment_file)
     assert (environment.name, environment.image) == ("hvdazure-gpu", IMAGE)
-    assert environment.version == result.plan.environment.version
+    assert environment.version == result.job.environment.version
     assert environment.conda_file == {"dependencies": [{"pip": ["rich"]}]}
-    assert yaml.safe_load(job_file.read_text())["environment"] == result.plan.environment.reference
+    assert yaml.safe_load(job_file.read_text())["environment"] == result.job.environment.reference
 
 
 def test_a_registered_environment_is_referenced_and_no_environment_file_is_written(project, tmp_path):
@@ -145,11 +145,12 @@ def test_load_job_accepts_zero_nodes_and_negative_processes_which_hvdazure_refus
 
 
 def test_the_rest_body_catches_an_undefined_input_that_slipped_past(project, tmp_path):
-    plan = dataclasses.replace(resolve(spec()), script_args=("--data", "${{inputs.data}}"))
-    files = submit_v2.write_yaml(plan, tmp_path / "job.yml")
+    job = dataclasses.replace(resolve(spec()), script_args=("--data", "${{inputs.data}}"))
+    backend = submit_v2.V2Backend()
+    files = backend.write_yaml(job, tmp_path / "job.yml")
 
     with pytest.raises(SubmitError, match=r"^Azure ML's validation rejected job\.yml: .* 'data' referenced"):
-        submit_v2.validate_offline(plan, files)
+        backend.validate_offline(job, files)
 
 
 # --- SDK v1 -----------------------------------------------------------------------------------------------
@@ -232,7 +233,9 @@ def test_cli_submit_without_a_workspace_says_how_to_name_one(project, capsys):
                                               "--workspace-config config.json")
 
 
-@pytest.mark.parametrize("argv", [["submit", "--help"], ["azure", "compute", "create", "--help"]])
+@pytest.mark.parametrize("argv", [["submit", "--help"], ["submit", "sweep", "--help"],
+                                  ["submit", "in-job-sweep", "--help"],
+                                  ["azure", "compute", "create", "--help"]])
 def test_help_of_the_azure_commands_loads_no_azure_module(argv):
     probe = ("import runpy, sys, json\n"
              f"sys.argv = ['hvdazure', *{argv!r}]\n"

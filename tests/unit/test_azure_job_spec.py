@@ -40,13 +40,13 @@ def refused(**overrides) -> str:
 
 # --- the layout -------------------------------------------------------------------------------------------
 def test_a_valid_job_runs_python_on_the_script_from_the_top_of_the_code_directory(project):
-    plan = resolve(spec(script_args=["--set", "epochs=3", "--name", "two words"]))
+    job = resolve(spec(script_args=["--set", "epochs=3", "--name", "two words"]))
 
-    assert (plan.nodes, plan.processes_per_node, plan.world_size) == (2, 4, 8)
-    assert plan.code_dir == project
-    assert plan.command == "python src/train.py --set epochs=3 --name 'two words'"
-    assert plan.experiment == "project"  # the code directory's name, not whatever the current one is
-    assert plan.display_name == "train.py 2x4"
+    assert (job.nodes, job.processes_per_node, job.world_size) == (2, 4, 8)
+    assert job.code_dir == project
+    assert job.command == "python src/train.py --set epochs=3 --name 'two words'"
+    assert job.experiment == "project"  # the code directory's name, not whatever the current one is
+    assert job.display_name == "train.py 2x4"
 
 
 @pytest.mark.parametrize(("option", "value", "message"), [
@@ -64,9 +64,9 @@ def test_counts_must_be_integers_of_at_least_one(project, option, value, message
 
 def test_processes_per_node_default_to_the_gpus_of_a_known_vm_size(project):
     # spelled as the service reports it
-    plan = resolve(spec(processes_per_node=None), vm_size="STANDARD_ND96ISR_H100_V5")
+    job = resolve(spec(processes_per_node=None), vm_size="STANDARD_ND96ISR_H100_V5")
 
-    assert plan.processes_per_node == 8
+    assert job.processes_per_node == 8
 
 
 def test_processes_per_node_are_required_when_the_vm_size_is_unknown(project):
@@ -89,9 +89,9 @@ def test_nccl_settings_follow_the_vm_size(vm_size, expected):
 
 def test_the_users_variables_override_the_nccl_defaults(project):
     env = {"NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "INFO"}
-    plan = resolve(spec(env=env), vm_size="Standard_NC24ads_A100_v4")
+    job = resolve(spec(env=env), vm_size="Standard_NC24ads_A100_v4")
 
-    assert plan.env == {"OMPI_MCA_mpi_yield_when_idle": "1", "NCCL_SOCKET_IFNAME": "eth0",
+    assert job.env == {"OMPI_MCA_mpi_yield_when_idle": "1", "NCCL_SOCKET_IFNAME": "eth0",
                         "NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "INFO"}
 
 
@@ -254,9 +254,9 @@ def test_placeholders_must_name_declared_inputs_and_outputs(project):
 
 
 def test_an_input_the_script_is_not_told_about_is_a_warning(project):
-    plan = resolve(spec(inputs=[InputSpec("data", "azureml:digits@latest")]))
+    job = resolve(spec(inputs=[InputSpec("data", "azureml:digits@latest")]))
 
-    assert plan.warnings == ("--input data is not referenced in the script's arguments, so the script is not "
+    assert job.warnings == ("--input data is not referenced in the script's arguments, so the script is not "
                              "told its path: pass it, e.g. -- --set extra.data='${{inputs.data}}'",)
 
 
@@ -291,10 +291,10 @@ def test_config_files_are_read_from_the_code_directory_and_placeholders_stand_fo
     outside.mkdir()
     args = ["--config", "cfg.yaml", "--set", "checkpoint_dir=${{outputs.ckpt}}", "--data-dir", "/x"]
 
-    plan = resolve(spec(code_dir=str(project), script=str(project / "src" / "train.py"), script_args=args,
+    job = resolve(spec(code_dir=str(project), script=str(project / "src" / "train.py"), script_args=args,
                         outputs=[OutputSpec("ckpt")]), cwd=outside)
 
-    assert plan.script_args == tuple(args)  # the script's own --data-dir is left alone
+    assert job.script_args == tuple(args)  # the script's own --data-dir is left alone
 
 
 def test_shm_size_and_experiment_names_are_checked(project):

@@ -413,8 +413,8 @@ def test_stream_follows_the_logs_of_the_job_just_created(project, tmp_path):
             streamed.append(name)
 
     client = types.SimpleNamespace(jobs=Jobs(), environments=types.SimpleNamespace(get=lambda *a, **k: None))
-    plan = resolve(JobSpec(script="train.py", compute="c", processes_per_node=1, image=IMAGE))
-    files = submit_v2.write_yaml(plan, tmp_path / "job.yml")
+    job = resolve(JobSpec(script="train.py", compute="c", processes_per_node=1, image=IMAGE))
+    files = submit_v2.V2Backend().write_yaml(job, tmp_path / "job.yml")
 
-    assert submit_v2.submit(plan, client, files[-1], stream=True).name == "job-1"
+    assert submit_v2.V2Connection(client).submit(job, files, stream=True).name == "job-1"
     assert streamed == ["job-1"]

@@ -1,8 +1,9 @@
-"""`hvdazure submit --sweep` (an Azure ML sweep job, SDK v2) and `--in-job-sweep` (one MPI command job running
-`python -m hvdazure.sweep`), checked offline: the YAML loads with azure-ai-ml's `load_job` and turns into the
-REST body the service would receive; bad spaces and options fail in one line before anything is written; a
-submission goes through the recording transport of test_azure_submit_v2.py up to the job PUT. No test here
-reaches Azure, and none shows that a sweep ran there.
+"""`hvdazure submit sweep` (an Azure ML sweep job, SDK v2) and `submit in-job-sweep` (one MPI command job
+running `python -m hvdazure.sweep`), checked offline: the YAML loads with azure-ai-ml's `load_job` and turns
+into the REST body the service would receive; bad spaces and options fail in one line before anything is
+written, and options that do not go with the job asked for are refused by the CLI's parser; a submission
+goes through the recording transport of test_azure_submit_v2.py up to the job PUT. No test here reaches
+Azure, and none shows that a sweep ran there.
 """
 
 from __future__ import annotations
@@ -43,8 +44,15 @@ def project(tmp_path, monkeypatch):
     return directory
 
 
-def sweep(**overrides) -> sweep_spec.SweepSpec | sweep_spec.InJobSweepSpec:
-    return sweep_spec.from_options(**{"sweep": "space.yaml", "metric": "eval_loss", **overrides})
+POLICY_OPTIONS = ("early_termination", "evaluation_interval", "delay_evaluation", "slack_factor",
+                  "truncation_percentage")
+
+
+def sweep(**options) -> sweep_spec.SweepSpec:
+    """An Azure ML sweep as `hvdazure submit sweep`'s options give it (the policy's flat, as on the CLI)."""
+    policy = sweep_spec.early_termination(*(options.pop(name, None) for name in POLICY_OPTIONS))
+    return sweep_spec.SweepSpec(**{"space": "space.yaml", "metric": "eval_loss", "early_termination": policy,
+                                   **options})
 
 
 def spec(**overrides) -> JobSpec:
@@ -65,7 +73,7 @@ def test_the_sweep_yaml_loads_with_load_job_into_a_sweep_job_whose_trial_is_the_
     from azure.ai.ml.sweep import SweepJob
 
     job = spec(sweep=sweep(trials=20, max_concurrent_trials=4, early_termination="bandit", seed=7,
-                           timeout=7200), shm_size="16g")
+                           max_duration=7200), shm_size="16g")
     result = submission.dry_run(job, tmp_path / "out" / "sweep.yml")
 
     loaded, body = load(tmp_path / "out" / "sweep.yml")  # afresh, as `az ml job create -f` would
@@ -119,13 +127,14 @@ def test_the_trial_command_with_values_in_place_of_its_placeholders_parses_as_th
 
 
 def test_a_search_space_placeholder_the_space_lacks_is_caught_offline(project, tmp_path):
-    plan = resolve(spec())
+    job = resolve(spec())
     undefined = ("--set", "extra.x=${{search_space.nope}}")
-    plan = dataclasses.replace(plan, script_args=(*plan.script_args, *undefined))
-    files = submit_v2.write_yaml(plan, tmp_path / "sweep.yml")
+    job = dataclasses.replace(job, script_args=(*job.script_args, *undefined))
+    backend = submit_v2.V2Backend()
+    files = backend.write_yaml(job, tmp_path / "sweep.yml")
 
     with pytest.raises(SubmitError, match=r"search_space\.nope\}\}, which the search space does not define$"):
-        submit_v2.validate_offline(plan, files)
+        backend.validate_offline(job, files)
 
 
 def test_every_distribution_maps_to_azure_mls_own(project, tmp_path):
@@ -178,8 +187,8 @@ def test_grid_sampling_over_choices_and_bayesian_over_choice_uniform_quniform(pr
     (project / "bayes.yaml").write_text("lr: {type: uniform, min_value: 0.001, max_value: 0.1}\n"
                                         "epochs: {type: quniform, min_value: 2, max_value: 10, q: 2}\n"
                                         "batch_size: {type: choice, values: [16, 32]}\n")
-    grid = submission.dry_run(spec(sweep=sweep(sweep="grid.yaml", sampler="grid")), tmp_path / "grid.yml")
-    bayes = submission.dry_run(spec(sweep=sweep(sweep="bayes.yaml", sampler="bayesian")), tmp_path / "b.yml")
+    grid = submission.dry_run(spec(sweep=sweep(space="grid.yaml", sampler="grid")), tmp_path / "grid.yml")
+    bayes = submission.dry_run(spec(sweep=sweep(space="bayes.yaml", sampler="bayesian")), tmp_path / "b.yml")
 
     assert grid.body["samplingAlgorithm"] == {"samplingAlgorithmType": "Grid"}
     assert bayes.body["samplingAlgorithm"] == {"samplingAlgorithmType": "Bayesian"}
@@ -229,7 +238,7 @@ def test_the_python_api_takes_the_same_sweep(project, tmp_path):
      r"^--evaluation-interval must be at least 1, got 0$"),
     (SPACE, {"early_termination": "median", "delay_evaluation": -1},
      r"^--delay-evaluation must be at least 0"),
-    (SPACE, {"timeout": 0}, r"^--timeout must be at least 1, got 0$"),
+    (SPACE, {"max_duration": 0}, r"^--max-duration must be at least 1, got 0$"),
 ])
 def test_a_bad_space_or_option_is_one_line_before_anything_is_written(project, tmp_path, space, options,
                                                                        message):
@@ -242,27 +251,16 @@ def test_a_bad_space_or_option_is_one_line_before_anything_is_written(project, t
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"sweep": None, "metric": "eval_loss"},
-     "--metric goes with --sweep SPACE.yaml or --in-job-sweep SPACE.yaml"),
-    ({"in_job_sweep": "space.yaml"}, "--sweep and --in-job-sweep: give one"),
-    ({"metric": None}, "--metric is required with --sweep: the metric every trial reports, e.g. eval_loss"),
-    ({"pruner": "median"}, "--pruner goes with --in-job-sweep, not --sweep"),
-    ({"sweep": None, "in_job_sweep": "space.yaml", "early_termination": "bandit"},
-     "--early-termination goes with --sweep, not --in-job-sweep"),
     ({"evaluation_interval": 2},
      "--evaluation-interval goes with --early-termination bandit, median or truncation"),
     ({"early_termination": "median", "slack_factor": 0.1},
      "--slack-factor goes with --early-termination bandit, not median"),
 ])
-def test_options_that_do_not_go_together_are_refused(options, message):
+def test_policy_options_that_do_not_go_with_the_policy_are_refused(options, message):
     with pytest.raises(JobSpecError) as error:
-        sweep_spec.from_options(**{"sweep": "space.yaml", "metric": "eval_loss", **options})
+        sweep(**options)
 
     assert str(error.value).startswith(message)
-
-
-def test_no_sweep_option_means_a_plain_command_job():
-    assert sweep_spec.from_options() is None
 
 
 def test_a_tracking_uri_of_the_scripts_own_is_refused_azure_would_never_see_the_metric(project, tmp_path):
@@ -293,7 +291,7 @@ def test_an_output_with_a_fixed_uri_is_shared_by_every_trial_and_said_so(project
 
 # --- in-job sweep -----------------------------------------------------------------------------------------
 def in_job(**overrides) -> sweep_spec.InJobSweepSpec:
-    return sweep_spec.from_options(**{"in_job_sweep": "space.yaml", "metric": "eval_loss", **overrides})
+    return sweep_spec.InJobSweepSpec(**{"space": "space.yaml", "metric": "eval_loss", **overrides})
 
 
 def test_an_in_job_sweep_is_one_mpi_job_whose_ranks_run_the_sweep_entry_point(project, tmp_path):
@@ -314,12 +312,12 @@ def test_an_in_job_sweep_is_one_mpi_job_whose_ranks_run_the_sweep_entry_point(pr
 def test_the_in_job_command_parses_with_the_sweep_entry_points_own_parser(project, monkeypatch):
     from hvdazure.sweep.__main__ import main as rank_main
 
-    plan = resolve(spec(sweep=in_job(ranks_per_trial=2, sampler="random")))
+    job = resolve(spec(sweep=in_job(ranks_per_trial=2, sampler="random")))
     seen = []
     monkeypatch.setattr("hvdazure.sweep.worker.main", lambda options: seen.append(options) or 0)
 
-    assert plan.argv[:3] == ("python", "-m", "hvdazure.sweep")
-    assert rank_main(list(plan.argv[3:])) == 0  # what `python -m hvdazure.sweep` parses on every rank
+    assert job.argv[:3] == ("python", "-m", "hvdazure.sweep")
+    assert rank_main(list(job.argv[3:])) == 0  # what `python -m hvdazure.sweep` parses on every rank
 
     (options,) = seen
     assert (options.script, options.space, options.ranks_per_trial, options.sampler, options.output) == (
@@ -336,12 +334,12 @@ def test_ranks_per_trial_must_divide_nodes_times_processes(project, tmp_path):
 
 
 @pytest.mark.parametrize(("setup", "overrides", "message"), [
-    (lambda p: (p.parent / "outside.yaml").write_text(SPACE), {"in_job_sweep": "../outside.yaml"},
-     r"^--in-job-sweep \.\./outside\.yaml is outside the code directory .*: the job reads it from the "),
+    (lambda p: (p.parent / "outside.yaml").write_text(SPACE), {"space": "../outside.yaml"},
+     r"^--space \.\./outside\.yaml is outside the code directory .*: the job reads it from the "),
     (lambda p: (p / ".amlignore").write_text("*.yaml\n"), {},
-     r"^--in-job-sweep space\.yaml is excluded by .*\.amlignore: it would not be uploaded$"),
-    (lambda p: None, {"in_job_sweep": "nope.yaml"},
-     r"^--in-job-sweep nope\.yaml: search space file not found$"),
+     r"^--space space\.yaml is excluded by .*\.amlignore: it would not be uploaded$"),
+    (lambda p: None, {"space": "nope.yaml"},
+     r"^--space nope\.yaml: search space file not found$"),
     (lambda p: None, {"sampler": "bayesian"},
      r"^--sampler must be one of tpe, random, grid, got 'bayesian'$"),
     (lambda p: (p / "space.yaml").write_text("lr: {type: normal, mu: 0, sigma: 1}\n"), {},
@@ -356,7 +354,7 @@ def test_an_in_job_sweep_the_job_could_not_run_is_refused_in_one_line(project, t
 
 
 def test_an_in_job_sweep_needs_sdk_v2(project, tmp_path):
-    with pytest.raises(JobSpecError, match=r"^--in-job-sweep needs SDK v2 \(the default\)"):
+    with pytest.raises(JobSpecError, match=r"^submit in-job-sweep needs SDK v2 \(the default\)"):
         submission.dry_run(spec(sweep=in_job()), tmp_path / "run.yml", sdk="v1")
 
 
@@ -422,12 +420,11 @@ def test_in_job_ranks_that_do_not_divide_the_computes_gpus_stop_before_the_uploa
 
 
 # --- the CLI ----------------------------------------------------------------------------------------------
-BASE = ["submit", "train.py", "--compute", "gpu-cluster", "--nodes", "2", "-ppn", "4", "--image", IMAGE,
-        "--dry-run"]
+JOB = ["train.py", "--compute", "gpu-cluster", "--nodes", "2", "-ppn", "4", "--image", IMAGE, "--dry-run"]
 
 
 def test_cli_dry_run_of_a_sweep_prints_the_trials_objective_policy_and_space(project, capsys):
-    code = main([*BASE, "--sweep", "space.yaml", "--metric", "eval_loss", "--trials", "20",
+    code = main(["submit", "sweep", *JOB, "--space", "space.yaml", "--metric", "eval_loss", "--trials", "20",
                  "--max-concurrent-trials", "4", "--early-termination", "bandit", "--", "--set", "epochs=3"])
 
     out = capsys.readouterr().out.splitlines()
@@ -443,7 +440,7 @@ def test_cli_dry_run_of_a_sweep_prints_the_trials_objective_policy_and_space(pro
 
 
 def test_cli_json_says_what_the_sweep_searches(project, capsys):
-    code = main([*BASE, "--json", "--in-job-sweep", "space.yaml", "--metric", "eval_loss",
+    code = main(["submit", "in-job-sweep", *JOB, "--json", "--space", "space.yaml", "--metric", "eval_loss",
                  "--ranks-per-trial", "2"])
 
     result = json.loads(capsys.readouterr().out)
@@ -452,26 +449,55 @@ def test_cli_json_says_what_the_sweep_searches(project, capsys):
     assert (result["sweep"]["ranks_per_trial"], result["sweep"]["output"]) == (2, "./outputs/sweep")
 
 
+def test_cli_plain_submit_is_a_command_job(project, capsys):
+    assert main(["submit", *JOB, "--json"]) == 0
+
+    assert "sweep" not in json.loads(capsys.readouterr().out)
+
+
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--sweep", "space.yaml"], "hvdazure: error: --metric is required with --sweep"),
-    (["--sweep", "space.yaml", "--metric", "m", "--sampler", "hyperopt"],
-     "hvdazure: error: --sampler 'hyperopt'"),
-    (["--sweep", "space.yaml", "--metric", "m", "--early-termination", "asha"],
-     "hvdazure: error: --early-termination 'asha': expected none, bandit, median, truncation"),
-    (["--sweep", "space.yaml", "--metric", "m", "--ranks-per-trial", "2"],
-     "hvdazure: error: --ranks-per-trial goes with --in-job-sweep, not --sweep"),
-    (["--in-job-sweep", "space.yaml", "--metric", "m", "--ranks-per-trial", "3"],
+    (["in-job-sweep", *JOB, "--space", "space.yaml", "--metric", "m", "--ranks-per-trial", "3"],
      "hvdazure: error: --ranks-per-trial 3 does not divide the job's 2 node(s) x 4 process(es) = 8 ranks"),
-    (["--in-job-sweep", "space.yaml", "--metric", "m", "--pruner", "asha"],
-     "hvdazure: error: --pruner must be one of none, median, hyperband, got 'asha'"),
-    (["--trials", "5"],
-     "hvdazure: error: --trials goes with --sweep SPACE.yaml or --in-job-sweep SPACE.yaml"),
+    (["sweep", *JOB, "--space", "space.yaml", "--metric", "m", "--early-termination", "median",
+      "--slack-factor", "0.2"],
+     "hvdazure: error: --slack-factor goes with --early-termination bandit, not median"),
+    (["sweep", *JOB, "--space", "nope.yaml", "--metric", "m"],
+     "hvdazure: error: --space nope.yaml: search space file not found"),
 ])
 def test_cli_refuses_a_bad_sweep_in_one_line_with_status_2_and_writes_nothing(project, capsys, argv, message):
-    code = main([*BASE, *argv])
+    code = main(["submit", *argv])
 
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith(message)
     assert err.count("\n") == 1
+    assert not (project / "hvdazure-job.yml").exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["sweep", *JOB, "--space", "space.yaml"], "the following arguments are required: --metric"),
+    (["sweep", *JOB, "--space", "space.yaml", "--metric", "m", "--sampler", "hyperopt"],
+     "argument --sampler: invalid choice: 'hyperopt'"),
+    (["sweep", *JOB, "--space", "space.yaml", "--metric", "m", "--early-termination", "asha"],
+     "argument --early-termination: invalid choice: 'asha'"),
+    (["sweep", *JOB, "--space", "space.yaml", "--metric", "m", "--ranks-per-trial", "2"],
+     "unrecognized arguments: --ranks-per-trial 2"),
+    (["in-job-sweep", *JOB, "--space", "space.yaml", "--metric", "m", "--pruner", "asha"],
+     "argument --pruner: invalid choice: 'asha'"),
+    (["in-job-sweep", *JOB, "--space", "space.yaml", "--metric", "m", "--early-termination", "bandit"],
+     "unrecognized arguments: --early-termination bandit"),
+    (["in-job-sweep", *JOB, "--space", "space.yaml", "--metric", "m", "--sampler", "bayesian"],
+     "argument --sampler: invalid choice: 'bayesian'"),
+    ([*JOB, "--trials", "5"], "unrecognized arguments: --trials 5"),
+    ([*JOB, "--sweep", "space.yaml"], "unrecognized arguments: --sweep space.yaml"),  # the old spellings
+    ([*JOB, "--in-job-sweep", "space.yaml"], "unrecognized arguments: --in-job-sweep space.yaml"),
+    ([*JOB, "--metric", "eval_loss"], "unrecognized arguments: --metric eval_loss"),
+])
+def test_cli_refuses_options_that_do_not_go_with_the_job_before_anything_is_written(project, capsys, argv,
+                                                                                      message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["submit", *argv])
+
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
     assert not (project / "hvdazure-job.yml").exists()

@@ -1,7 +1,7 @@
-"""`hvdazure submit --sweep ... --sdk v1`: a HyperDrive run (azureml-train-core), offline.
+"""`hvdazure submit sweep ... --sdk v1`: a HyperDrive run (azureml-train-core), offline.
 
-The HyperDriveConfig is built from the same SweepPlan as SDK v2's sweep job and serialised as its service is
-sent it; a dry run loads it back; a submission goes through the `responses` recorder of
+The HyperDriveConfig is built from the same resolved SweepJob as SDK v2's sweep job and serialised as its
+service is sent it; a dry run loads it back; a submission goes through the `responses` recorder of
 test_azure_submit_v1.py (plus the HyperDrive service) up to the POST that starts the run. Also here: the
 trial's entry file, which turns HyperDrive's `--KEY VALUE` arguments into the script's `--set`, run for real
 in a subprocess. No test here reaches Azure, and none shows that a HyperDrive run ran there.
@@ -19,8 +19,9 @@ import pytest
 import responses
 import yaml
 from test_azure_submit_v1 import FakeCredential, FakeService
+from test_azure_sweep import sweep
 
-from hvdazure.azure import submission, sweep_spec, sweep_v1
+from hvdazure.azure import submission, sweep_v1
 from hvdazure.azure.errors import JobSpecError, SubmitError
 from hvdazure.azure.hyperdrive_args import ENTRY_FILE, ENTRY_SOURCE, HyperDriveArgsError, translate
 from hvdazure.azure.job_spec import JobSpec, resolve
@@ -51,15 +52,20 @@ def project(tmp_path, monkeypatch):
 
 
 def spec(**sweep_options) -> JobSpec:
-    sweep = sweep_spec.from_options(**{"sweep": "space.yaml", "metric": "eval_loss", **sweep_options})
     return JobSpec(script="train.py", compute="gpu-cluster", nodes=2, processes_per_node=4, image=IMAGE,
-                   script_args=["--set", "epochs=3"], sweep=sweep)
+                   script_args=["--set", "epochs=3"], sweep=sweep(**sweep_options))
+
+
+def hyperdrive(spec: JobSpec) -> sweep_v1.HyperDriveRun:
+    """The form SDK v1's backend sends the resolved sweep job in."""
+    job = resolve(spec)
+    return sweep_v1.HyperDriveRun(job, job.kind)
 
 
 # --- the HyperDriveConfig ---------------------------------------------------------------------------------
 def test_the_hyperdrive_config_holds_sampling_metric_limits_and_policy_around_the_mpi_trial(project):
-    config = sweep_v1.build_config(resolve(spec(trials=20, max_concurrent_trials=4, seed=7, timeout=7200,
-                                                early_termination="bandit", slack_factor=0.2)))
+    config = hyperdrive(spec(trials=20, max_concurrent_trials=4, seed=7, max_duration=7200,
+                             early_termination="bandit", slack_factor=0.2)).build_config()
 
     assert config._generator_config == {
         "name": "RANDOM", "properties": {"seed": 7},
@@ -69,7 +75,7 @@ def test_the_hyperdrive_config_holds_sampling_metric_limits_and_policy_around_th
     assert (config._max_total_runs, config._max_concurrent_runs, config._max_duration_minutes) == (20, 4, 120)
     assert config._policy_config == {"name": "Bandit", "properties": {
         "evaluation_interval": 1, "delay_evaluation": 5, "slack_factor": 0.2}}
-    trial = config.run_config  # the ScriptRunConfig submit_v1 builds for the command job, run by the entry
+    trial = config.run_config  # run_config_v1's ScriptRunConfig of the command job, run by the entry
     assert (trial.script, list(trial.arguments)) == (ENTRY_FILE, ENTRY_ARGS)
     mpi = trial.run_config.mpi
     assert (mpi.process_count_per_node, mpi.node_count, trial.run_config.node_count) == (4, 2, 2)
@@ -88,11 +94,11 @@ def test_the_hyperdrive_config_holds_sampling_metric_limits_and_policy_around_th
 def test_each_sampler_and_policy_becomes_hyperdrives_own(project, options, sampling, policy):
     (project / "space.yaml").write_text("batch_size: {type: choice, values: [16, 32]}\n"
                                         "epochs: {type: choice, values: [2, 4]}\n")
-    config = sweep_v1.build_config(resolve(spec(**options)))
+    config = hyperdrive(spec(**options)).build_config()
 
     assert config._generator_config["name"] == sampling
     assert config._policy_config == policy
-    assert config._max_duration_minutes == sweep_v1.MAX_DURATION_MINUTES  # no --timeout: HyperDrive's limit
+    assert config._max_duration_minutes == sweep_v1.MAX_DURATION_MINUTES  # no --max-duration: HyperDrive's
 
 
 def test_v1_dry_run_writes_the_hyperdrive_settings_and_the_trial_and_loads_both_back(project, tmp_path):
@@ -112,14 +118,14 @@ def test_v1_dry_run_writes_the_hyperdrive_settings_and_the_trial_and_loads_both_
 
 
 def test_a_written_file_that_no_longer_says_the_same_fails_to_load_back(project, tmp_path):
-    plan = resolve(spec())
-    (path,) = sweep_v1.write_yaml(plan, tmp_path / "run.yml")
+    run = hyperdrive(spec())
+    (path,) = run.write_yaml(tmp_path / "run.yml")
     written = yaml.safe_load(path.read_text())
     written["hyperdrive"]["generator_config"]["name"] = "SOBOL"
     path.write_text(yaml.safe_dump(written))
 
     with pytest.raises(SubmitError, match=r"^azureml-train-core cannot load run\.yml back: ") as error:
-        sweep_v1.validate_offline(plan, [path])
+        run.validate_offline([path])
 
     assert "\n" not in str(error.value)
 
@@ -134,8 +140,8 @@ def test_a_written_file_that_no_longer_says_the_same_fails_to_load_back(project,
     ("extra.flag: {type: choice, values: [true, false]}\n", {},
      r"^search space parameter 'extra\.flag': choice\[True, False\]: 'choice' values should be 'int', "
      r"'string' or 'float'\. \(HyperDrive, SDK v1\)$"),
-    (SPACE, {"timeout": 7 * 24 * 3600 + 1},
-     r"^--timeout 604801: a HyperDrive run lasts at most 10080 minutes"),
+    (SPACE, {"max_duration": 7 * 24 * 3600 + 1},
+     r"^--max-duration 604801: a HyperDrive run lasts at most 10080 minutes"),
 ])
 def test_what_hyperdrive_refuses_is_one_line_before_anything_is_written(project, tmp_path, space, options,
                                                                          message):

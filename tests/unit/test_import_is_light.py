@@ -27,7 +27,8 @@ def test_importing_hvdazure_loads_no_framework(action):
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["doctor", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["doctor", "--help"], ["submit", "--help"],
+                                  ["submit", "sweep", "--help"], ["submit", "in-job-sweep", "--help"]])
 def test_help_exits_zero_and_loads_no_framework(argv):
     probe = (
         "import runpy, sys, json\n"

@@ -1,0 +1,267 @@
+"""A job `hvdazure submit` validated offline (`ResolvedJob`), and its kind, decided once: what both SDKs'
+backends submit. Data only; no Azure SDK here, and no import of the modules that validate (job_spec.py,
+sweep_spec.py) or submit (submit_v1.py, submit_v2.py) it.
+
+The kind says what the job's ranks run, and each backend dispatches on it once:
+
+- `CommandJob`: every rank runs `python SCRIPT ARGS` (plain `hvdazure submit`);
+- `SweepJob`: an Azure ML sweep job (SDK v1: a HyperDrive run) whose trials are that command job, given the
+  sampled values as `--set NAME=VALUE` (`hvdazure submit sweep`);
+- `InJobSweep`: one command job whose ranks all run `python -m hvdazure.sweep` (`hvdazure submit
+  in-job-sweep`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hvdazure._version import __version__
+from hvdazure.azure.code_snapshot import CodeSnapshot
+
+if TYPE_CHECKING:
+    from hvdazure.sweep.options import SweepOptions
+
+GOALS = {"min": "minimize", "max": "maximize"}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A job input: an Azure ML data asset (`azureml:NAME@latest`, `azureml:NAME:VERSION`), a datastore path
+    (`azureml://datastores/...`), a storage URL without credentials, or a local path (uploaded)."""
+
+    name: str
+    uri: str
+    type: str = "uri_folder"
+    mode: str = "ro_mount"
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """A job output; without a URI, Azure ML picks a place in the workspace's default datastore."""
+
+    name: str
+    uri: str | None = None
+    type: str = "uri_folder"
+    mode: str = "rw_mount"
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """The Azure ML environment the job runs in. Ours are named and versioned by content, so a second
+    submission with the same image (and conda file) reuses the registered environment."""
+
+    name: str
+    version: str | None  # None for `@latest` of a registered environment
+    image: str | None = None
+    conda_file: Path | None = None
+    registered: bool = False  # True: the user's own, referenced and never created
+
+    @property
+    def reference(self) -> str:
+        which = "@latest" if self.version is None else f":{self.version}"
+        return f"azureml:{self.name}{which}"
+
+
+# --- the job's kind ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CommandJob:
+    """Every rank runs the script with its arguments: the job plain `hvdazure submit` makes."""
+
+    def rank_argv(self, job: ResolvedJob) -> tuple[str, ...]:
+        return ("python", job.script, *job.script_args)
+
+    def summary(self, job: ResolvedJob) -> list[str]:
+        return []
+
+    def json_fields(self) -> dict[str, Any]:
+        return {}
+
+
+@dataclass(frozen=True)
+class EarlyTermination:
+    """Azure ML's early termination policy. Every `evaluation_interval` reports of the metric, after the first
+    `delay_evaluation`, it cancels the trials that are behind: bandit, those worse than the best by more than
+    `slack_factor` (a ratio); median, those below the median of the trials' running averages; truncation, the
+    worst `truncation_percentage` percent."""
+
+    policy: str  # bandit, median or truncation
+    evaluation_interval: int = 1
+    delay_evaluation: int = 5
+    slack_factor: float | None = None  # bandit only: 0.1 unless given
+    truncation_percentage: int | None = None  # truncation only: 20 unless given
+
+    def __post_init__(self) -> None:
+        if self.policy == "bandit" and self.slack_factor is None:
+            object.__setattr__(self, "slack_factor", 0.1)
+        if self.policy == "truncation" and self.truncation_percentage is None:
+            object.__setattr__(self, "truncation_percentage", 20)
+
+    def describe(self) -> str:
+        detail = {"bandit": f", slack factor {self.slack_factor}",
+                  "truncation": f", worst {self.truncation_percentage}%"}.get(self.policy, "")
+        return (f"{self.policy} (every {self.evaluation_interval} report(s) of the metric after the first "
+                f"{self.delay_evaluation}{detail})")
+
+
+@dataclass(frozen=True)
+class SearchParameter:
+    """A searched setting (a TrainConfig field or `extra.NAME`), its Azure ML search-space key and its
+    distribution (Azure ML's kind and arguments, as in the space file)."""
+
+    name: str
+    key: str
+    kind: str
+    args: Mapping[str, Any]
+
+    def describe(self) -> str:
+        if self.kind == "choice":
+            return f"choice{list(self.args['values'])}"
+        return f"{self.kind}({', '.join(f'{k}={v}' for k, v in self.args.items())})"
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """An Azure ML sweep job, validated: what SDK v2's SweepJob and SDK v1's HyperDriveConfig are built from.
+    Its trials are the job's command job."""
+
+    space_file: Path
+    parameters: tuple[SearchParameter, ...]
+    metric: str
+    goal: str  # minimize or maximize
+    sampler: str
+    seed: int | None
+    max_total_trials: int
+    max_concurrent_trials: int
+    early_termination: EarlyTermination | None
+    max_duration: int | None  # seconds for the whole sweep job
+
+    def rank_argv(self, job: ResolvedJob) -> tuple[str, ...]:
+        """A trial's command (SDK v2): the script, then each sampled value as `--set NAME=VALUE`, which Azure
+        ML writes in place of `${{search_space.KEY}}`."""
+        sampled = [arg for p in self.parameters
+                   for arg in ("--set", f"{p.name}=${{{{search_space.{p.key}}}}}")]
+        return ("python", job.script, *job.script_args, *sampled)
+
+    def summary(self, job: ResolvedJob) -> list[str]:
+        seed = f" (seed {self.seed})" if self.seed is not None else ""
+        policy = self.early_termination.describe() if self.early_termination else "none"
+        limit = f"; the sweep stops after {self.max_duration} s" if self.max_duration else ""
+        parameters = "; ".join(f"{p.name} {p.describe()}" + (f" as {p.key}" if p.key != p.name else "")
+                               for p in self.parameters)
+        return [f"sweep job: {self.max_total_trials} trial(s) of {job.nodes} node(s) x "
+                f"{job.processes_per_node} process(es), up to {self.max_concurrent_trials} at once; "
+                f"{self.sampler} sampling{seed}; objective: {self.goal} {self.metric} (the MLflow metric "
+                "every trial logs)",
+                f"early termination: {policy}{limit}",
+                f"search space ({self.space_file.name}): {parameters}"]
+
+    def json_fields(self) -> dict[str, Any]:
+        policy = self.early_termination
+        return {"sweep": {
+            "type": "sweep_job", "metric": self.metric, "goal": self.goal, "sampler": self.sampler,
+            "seed": self.seed, "max_total_trials": self.max_total_trials,
+            "max_concurrent_trials": self.max_concurrent_trials, "max_duration": self.max_duration,
+            "early_termination": dataclasses.asdict(policy) if policy else None,
+            "search_space": {p.key: {"name": p.name, "type": p.kind, **p.args} for p in self.parameters}}}
+
+
+@dataclass(frozen=True)
+class InJobSweep:
+    """A sweep inside one command job, validated: the options every rank's `python -m hvdazure.sweep` gets
+    (paths relative to the code directory, where the job starts)."""
+
+    options: SweepOptions
+
+    def rank_argv(self, job: ResolvedJob) -> tuple[str, ...]:
+        from hvdazure.sweep.options import per_rank_command
+
+        return tuple(per_rank_command(self.options, "python"))
+
+    def summary(self, job: ResolvedJob) -> list[str]:
+        o = self.options
+        return [f"in-job sweep: {o.trials} trial(s) of {o.ranks_per_trial} rank(s), "
+                f"{job.world_size // o.ranks_per_trial} at once on the job's {job.world_size} ranks; "
+                f"{o.sampler} sampler, pruner {o.pruner}, seed {o.seed}; objective: {GOALS[o.mode]} "
+                f"{o.metric}; results in {o.output}"]
+
+    def json_fields(self) -> dict[str, Any]:
+        return {"sweep": {"type": "in_job", **self.options.to_dict()}}
+
+
+JobKind = CommandJob | SweepJob | InJobSweep
+
+
+# --- the job ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ResolvedJob:
+    """A job validated offline, every default filled in: what will be uploaded and submitted, in the terms of
+    both SDKs. Made by job_spec.resolve from a JobSpec."""
+
+    code_dir: Path
+    script: str  # relative to code_dir, POSIX separators
+    script_args: tuple[str, ...]
+    compute: str
+    nodes: int
+    processes_per_node: int
+    environment: JobEnvironment
+    env: dict[str, str]
+    inputs: tuple[InputSpec, ...]
+    outputs: tuple[OutputSpec, ...]
+    experiment: str
+    display_name: str
+    tags: dict[str, str]
+    shm_size: str | None
+    docker_args: str | None
+    vm_size: str | None
+    snapshot: CodeSnapshot
+    warnings: tuple[str, ...] = ()
+    kind: JobKind = CommandJob()
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """What every rank runs (a sweep job's trial with `${{search_space.KEY}}` for the sampled values)."""
+        return self.kind.rank_argv(self)
+
+    @property
+    def command(self) -> str:
+        """The job's command line; `${{inputs.x}}` placeholders stay as Azure ML substitutes them."""
+        return shlex.join(self.argv)
+
+    @property
+    def submitted_tags(self) -> dict[str, str]:
+        """The tags the job is submitted with: the user's, and the hvdazure version that submitted it."""
+        return {"hvdazure": __version__, **self.tags}
+
+    def summary(self) -> list[str]:
+        """What a person checks before spending GPU hours, one fact per line (no secrets: see job_spec)."""
+        environment = self.environment
+        lines = [
+            f"MPI layout: {self.nodes} node(s) x {self.processes_per_node} process(es) = world size "
+            f"{self.world_size}, on compute {self.compute}" + (f" ({self.vm_size})" if self.vm_size else ""),
+            f"environment: {environment.reference}"
+            + (f" (image {environment.image})" if environment.image else "")
+            + (f" + conda file {environment.conda_file.name}" if environment.conda_file else ""),
+            f"command: {self.command}",
+            f"code: {self.code_dir} ({len(self.snapshot.files)} files, "
+            f"{self.snapshot.total_bytes / 2**20:.1f} MB)",
+            f"experiment: {self.experiment}; display name: {self.display_name}",
+        ]
+        if self.docker_args:
+            lines.append(f"docker arguments: {self.docker_args}")
+        if self.env:
+            lines.append("environment variables: "
+                         + " ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
+        for spec in self.inputs:
+            lines.append(f"input {spec.name}: {spec.type} {spec.uri} ({spec.mode})")
+        for out in self.outputs:
+            lines.append(f"output {out.name}: {out.type} {out.uri or '(default datastore)'} ({out.mode})")
+        return lines + self.kind.summary(self)

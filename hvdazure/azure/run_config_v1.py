@@ -1,0 +1,85 @@
+"""The run configuration of an SDK v1 (azureml-core) run: a `ScriptRunConfig` with an MPI layout, built,
+serialised and loaded back. The command job (submit_v1.py) runs it as it is, and a HyperDrive sweep
+(sweep_v1.py) as each trial's configuration.
+
+The configuration has `MpiConfiguration(process_count_per_node, node_count)`, Docker on
+(`DockerConfiguration(use_docker=True, shm_size=...)`), and an `Environment` on the Docker image: with the
+image alone its Python is used as it is (`user_managed_dependencies`), with a conda file that file is
+built on top. `CondaDependencies.create()` is never used: it adds pip options that need network access
+to PyPI from the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from hvdazure.azure.errors import SubmitError, one_line
+from hvdazure.azure.resolved_job import ResolvedJob
+
+
+def build_run_config(job: ResolvedJob, workspace: Any = None) -> Any:
+    """The ScriptRunConfig for `job`. A registered environment is looked up in `workspace` when given
+    (a dry run has none and references it by name and version)."""
+    from azureml.core import Environment, ScriptRunConfig
+    from azureml.core.runconfig import DockerConfiguration, MpiConfiguration
+
+    spec = job.environment
+    if spec.registered:
+        if workspace is not None:
+            environment = Environment.get(workspace, spec.name, version=spec.version)
+        else:
+            environment = Environment(spec.name)
+            environment.version = spec.version
+    else:
+        if spec.conda_file:
+            environment = Environment.from_conda_specification(spec.name, str(spec.conda_file))
+        else:
+            environment = Environment(spec.name)
+            environment.python.user_managed_dependencies = True  # the image's own Python, as it is
+            environment.python.interpreter_path = "python"
+        environment.docker.base_image = spec.image
+        environment.environment_variables.clear()  # the SDK's EXAMPLE_ENV_VAR placeholder (the setter warns)
+    config = ScriptRunConfig(
+        source_directory=str(job.code_dir),
+        script=job.script,
+        arguments=list(job.script_args),
+        compute_target=job.compute,
+        environment=environment,
+        distributed_job_config=MpiConfiguration(process_count_per_node=job.processes_per_node,
+                                                node_count=job.nodes),
+        docker_runtime_config=DockerConfiguration(use_docker=True, shm_size=job.shm_size or "2g",
+                                                  arguments=shlex.split(job.docker_args or "")),
+    )
+    config.run_config.environment_variables = dict(job.env)
+    return config
+
+
+def run_configuration(job: ResolvedJob, config: Any) -> dict[str, Any]:
+    """A ScriptRunConfig as azureml-core serialises it (its repr): the `Configuration` of the request that
+    starts the run, with the script and its arguments copied in as Experiment.submit does, and the code
+    directory. (`RunConfiguration.save` would also write a conda_dependencies.yml of the SDK's placeholder
+    packages, which an image-based job does not use.)"""
+    from azureml.core.script_run_config import get_run_config_from_script_run
+
+    return {"sourceDirectory": str(job.code_dir), **json.loads(repr(get_run_config_from_script_run(config)))}
+
+
+def check_run_configuration(job: ResolvedJob, data: dict[str, Any], name: str) -> dict[str, Any]:
+    """Load a serialised run configuration with azureml-core and check it says what `job` says."""
+    from azureml.core.runconfig import RunConfiguration
+
+    data = {key: value for key, value in data.items() if key != "sourceDirectory"}
+    try:
+        loaded = RunConfiguration._get_runconfig_using_dict(data)  # what RunConfiguration.load does
+    except Exception as exc:
+        raise SubmitError(f"azureml-core cannot load {name} back: {one_line(exc)}") from None
+    found = {"script": loaded.script, "arguments": list(loaded.arguments), "nodeCount": loaded.node_count,
+             "mpi": {"processCountPerNode": loaded.mpi.process_count_per_node,
+                     "nodeCount": loaded.mpi.node_count}}
+    wanted = {"script": job.script, "arguments": list(job.script_args), "nodeCount": job.nodes,
+              "mpi": {"processCountPerNode": job.processes_per_node, "nodeCount": job.nodes}}
+    if found != wanted:
+        raise SubmitError(f"{name} does not load back as written: {found} != {wanted}")
+    return found
