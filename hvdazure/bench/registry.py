@@ -20,6 +20,11 @@ BENCHMARKS: dict[str, str] = {
 NAMES = tuple(BENCHMARKS)
 
 
+def module_name(name: str) -> str:
+    """The module of benchmark `name`: `python -m MODULE` runs it."""
+    return BENCHMARKS[name].partition(":")[0]
+
+
 def load(name: str) -> Benchmark:
     """The benchmark called `name` (one of NAMES)."""
     module, _, cls = BENCHMARKS[name].partition(":")

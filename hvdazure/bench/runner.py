@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, command: Sequence[str]) -> int:
 def main(name: str, argv: Sequence[str] | None = None) -> int:
     """`python -m hvdazure.bench.NAME [options]`: the same as `hvdazure bench NAME [options]`."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    module = registry.BENCHMARKS[name].partition(":")[0]
+    module = registry.module_name(name)
     summary = (importlib.import_module(module).__doc__ or "").splitlines()[0]
     parser = argparse.ArgumentParser(prog=f"python -m {module}", description=summary)
     add_arguments(parser)
