@@ -52,7 +52,8 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from hvdazure.bench.runner import BenchError, run
+    from hvdazure.bench.benchmark import BenchError
+    from hvdazure.bench.runner import run
 
     try:
         return run(args, ["hvdazure", *sys.argv[1:]])
@@ -412,8 +413,8 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    from hvdazure.bench import BENCHMARKS
     from hvdazure.bench.options import add_arguments
+    from hvdazure.bench.registry import NAMES
 
     bench = sub.add_parser(
         "bench", help="benchmarks on this machine: collective bandwidth, trainer overhead, throughput",
@@ -430,7 +431,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                "  hvdazure bench overhead -np 2 --framework torch\n  hvdazure bench throughput -np 2 --quick",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    bench.add_argument("name", choices=BENCHMARKS, metavar="NAME", help=", ".join(BENCHMARKS))
+    bench.add_argument("name", choices=NAMES, metavar="NAME", help=", ".join(NAMES))
     add_arguments(bench)
     bench.set_defaults(func=_bench)
 

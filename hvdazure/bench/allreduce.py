@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure.bench import stats
-from hvdazure.bench.runner import BenchError, main, progress
+from hvdazure.bench.benchmark import BenchError, Options, RankBenchmark, Result, progress
 from hvdazure.figures import pyplot, save_figure
 
 KB, MB = 1024, 1024 * 1024
@@ -57,16 +57,11 @@ def iterations(nbytes: int, quick: bool) -> int:
     return max(2, min(50, 64 * MB // nbytes))
 
 
-def check(options: dict) -> None:
-    if options["np"] < 2:
-        raise BenchError("allreduce needs at least 2 ranks (-np 2)")
-
-
 class Peer:
     """One way of running the collective: `setup(tensor)` returns the function that runs it once on that
     tensor, or the peer is skipped (`skipped` holds why)."""
 
-    def __init__(self, name: str, setup: Callable[[Any], Callable[[], None]] | None = None,
+    def __init__(self, name: str, setup: Callable[[Any], Callable[[], object]] | None = None,
                  skipped: str | None = None) -> None:
         self.name, self.setup, self.skipped = name, setup, skipped
 
@@ -89,15 +84,16 @@ def _hvdazure_peers(hvd: Any, torch: Any, op: str) -> list[Peer]:
                 Peer("hvdazure fp16", gradient_path(hvd.Compression.fp16, "bench.grad16"))]
     if op == "broadcast":
         return [Peer("hvdazure", lambda t: lambda: hvd.broadcast_parameters({"p": t}, root_rank=0))]
-    comm = TorchCollectives(t_device(torch, hvd))
+    comm = TorchCollectives(rank_device(torch, hvd))
 
-    def gather_bytes(tensor: Any) -> Callable[[], None]:
+    def gather_bytes(tensor: Any) -> Callable[[], object]:
         data = tensor.cpu().numpy().tobytes()
         return lambda: comm.allgather_bytes(data)
     return [Peer("hvdazure", gather_bytes)]
 
 
-def t_device(torch: Any, hvd: Any) -> Any:
+def rank_device(torch: Any, hvd: Any) -> Any:
+    """This rank's GPU (Horovod's local rank), or the CPU without CUDA."""
     return torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
 
 
@@ -170,64 +166,6 @@ def _mpi4py_peer(hvd: Any, op: str, controller: str) -> Peer:
     return Peer("mpi4py", setup)
 
 
-def measure(options: dict) -> dict | None:
-    """On every rank: time each peer at each size; rank 0 returns the figures."""
-    import horovod.torch as hvd
-    import torch
-
-    hvd.init()
-    if torch.cuda.is_available():
-        torch.cuda.set_device(hvd.local_rank())
-    device = t_device(torch, hvd)
-    op, quick = options["op"], options["quick"]
-    peers = [*_hvdazure_peers(hvd, torch, op), _horovod_peer(hvd, op),
-             *_torch_distributed_peers(hvd, torch, op), _mpi4py_peer(hvd, op, options["controller"])]
-    active = [p for p in peers if p.skipped is None]
-    repeats, warmup = (2, 1) if quick else (5, 3)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
-    rows = []
-    sizes = message_sizes(quick)
-    started = time.monotonic()
-    for index, nbytes in enumerate(sizes):
-        iters = iterations(nbytes, quick)
-        tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-        runs = {p.name: p.setup(tensor) for p in active}
-        for p in active:
-            for _ in range(warmup):
-                runs[p.name]()
-        times: dict[str, list[float]] = {p.name: [] for p in active}
-        for repeat in range(repeats):
-            shift = (index + repeat) % len(active)  # rotate who goes first
-            for p in active[shift:] + active[:shift]:
-                hvd.barrier()
-                sync()
-                start = time.perf_counter()
-                for _ in range(iters):
-                    runs[p.name]()
-                sync()
-                elapsed = (time.perf_counter() - start) / iters
-                # the collective is done when the slowest rank is done
-                times[p.name].append(float(hvd.allreduce(torch.tensor(elapsed), op=hvd.Max,
-                                                         name="bench.elapsed")))
-        for name, values in times.items():
-            rows.append(_row(name, nbytes, iters, values, hvd.size(), op))
-        del runs, tensor
-        if hvd.rank() == 0:
-            progress(f"{op} {_size_label(nbytes)} done ({index + 1}/{len(sizes)}, "
-                     f"{time.monotonic() - started:.0f} s)")
-    if hvd.rank() != 0:
-        return None
-    return {"op": op, "world_size": hvd.size(), "device": device.type, "repeats": repeats,
-            "warmup": warmup, "sizes": sizes,
-            "peers": {p.name: {"status": "skipped", "reason": p.skipped} if p.skipped else
-                      {"status": "measured"} for p in peers},
-            "rows": rows, "summary": summarize(rows)}
-
-
 def _row(peer: str, nbytes: int, iters: int, times: list[float], world_size: int, op: str) -> dict:
     median = sorted(times)[len(times) // 2] if len(times) % 2 else sum(sorted(times)[len(times) // 2 - 1:
                                                                                    len(times) // 2 + 1]) / 2
@@ -243,7 +181,7 @@ def summarize(rows: list[dict]) -> dict:
     by = {(r["peer"], r["bytes"]): r for r in rows}
     peers = sorted({r["peer"] for r in rows})
     sizes = sorted({r["bytes"] for r in rows if r["bytes"] >= ONE_MB})
-    comparisons = {}
+    comparisons: dict[str, dict[str, Any]] = {}
     for a, b in [("hvdazure", "horovod"), ("hvdazure fp16", "horovod"),
                  *(("horovod", p) for p in peers if p not in ("horovod", "hvdazure", "hvdazure fp16"))]:
         if a not in peers or b not in peers or not sizes:
@@ -266,43 +204,110 @@ def _size_label(nbytes: int) -> str:
     return f"{nbytes // MB} MB" if nbytes >= MB else f"{nbytes // KB} KB"
 
 
-def table(result: dict) -> str:
-    """Per size: each peer's latency and bus bandwidth; then skipped peers, the ratios and the target."""
-    lines = [f"{result['op']} on {result['world_size']} ranks ({result['device']}, "
-             f"{result['machine']['controller']}); median of {result['repeats']} interleaved repeats"]
-    lines.append(f"{'size':>8}  {'peer':<24}{'latency us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}")
-    for r in result["rows"]:
-        lines.append(f"{_size_label(r['bytes']):>8}  {r['peer']:<24}{r['latency_us']:>12.1f}"
-                     f"{r['algbw_GBps']:>12.3f}{r['busbw_GBps']:>12.3f}")
-    for name, peer in result["peers"].items():
-        if peer["status"] == "skipped":
-            lines.append(f"skipped: {name}: {peer['reason']}")
-    summary = result["summary"]
-    for name, c in summary["bandwidth_ratios_at_1MB_and_more"].items():
-        lines.append(f"bandwidth {name} at >= 1 MB: median {c['median']:.3f}, 95% interval "
-                     f"{c['ci95'][0]:.3f}-{c['ci95'][1]:.3f} ({c['pairs']} paired repeats)")
-    lines.append(f"target hvdazure / horovod >= {TARGET}: {summary['target']['verdict']}")
-    return "\n".join(lines)
+class Allreduce(RankBenchmark):
+    """One job of -np ranks; on its ranks, every peer at every message size."""
 
+    name = "allreduce"
 
-def plot(result: dict, path: Path) -> None:
-    """Bus bandwidth (algorithm bandwidth on one rank) against message size, log-log, a line per peer."""
-    plt = pyplot()
+    def check(self, options: Options) -> None:
+        if options["np"] < 2:
+            raise BenchError("allreduce needs at least 2 ranks (-np 2)")
 
-    key = "busbw_GBps" if result["world_size"] > 1 else "algbw_GBps"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for peer in dict.fromkeys(r["peer"] for r in result["rows"]):
-        rows = [r for r in result["rows"] if r["peer"] == peer]
-        ax.plot([r["bytes"] for r in rows], [r[key] for r in rows], marker="o", label=peer)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel(f"{key.split('_')[0]} (GB/s)")
-    ax.set_title(f"{result['op']}, {result['world_size']} ranks, {result['device']}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    save_figure(fig, path)
+    def measure(self, options: Options) -> Result | None:
+        """On every rank: time each peer at each size; rank 0 returns the figures."""
+        import horovod.torch as hvd
+        import torch
+
+        hvd.init()
+        if torch.cuda.is_available():
+            torch.cuda.set_device(hvd.local_rank())
+        device = rank_device(torch, hvd)
+        op, quick = options["op"], options["quick"]
+        peers = [*_hvdazure_peers(hvd, torch, op), _horovod_peer(hvd, op),
+                 *_torch_distributed_peers(hvd, torch, op), _mpi4py_peer(hvd, op, options["controller"])]
+        active = [p for p in peers if p.skipped is None]
+        repeats, warmup = (2, 1) if quick else (5, 3)
+
+        def sync() -> None:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+
+        rows = []
+        sizes = message_sizes(quick)
+        started = time.monotonic()
+        for index, nbytes in enumerate(sizes):
+            iters = iterations(nbytes, quick)
+            tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+            runs = {p.name: p.setup(tensor) for p in active if p.setup is not None}
+            for p in active:
+                for _ in range(warmup):
+                    runs[p.name]()
+            times: dict[str, list[float]] = {p.name: [] for p in active}
+            for repeat in range(repeats):
+                shift = (index + repeat) % len(active)  # rotate who goes first
+                for p in active[shift:] + active[:shift]:
+                    hvd.barrier()
+                    sync()
+                    start = time.perf_counter()
+                    for _ in range(iters):
+                        runs[p.name]()
+                    sync()
+                    elapsed = (time.perf_counter() - start) / iters
+                    # the collective is done when the slowest rank is done
+                    times[p.name].append(float(hvd.allreduce(torch.tensor(elapsed), op=hvd.Max,
+                                                             name="bench.elapsed")))
+            for name, values in times.items():
+                rows.append(_row(name, nbytes, iters, values, hvd.size(), op))
+            del runs, tensor
+            if hvd.rank() == 0:
+                progress(f"{op} {_size_label(nbytes)} done ({index + 1}/{len(sizes)}, "
+                         f"{time.monotonic() - started:.0f} s)")
+        if hvd.rank() != 0:
+            return None
+        return {"op": op, "world_size": hvd.size(), "device": device.type, "repeats": repeats,
+                "warmup": warmup, "sizes": sizes,
+                "peers": {p.name: {"status": "skipped", "reason": p.skipped} if p.skipped else
+                          {"status": "measured"} for p in peers},
+                "rows": rows, "summary": summarize(rows)}
+
+    def table(self, result: Result) -> str:
+        """Per size: each peer's latency and bus bandwidth; then skipped peers, the ratios and the target."""
+        lines = [f"{result['op']} on {result['world_size']} ranks ({result['device']}, "
+                 f"{result['machine']['controller']}); median of {result['repeats']} interleaved repeats"]
+        lines.append(f"{'size':>8}  {'peer':<24}{'latency us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}")
+        for r in result["rows"]:
+            lines.append(f"{_size_label(r['bytes']):>8}  {r['peer']:<24}{r['latency_us']:>12.1f}"
+                         f"{r['algbw_GBps']:>12.3f}{r['busbw_GBps']:>12.3f}")
+        for name, peer in result["peers"].items():
+            if peer["status"] == "skipped":
+                lines.append(f"skipped: {name}: {peer['reason']}")
+        summary = result["summary"]
+        for name, c in summary["bandwidth_ratios_at_1MB_and_more"].items():
+            lines.append(f"bandwidth {name} at >= 1 MB: median {c['median']:.3f}, 95% interval "
+                         f"{c['ci95'][0]:.3f}-{c['ci95'][1]:.3f} ({c['pairs']} paired repeats)")
+        lines.append(f"target hvdazure / horovod >= {TARGET}: {summary['target']['verdict']}")
+        return "\n".join(lines)
+
+    def plot(self, result: Result, path: Path) -> None:
+        """Bus bandwidth (algorithm bandwidth on one rank) against message size, log-log, a line per peer."""
+        plt = pyplot()
+
+        key = "busbw_GBps" if result["world_size"] > 1 else "algbw_GBps"
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for peer in dict.fromkeys(r["peer"] for r in result["rows"]):
+            rows = [r for r in result["rows"] if r["peer"] == peer]
+            ax.plot([r["bytes"] for r in rows], [r[key] for r in rows], marker="o", label=peer)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel(f"{key.split('_')[0]} (GB/s)")
+        ax.set_title(f"{result['op']}, {result['world_size']} ranks, {result['device']}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        save_figure(fig, path)
 
 
 if __name__ == "__main__":
+    from hvdazure.bench.runner import main
+
     sys.exit(main("allreduce"))

@@ -37,22 +37,11 @@ import tempfile
 from pathlib import Path
 
 from hvdazure.bench import stats
-from hvdazure.bench.runner import BenchError, main, progress, run_ranks
+from hvdazure.bench.benchmark import BenchError, Jobs, Options, RankBenchmark, Result, progress
+from hvdazure.bench.checkpoint_workload import PROBES, schedule
 from hvdazure.figures import pyplot, save_figure
 
 SAVE_TARGET, LOAD_TARGET, STALL_TARGET, MEMORY_TARGET = 1.1, 1.3, 0.10, 1.2
-
-
-def plan(quick: bool) -> dict:
-    return ({"mb": 4, "repeats": 2, "pairs": 1, "memory_rounds": 1, "steps": 7, "every": 3} if quick else
-            {"mb": 100, "repeats": 21, "pairs": 8, "memory_rounds": 3, "steps": 45, "every": 10})
-
-
-def measure(options: dict) -> dict | None:
-    from hvdazure.bench.checkpoint_torch import measure_ranks
-
-    p = plan(options["quick"])
-    return measure_ranks(p["mb"], p["repeats"], p["pairs"], p["steps"], p["every"], progress=progress)
 
 
 def _probe(mode: str, mb: int, directory: Path, timeout_s: float | None) -> dict:
@@ -70,8 +59,6 @@ def _probe(mode: str, mb: int, directory: Path, timeout_s: float | None) -> dict
 def memory(mb: int, rounds: int, timeout_s: float | None) -> dict:
     """Peak RSS of fresh processes that build the trainer and do nothing more, save (async, blocking) or
     resume, rotated; what each adds to its round's baseline, over the checkpoint's size."""
-    from hvdazure.bench.checkpoint_torch import PROBES
-
     with tempfile.TemporaryDirectory(prefix="hvdazure-bench-") as folder:
         size = _probe("prepare", mb, Path(folder), timeout_s)["checkpoint_bytes"]
         peaks: dict[str, list[float]] = {mode: [] for mode in PROBES}
@@ -85,15 +72,6 @@ def memory(mb: int, rounds: int, timeout_s: float | None) -> dict:
             "added_mb": {mode: stats.summary(values) for mode, values in added.items()},
             "added_over_checkpoint": {mode: _figure([v / checkpoint_mb for v in values], MEMORY_TARGET)
                                       for mode, values in added.items()}}
-
-
-def collect(options: dict, timeout_s: float | None = None, verbose: bool = False) -> dict:
-    p = plan(options["quick"])
-    result = run_ranks("checkpoint", options, options["np"], options["controller"], timeout_s=timeout_s,
-                       verbose=verbose)
-    progress("checkpoint: memory probes")
-    peak = memory(p["mb"], p["memory_rounds"], timeout_s)
-    return {**p, **result, "memory": peak, "summary": summarize(result, p)}
 
 
 def _figure(values: list[float], target: float | None = None) -> dict:
@@ -151,57 +129,84 @@ def _line(text: str, figure: dict) -> str:
     return line + (f", target <= {figure['target']}: {figure['verdict']}" if "target" in figure else "")
 
 
-def table(result: dict) -> str:
-    s = result["summary"]
-    lines = [f"checkpoint: a {result['mb']} MB model (+ optimizer), {result['repeats']} rotated repeats"]
-    lines += [f"  {name:<28}{value:>9.3f} s (median)" for name, value in s["median_s"].items()]
-    lines += [_line("hvdazure save / torch.save + fsync", s["save_vs_torch_save_fsync"]),
-              _line("hvdazure save / torch.save (not durable)", s["save_vs_torch_save"]),
-              _line("hvdazure save / write + fsync (the disk's floor)", s["save_vs_floor"]),
-              _line("hvdazure load / torch.load (both into model and optimizer)", s["load_vs_torch_load"])]
-    step_ms = s["step_s_without_checkpoints"] * 1e3
-    lines.append(f"training on {result['world_size']} rank(s), a step {step_ms:.0f} ms without checkpoints,"
-                 f" {s['checkpoints_per_block']} checkpoints per block, {result['pairs']} round(s):")
-    for saving, st in s["stall_s_per_checkpoint"].items():
-        what = ("the same figure without checkpoints (the method's noise)" if saving == "none" else
-                f"stall per {saving} checkpoint")
-        lines.append(f"  {what}: {st['median'] * 1e3:.0f} ms (95% interval {st['ci95'][0] * 1e3:.0f} to "
-                     f"{st['ci95'][1] * 1e3:.0f} ms)")
-    lines.append(_line("async stall / blocking stall", s["async_stall_over_blocking"]))
-    copy_ms = s["median_s"]["async copy"] * 1e3
-    lines.append(f"  the copy an async checkpoint makes before training goes on: {copy_ms:.0f} ms, "
-                 f"{s['async_copy_over_blocking_stall']:.2f} of the blocking stall: the async stall's floor")
-    lines.append(f"  with the write's CPU time ({s['median_s']['hvdazure save, CPU time'] * 1e3:.0f} ms): "
-                 f"{s['async_busy_over_blocking_stall']:.2f} of the blocking stall: the floor where training "
-                 "keeps every core busy")
-    peak = result["memory"]
-    lines.append(f"rank 0's peak memory above a baseline of "
-                 f"{statistics.median(peak['peak_rss_mb']['baseline']):.0f} MB, checkpoint "
-                 f"{peak['checkpoint_mb']:.0f} MB, {result['memory_rounds']} round(s):")
-    for mode, added in peak["added_mb"].items():
-        lines.append(f"  {mode}: +{added['median']:.0f} MB median ({added['min']:.0f} to {added['max']:.0f})")
-        lines.append(_line(f"{mode} / checkpoint size", peak["added_over_checkpoint"][mode]))
-    return "\n".join(lines)
+class Checkpoint(RankBenchmark):
+    """One job of -np ranks (save and load on rank 0, training blocks on every rank), then the memory
+    probes."""
 
+    name = "checkpoint"
 
-def plot(result: dict, path: Path) -> None:
-    """Save and load times per variant, and the stall per checkpoint, async against blocking."""
-    plt = pyplot()
+    def measure(self, options: Options) -> Result | None:
+        """On every rank: save and load on rank 0, then the training blocks; rank 0 returns the figures."""
+        from hvdazure.bench.checkpoint_torch import measure_ranks
 
-    s = result["summary"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    names = list(result["save_load_s"])
-    left.boxplot([result["save_load_s"][n] for n in names])
-    left.set_xticks(range(1, len(names) + 1), names, rotation=20)
-    left.set_ylabel("seconds")
-    left.set_title(f"save and load, {result['mb']} MB")
-    stall = s["stall_s_per_checkpoint"]
-    right.boxplot([[v * 1e3 for v in stall[k]["per_round"]] for k in stall])
-    right.set_xticks(range(1, len(stall) + 1), list(stall))
-    right.set_ylabel("stall per checkpoint (ms)")
-    right.set_title(f"training, {result['world_size']} ranks")
-    save_figure(fig, path)
+        p = schedule(options["quick"])
+        return measure_ranks(p["mb"], p["repeats"], p["pairs"], p["steps"], p["every"], progress=progress)
+
+    def run(self, options: Options, jobs: Jobs) -> Result:
+        """The job of -np ranks, then the memory probes (fresh single-rank processes); the summary of both."""
+        p = schedule(options["quick"])
+        result = jobs.run_ranks(self.name, options, options["np"])
+        progress("checkpoint: memory probes")
+        peak = memory(p["mb"], p["memory_rounds"], jobs.timeout_s)
+        return {**p, **result, "memory": peak, "summary": summarize(result, p)}
+
+    def table(self, result: Result) -> str:
+        s = result["summary"]
+        lines = [f"checkpoint: a {result['mb']} MB model (+ optimizer), {result['repeats']} rotated repeats"]
+        lines += [f"  {name:<28}{value:>9.3f} s (median)" for name, value in s["median_s"].items()]
+        lines += [_line("hvdazure save / torch.save + fsync", s["save_vs_torch_save_fsync"]),
+                  _line("hvdazure save / torch.save (not durable)", s["save_vs_torch_save"]),
+                  _line("hvdazure save / write + fsync (the disk's floor)", s["save_vs_floor"]),
+                  _line("hvdazure load / torch.load (both into model and optimizer)",
+                        s["load_vs_torch_load"])]
+        step_ms = s["step_s_without_checkpoints"] * 1e3
+        lines.append(f"training on {result['world_size']} rank(s), a step {step_ms:.0f} ms without "
+                     f"checkpoints, {s['checkpoints_per_block']} checkpoints per block, {result['pairs']} "
+                     "round(s):")
+        for saving, st in s["stall_s_per_checkpoint"].items():
+            what = ("the same figure without checkpoints (the method's noise)" if saving == "none" else
+                    f"stall per {saving} checkpoint")
+            lines.append(f"  {what}: {st['median'] * 1e3:.0f} ms (95% interval "
+                         f"{st['ci95'][0] * 1e3:.0f} to {st['ci95'][1] * 1e3:.0f} ms)")
+        lines.append(_line("async stall / blocking stall", s["async_stall_over_blocking"]))
+        copy_ms = s["median_s"]["async copy"] * 1e3
+        lines.append(f"  the copy an async checkpoint makes before training goes on: {copy_ms:.0f} ms, "
+                     f"{s['async_copy_over_blocking_stall']:.2f} of the blocking stall: the async stall's "
+                     "floor")
+        cpu_ms = s["median_s"]["hvdazure save, CPU time"] * 1e3
+        lines.append(f"  with the write's CPU time ({cpu_ms:.0f} ms): "
+                     f"{s['async_busy_over_blocking_stall']:.2f} of the blocking stall: the floor where "
+                     "training keeps every core busy")
+        peak = result["memory"]
+        lines.append(f"rank 0's peak memory above a baseline of "
+                     f"{statistics.median(peak['peak_rss_mb']['baseline']):.0f} MB, checkpoint "
+                     f"{peak['checkpoint_mb']:.0f} MB, {result['memory_rounds']} round(s):")
+        for mode, added in peak["added_mb"].items():
+            lines.append(f"  {mode}: +{added['median']:.0f} MB median ({added['min']:.0f} to "
+                         f"{added['max']:.0f})")
+            lines.append(_line(f"{mode} / checkpoint size", peak["added_over_checkpoint"][mode]))
+        return "\n".join(lines)
+
+    def plot(self, result: Result, path: Path) -> None:
+        """Save and load times per variant, and the stall per checkpoint, async against blocking."""
+        plt = pyplot()
+
+        s = result["summary"]
+        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+        names = list(result["save_load_s"])
+        left.boxplot([result["save_load_s"][n] for n in names])
+        left.set_xticks(range(1, len(names) + 1), names, rotation=20)
+        left.set_ylabel("seconds")
+        left.set_title(f"save and load, {result['mb']} MB")
+        stall = s["stall_s_per_checkpoint"]
+        right.boxplot([[v * 1e3 for v in stall[k]["per_round"]] for k in stall])
+        right.set_xticks(range(1, len(stall) + 1), list(stall))
+        right.set_ylabel("stall per checkpoint (ms)")
+        right.set_title(f"training, {result['world_size']} ranks")
+        save_figure(fig, path)
 
 
 if __name__ == "__main__":
+    from hvdazure.bench.runner import main
+
     sys.exit(main("checkpoint"))

@@ -21,11 +21,10 @@ import torch
 from torch.utils.data import TensorDataset
 
 from hvdazure import Callback, TrainConfig
+from hvdazure.bench.checkpoint_workload import BATCH_SIZE, PROBES
 from hvdazure.core.checkpoint import CheckpointManager
 from hvdazure.torch import TorchTrainer
 from hvdazure.torch.state import TorchState
-
-BATCH_SIZE = 32
 
 
 def big_model(mb: int) -> torch.nn.Linear:
@@ -127,6 +126,7 @@ class BlockClock(Callback):
     def __init__(self, steps: int) -> None:
         self.steps = steps
         self.durations: list[float] = []
+        self.mark = 0.0  # the end of the step before: read from the second step on
 
     def on_step_end(self, trainer: Any) -> None:
         now = time.perf_counter()
@@ -201,9 +201,6 @@ class MemoryProbe(StallTrainer):
         return TensorDataset(torch.randn(8, big_model(self.config.extra["mb"]).in_features))
 
 
-PROBES = ("baseline", "async save", "blocking save", "resume")
-
-
 def probe(mode: str, mb: int, directory: str) -> None:
     """In a fresh single-rank process: build the trainer (as fit() does before its first step), then
     "prepare": save one checkpoint into `directory` for the resumes; "baseline": nothing more; "async save"
@@ -218,6 +215,7 @@ def probe(mode: str, mb: int, directory: str) -> None:
     trainer._prepare()  # what fit() does before the first step: build, broadcast, and resume if asked
     if mode in ("prepare", "async save", "blocking save"):
         trainer.save_checkpoint("benchmark", wait=mode != "async save")
+        assert trainer._checkpoints is not None  # checkpoint_dir is set
         trainer._checkpoints.finish_pending()
     newest = CheckpointManager(directory).checkpoints()[-1]
     print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

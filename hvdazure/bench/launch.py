@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from hvdazure.bench import stats
-from hvdazure.bench.runner import BenchError, main, progress
+from hvdazure.bench.benchmark import BenchError, Benchmark, Jobs, Options, Result, progress
 from hvdazure.figures import pyplot, save_figure
 
 BARE, OURS = {"gloo": "horovodrun", "mpi": "mpirun"}, "hvdazure run"
@@ -52,6 +52,7 @@ def commands(script: str, num_proc: int, controller: str) -> tuple[dict[str, lis
 
 
 def time_job(cmd: list[str], timeout_s: float | None) -> float:
+    """The wall time of one job, start to exit; a failed job is a BenchError with its last line."""
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
@@ -59,24 +60,6 @@ def time_job(cmd: list[str], timeout_s: float | None) -> float:
         raise BenchError(f"launch: `{' '.join(cmd[:3])} ...` failed (exit code {proc.returncode}): "
                          f"{(proc.stderr.strip().splitlines() or [''])[-1]}")
     return time.perf_counter() - start
-
-
-def collect(options: dict, timeout_s: float | None = None, verbose: bool = False) -> dict:
-    """Both variants once per repeat, alternated; then the comparison."""
-    repeats, controller = (1 if options["quick"] else 5), options["controller"]
-    with tempfile.TemporaryDirectory(prefix="hvdazure-bench-") as folder:
-        script = str(Path(folder) / "one_allreduce.py")
-        Path(script).write_text(JOB)
-        cmds, missing = commands(script, options["np"], controller)
-        if missing:
-            raise BenchError(f"launch: {missing}")
-        times: dict[str, list[float]] = {name: [] for name in cmds}
-        for repeat in range(repeats):
-            for name, cmd in cmds.items():
-                times[name].append(time_job(cmd, timeout_s))
-            progress(f"launch: repeat {repeat + 1}/{repeats}")
-    return {"world_size": options["np"], "launcher": BARE[controller], "repeats": repeats, "times_s": times,
-            "summary": summarize(times[OURS], times[BARE[controller]])}
 
 
 def summarize(ours: list[float], bare: list[float]) -> dict:
@@ -89,30 +72,54 @@ def summarize(ours: list[float], bare: list[float]) -> dict:
             "ratio_median": statistics.median(ratios), "ratio_ci95": list(stats.bootstrap_interval(ratios))}
 
 
-def table(result: dict) -> str:
-    s = result["summary"]
-    low, high = s["overhead_s_ci95"]
-    return "\n".join([
-        f"launch: a {result['world_size']}-rank job doing one allreduce, {result['repeats']} alternated "
-        f"repeat(s)",
-        f"{'bare ' + result['launcher'] + ' (s)':>20}{'hvdazure run (s)':>18}{'overhead (s)':>14}"
-        "  95% interval",
-        f"{s['bare_median_s']:>20.2f}{s['hvdazure_median_s']:>18.2f}{s['overhead_s_median']:>14.2f}  "
-        f"{low:.2f} to {high:.2f}"])
+class Launch(Benchmark):
+    """Starts its own jobs: the bare launcher's and `hvdazure run`'s, each timed from here (no ranks of its
+    own to measure on)."""
 
+    name = "launch"
 
-def plot(result: dict, path: Path) -> None:
-    """Every repeat's wall time per variant."""
-    plt = pyplot()
+    def run(self, options: Options, jobs: Jobs) -> Result:
+        """Both variants once per repeat, alternated; then the comparison."""
+        repeats, controller = (1 if options["quick"] else 5), options["controller"]
+        with tempfile.TemporaryDirectory(prefix="hvdazure-bench-") as folder:
+            script = str(Path(folder) / "one_allreduce.py")
+            Path(script).write_text(JOB)
+            cmds, missing = commands(script, options["np"], controller)
+            if missing:
+                raise BenchError(f"launch: {missing}")
+            times: dict[str, list[float]] = {name: [] for name in cmds}
+            for repeat in range(repeats):
+                for name, cmd in cmds.items():
+                    times[name].append(time_job(cmd, jobs.timeout_s))
+                progress(f"launch: repeat {repeat + 1}/{repeats}")
+        return {"world_size": options["np"], "launcher": BARE[controller], "repeats": repeats,
+                "times_s": times, "summary": summarize(times[OURS], times[BARE[controller]])}
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = list(result["times_s"])
-    ax.boxplot([result["times_s"][n] for n in names])
-    ax.set_xticks(range(1, len(names) + 1), names, rotation=15)
-    ax.set_ylabel("job wall time (s)")
-    ax.set_title(f"launch: {result['world_size']} ranks, one allreduce, {result['launcher']}")
-    save_figure(fig, path)
+    def table(self, result: Result) -> str:
+        s = result["summary"]
+        low, high = s["overhead_s_ci95"]
+        return "\n".join([
+            f"launch: a {result['world_size']}-rank job doing one allreduce, {result['repeats']} alternated "
+            f"repeat(s)",
+            f"{'bare ' + result['launcher'] + ' (s)':>20}{'hvdazure run (s)':>18}{'overhead (s)':>14}"
+            "  95% interval",
+            f"{s['bare_median_s']:>20.2f}{s['hvdazure_median_s']:>18.2f}{s['overhead_s_median']:>14.2f}  "
+            f"{low:.2f} to {high:.2f}"])
+
+    def plot(self, result: Result, path: Path) -> None:
+        """Every repeat's wall time per variant."""
+        plt = pyplot()
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = list(result["times_s"])
+        ax.boxplot([result["times_s"][n] for n in names])
+        ax.set_xticks(range(1, len(names) + 1), names, rotation=15)
+        ax.set_ylabel("job wall time (s)")
+        ax.set_title(f"launch: {result['world_size']} ranks, one allreduce, {result['launcher']}")
+        save_figure(fig, path)
 
 
 if __name__ == "__main__":
+    from hvdazure.bench.runner import main
+
     sys.exit(main("launch"))

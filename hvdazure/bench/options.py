@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from hvdazure.bench.benchmark import Options
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """-np, the controller, --quick, --json, --plot and the options of single benchmarks."""
@@ -36,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(controller="gloo")
 
 
-def as_options(args: argparse.Namespace) -> dict:
+def as_options(args: argparse.Namespace) -> Options:
     """What the ranks need from the parsed arguments (JSON-serialisable)."""
     return {"np": args.np, "controller": args.controller, "quick": args.quick, "op": args.op,
             "framework": args.framework, "model": args.model}

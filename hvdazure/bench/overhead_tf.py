@@ -1,11 +1,12 @@
-"""The TensorFlow side of the overhead benchmark: the same MLP and data as overhead_torch.py, Horovod's TF2
-example loop on Keras 3 and the same training through TensorFlowTrainer, each timed over one block of steps
-(setup excluded). Imported in ranks only.
+"""The TensorFlow side of the overhead benchmark (an OverheadSide): the same MLP and data as
+overhead_torch.py (overhead_workload.py), Horovod's TF2 example loop on Keras 3 and the same training
+through TensorFlowTrainer, each timed over one block of steps (setup excluded). Imported in ranks only.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -14,7 +15,19 @@ import numpy as np
 import tensorflow as tf
 
 from hvdazure import TrainConfig
-from hvdazure.bench.overhead import CLASSES, FEATURES, HIDDEN, LOG_EVERY, LR, InStepTimer, StepClock, steady
+from hvdazure.bench.overhead_workload import (
+    CLASSES,
+    FEATURES,
+    HAND,
+    HIDDEN,
+    LOG_EVERY,
+    LR,
+    TRAINER,
+    BlockTime,
+    InStepTimer,
+    StepClock,
+    time_after_first_step,
+)
 from hvdazure.tensorflow import TensorFlowTrainer
 from hvdazure.tensorflow.collectives import init_horovod
 
@@ -91,23 +104,23 @@ class BenchTrainer(InStepTimer, TensorFlowTrainer):
         return loss_of(net, x, y)
 
 
-def block_runners(steps: int, batch_size: int) -> dict[str, Any]:
-    """A block of `steps` steps of each variant (one epoch of the data): (seconds, seconds outside the step
-    or None), both over the steps after the first (which traces the tf.function)."""
+def block_runners(steps: int, batch_size: int) -> dict[str, Callable[[], BlockTime]]:
+    """A block of `steps` steps of each variant (one epoch of the data): its time after the first step (which
+    traces the tf.function), and the trainer's outside its step."""
     init_horovod()  # the trainer's thread and device settings, for both variants
     data = arrays(steps * batch_size * hvd.size())
 
-    def trainer() -> tuple[float, float | None]:
+    def trainer() -> BlockTime:
         clock = StepClock()
         bench = BenchTrainer(TrainConfig(epochs=1, batch_size=batch_size, lr=LR, log_every=LOG_EVERY,
                                          progress_bar=False), data, clock)
         bench.fit()
-        return steady(clock.durations, bench.in_step_s)
+        return time_after_first_step(clock.durations, bench.in_step_s)
 
-    return {"hand-written": lambda: steady(hand_written(data, batch_size)), "trainer": trainer}
+    return {HAND: lambda: time_after_first_step(hand_written(data, batch_size)), TRAINER: trainer}
 
 
-def block_max(seconds: float) -> float:
+def slowest_rank(seconds: float) -> float:
     """The slowest rank's time for a block."""
     return float(hvd.allreduce(tf.constant(seconds, tf.float64), op=hvd.Max, name="bench.block").numpy())
 

@@ -1,11 +1,13 @@
-"""The PyTorch side of the overhead benchmark: the model, the data, Horovod's hand-written loop and the same
-training through TorchTrainer, each timed over one block of steps (setup excluded). Imported in ranks only.
+"""The PyTorch side of the overhead benchmark (an OverheadSide): the model, the data, Horovod's hand-written
+loop and the same training through TorchTrainer, each timed over one block of steps (setup excluded), the
+workload as overhead_workload.py sets it. Imported in ranks only.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import horovod.torch as hvd
@@ -14,7 +16,19 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from hvdazure import TrainConfig
-from hvdazure.bench.overhead import CLASSES, FEATURES, HIDDEN, LOG_EVERY, LR, InStepTimer, StepClock, steady
+from hvdazure.bench.overhead_workload import (
+    CLASSES,
+    FEATURES,
+    HAND,
+    HIDDEN,
+    LOG_EVERY,
+    LR,
+    TRAINER,
+    BlockTime,
+    InStepTimer,
+    StepClock,
+    time_after_first_step,
+)
 from hvdazure.torch import TorchTrainer
 
 SAMPLES = 8192
@@ -97,18 +111,18 @@ def with_trainer(epochs: int, batch_size: int, lr: float = LR, log_every: int = 
     return clock.durations, trainer.in_step_s
 
 
-def block_runners(steps: int, batch_size: int) -> dict[str, Any]:
-    """A block of `steps` steps of each variant on data of exactly one epoch: returns (seconds, seconds
-    outside the step or None), both over the steps after the first."""
+def block_runners(steps: int, batch_size: int) -> dict[str, Callable[[], BlockTime]]:
+    """A block of `steps` steps of each variant on data of exactly one epoch: its time after the first step
+    (and the trainer's outside its step)."""
     hvd.init()
     if "OMP_NUM_THREADS" not in os.environ:  # the trainer's own setting, for both variants
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // hvd.local_size()))
     data = dataset(steps * batch_size * hvd.size())
-    return {"hand-written": lambda: steady(hand_written(1, batch_size, data=data)),
-            "trainer": lambda: steady(*with_trainer(1, batch_size, data=data))}
+    return {HAND: lambda: time_after_first_step(hand_written(1, batch_size, data=data)),
+            TRAINER: lambda: time_after_first_step(*with_trainer(1, batch_size, data=data))}
 
 
-def block_max(seconds: float) -> float:
+def slowest_rank(seconds: float) -> float:
     """The slowest rank's time for a block (the ranks wait for each other every step anyway)."""
     return float(hvd.allreduce(torch.tensor(seconds, dtype=torch.float64), op=hvd.Max, name="bench.block"))
 

@@ -1,7 +1,7 @@
 """What each rank of a benchmark job runs: `python -m hvdazure.bench.rank NAME OPTIONS.json OUT.json`.
 
 Calls the benchmark's `measure(options)` on every rank; rank 0's result (the others return None) is written
-to OUT.json for the launching process.
+to OUT.json for the launching process (jobs.py).
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import json
 import sys
 from pathlib import Path
 
-from hvdazure.bench.runner import benchmark_module
+from hvdazure.bench.registry import load_rank_benchmark
 
 
 def main(argv: list[str]) -> int:
     name, options_path, out_path = argv
-    result = benchmark_module(name).measure(json.loads(Path(options_path).read_text()))
+    result = load_rank_benchmark(name).measure(json.loads(Path(options_path).read_text()))
     if result is not None:
         Path(out_path).write_text(json.dumps(result))
     return 0

@@ -6,8 +6,10 @@ Pure functions of their inputs (NumPy only), so each is unit-tested with known n
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 BOOTSTRAP_SEED = 12345  # fixed: the same data give the same interval
 
@@ -20,7 +22,7 @@ def bus_bandwidth(algorithm_bandwidth: float, world_size: int, op: str = "allred
     return algorithm_bandwidth * factor
 
 
-def bootstrap_interval(values: Sequence[float], statistic: Callable[[np.ndarray], float] = np.median,
+def bootstrap_interval(values: npt.ArrayLike, statistic: Callable[[np.ndarray], float] = np.median,
                        resamples: int = 2000, level: float = 0.95,
                        seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
     """Percentile bootstrap interval of `statistic` over `values` (seeded: reproducible)."""
@@ -75,7 +77,7 @@ def at_least_verdict(interval: tuple[float, float], target: float) -> str:
     return "undecided"
 
 
-def summary(values: Sequence[float]) -> dict[str, float]:
+def summary(values: npt.ArrayLike) -> dict[str, Any]:
     """Mean, median, min, max and the bootstrap 95% interval of the mean."""
     data = np.asarray(values, dtype=float)
     low, high = bootstrap_interval(data, np.mean)

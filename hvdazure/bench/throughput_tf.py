@@ -1,12 +1,12 @@
-"""The TensorFlow side of the throughput benchmark: the same synthetic data and models as
-throughput_torch.py (throughput.MODELS, channels last) on Keras 3, and TensorFlowTrainer with
-throughput.BatchTimer, which times batches of steps after a warm-up. Imported in ranks only.
+"""The TensorFlow side of the throughput benchmark (a ThroughputSide): the same synthetic data and models as
+throughput_torch.py (throughput_workload.py; channels last) on Keras 3, and TensorFlowTrainer with
+BatchTimer, which times batches of steps after a warm-up. Imported in ranks only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import horovod.tensorflow as hvd
 import keras
@@ -14,13 +14,21 @@ import numpy as np
 import tensorflow as tf
 
 from hvdazure import TrainConfig
-from hvdazure.bench.throughput import CNN_WIDTH, MODELS, BatchTimer
+from hvdazure.bench.throughput_workload import (
+    CNN_WIDTH,
+    DISTINCT_SAMPLES,
+    MODELS,
+    MOMENTUM,
+    BatchSchedule,
+    BatchTimer,
+    train_config,
+)
 from hvdazure.tensorflow import TensorFlowTrainer
 from hvdazure.tensorflow.collectives import init_horovod
 from hvdazure.tensorflow.data import ArrayData
 
 
-def synthetic_arrays(shape: tuple[int, ...], classes: int, distinct: int = 64,
+def synthetic_arrays(shape: tuple[int, ...], classes: int, distinct: int = DISTINCT_SAMPLES,
                      ) -> tuple[np.ndarray, np.ndarray]:
     """A few fixed random samples (as Horovod's synthetic benchmark, which trains on one random batch)."""
     rng = np.random.default_rng(0)
@@ -37,7 +45,7 @@ class CycledArrays(ArrayData):
         self.distinct, self.num_samples = self.num_samples, length
 
     def take(self, indices: Sequence[int]) -> Any:
-        return super().take(np.asarray(indices, dtype=np.int64) % self.distinct)
+        return super().take(cast(Sequence[int], np.asarray(indices, dtype=np.int64) % self.distinct))
 
 
 def build_model(name: str) -> keras.Model:
@@ -65,7 +73,7 @@ class SyntheticTrainer(TensorFlowTrainer):
         return build_model(self.model_name)
 
     def build_optimizer(self, lr: float) -> keras.optimizers.Optimizer:
-        return keras.optimizers.SGD(learning_rate=lr, momentum=0.9)
+        return keras.optimizers.SGD(learning_rate=lr, momentum=MOMENTUM)
 
     def train_dataset(self) -> tuple[np.ndarray, np.ndarray]:
         side, classes, _ = MODELS[self.model_name]
@@ -81,17 +89,15 @@ class SyntheticTrainer(TensorFlowTrainer):
         return keras.losses.sparse_categorical_crossentropy(y, net(x, training=True), from_logits=True)
 
 
-def rates_per_rank(model: str, batch_size: int, warmup: int, batches: int, steps_per_batch: int,
+def rates_per_rank(model: str, batch_size: int, schedule: BatchSchedule,
                    ) -> tuple[list[list[float]] | None, int]:
     """Train on synthetic data through TensorFlowTrainer; every rank's samples/s per timed batch (on rank 0,
     None elsewhere) and the world size."""
-    steps = warmup + batches * steps_per_batch
     on_gpu = init_horovod()  # the trainer's thread and device settings; it calls this again in fit()
-    timer = BatchTimer(warmup, steps_per_batch, batch_size,
+    timer = BatchTimer(schedule.warmup, schedule.steps_per_batch, batch_size,
                        synchronize=tf.test.experimental.sync_devices if on_gpu else None)
-    config = TrainConfig(epochs=1, batch_size=batch_size, lr=0.01, log_every=steps_per_batch,
-                         progress_bar=False)
-    trainer = SyntheticTrainer(config, model, steps * batch_size * hvd.size(), timer)
+    trainer = SyntheticTrainer(train_config(batch_size, schedule), model,
+                               schedule.steps * batch_size * hvd.size(), timer)
     trainer.fit()
     rates = hvd.allgather_object(timer.rates, name="bench.rates")
     return (rates if hvd.rank() == 0 else None), hvd.size()

@@ -1,5 +1,6 @@
-"""The PyTorch side of the throughput benchmark: synthetic data, the models (throughput.MODELS) and
-TorchTrainer with throughput.BatchTimer, which times batches of steps after a warm-up. Imported in ranks only.
+"""The PyTorch side of the throughput benchmark (a ThroughputSide): synthetic data, the models and
+TorchTrainer with BatchTimer, which times batches of steps after a warm-up (throughput_workload.py).
+Imported in ranks only.
 """
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ import torch
 from torch.utils.data import Dataset
 
 from hvdazure import TrainConfig
-from hvdazure.bench.throughput import CNN_WIDTH, MODELS, BatchTimer
+from hvdazure.bench.throughput_workload import (
+    CNN_WIDTH,
+    DISTINCT_SAMPLES,
+    MODELS,
+    MOMENTUM,
+    BatchSchedule,
+    BatchTimer,
+    train_config,
+)
 from hvdazure.torch import TorchTrainer
 
 
@@ -19,7 +28,8 @@ class SyntheticData(Dataset):
     """`length` samples cycling through a few fixed random ones (as Horovod's synthetic benchmark, which
     trains on one random batch): no memory for a dataset, no time spent making data during the steps."""
 
-    def __init__(self, length: int, shape: tuple[int, ...], classes: int, distinct: int = 64) -> None:
+    def __init__(self, length: int, shape: tuple[int, ...], classes: int,
+                 distinct: int = DISTINCT_SAMPLES) -> None:
         g = torch.Generator().manual_seed(0)
         self.length = length
         self.x = torch.randn(distinct, *shape, generator=g)
@@ -53,7 +63,7 @@ class SyntheticTrainer(TorchTrainer):
         return build_model(self.model_name)
 
     def build_optimizer(self, params: Any, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+        return torch.optim.SGD(params, lr=lr, momentum=MOMENTUM)
 
     def train_dataset(self) -> Dataset:
         side, classes, _ = MODELS[self.model_name]
@@ -64,17 +74,15 @@ class SyntheticTrainer(TorchTrainer):
         return torch.nn.functional.cross_entropy(net(x), y)
 
 
-def rates_per_rank(model: str, batch_size: int, warmup: int, batches: int, steps_per_batch: int,
+def rates_per_rank(model: str, batch_size: int, schedule: BatchSchedule,
                    ) -> tuple[list[list[float]] | None, int]:
     """Train on synthetic data through TorchTrainer; every rank's samples/s per timed batch (on rank 0,
     None elsewhere) and the world size."""
-    steps = warmup + batches * steps_per_batch
-    timer = BatchTimer(warmup, steps_per_batch, batch_size,
+    timer = BatchTimer(schedule.warmup, schedule.steps_per_batch, batch_size,
                        synchronize=torch.cuda.synchronize if torch.cuda.is_available() else None)
     hvd.init()
-    config = TrainConfig(epochs=1, batch_size=batch_size, lr=0.01, log_every=steps_per_batch,
-                         progress_bar=False)
-    trainer = SyntheticTrainer(config, model, steps * batch_size * hvd.size(), timer)
+    trainer = SyntheticTrainer(train_config(batch_size, schedule), model,
+                               schedule.steps * batch_size * hvd.size(), timer)
     trainer.fit()
     rates = hvd.allgather_object(timer.rates, name="bench.rates")
     return (rates if hvd.rank() == 0 else None), hvd.size()

@@ -3,8 +3,9 @@ report of both frameworks side by side (and of one that was skipped), and one-li
 
 import pytest
 
-from hvdazure.bench import throughput
-from hvdazure.bench.runner import BenchError
+from hvdazure.bench import throughput, throughput_workload
+from hvdazure.bench.benchmark import BenchError
+from hvdazure.bench.frameworks import chosen_frameworks
 
 
 class FakeClock:
@@ -20,8 +21,8 @@ class FakeClock:
 
 def test_batch_timer_skips_the_warm_up_and_rates_each_batch_of_steps_after_synchronizing():
     synced = []
-    timer = throughput.BatchTimer(warmup=2, steps_per_batch=3, batch_size=8,
-                                  synchronize=lambda: synced.append(1), clock=FakeClock())
+    timer = throughput_workload.BatchTimer(warmup=2, steps_per_batch=3, batch_size=8,
+                                           synchronize=lambda: synced.append(1), clock=FakeClock())
     for _ in range(2 + 3 * 3):
         timer.on_step_end(None)
 
@@ -29,12 +30,14 @@ def test_batch_timer_skips_the_warm_up_and_rates_each_batch_of_steps_after_synch
     assert len(synced) == 4  # at the end of the warm-up and of each batch
 
 
-def test_plan_models_and_frameworks_are_shared_by_both_sides():
-    assert throughput.batch_size("cnn", quick=False) == 64 and throughput.batch_size("cnn", quick=True) == 16
-    assert throughput.MODELS["resnet50"] == (224, 1000, 32)
-    assert throughput.chosen_frameworks("both") == ["torch", "tensorflow"]
-    assert throughput.chosen_frameworks("tensorflow") == ["tensorflow"]
-    assert throughput.plan(True) == {"warmup": 2, "batches": 3, "steps_per_batch": 2}
+def test_schedule_models_and_frameworks_are_shared_by_both_sides():
+    assert throughput_workload.batch_size("cnn", quick=False) == 64
+    assert throughput_workload.batch_size("cnn", quick=True) == 16
+    assert throughput_workload.MODELS["resnet50"] == (224, 1000, 32)
+    assert chosen_frameworks("both") == ["torch", "tensorflow"]
+    assert chosen_frameworks("tensorflow") == ["tensorflow"]
+    schedule = throughput_workload.batch_schedule(True)
+    assert schedule._asdict() == {"warmup": 2, "batches": 3, "steps_per_batch": 2}
 
 
 def runs(one: float, many: float, ceiling: float) -> dict:
@@ -50,17 +53,18 @@ def test_summary_gives_the_efficiencies_and_the_table_shows_both_frameworks_and_
     assert s["share_of_ceiling"]["value"] == pytest.approx(0.5)
     assert s["samples_per_s"]["2 ranks"]["total"]["mean"] == pytest.approx(90.0)
 
-    result = {"model": "cnn", "threads_per_rank": 1, "rounds": 1, **throughput.plan(True), "frameworks": {
+    result = {"model": "cnn", "threads_per_rank": 1, "rounds": 1,
+              **throughput_workload.batch_schedule(True)._asdict(), "frameworks": {
         "torch": {"status": "measured", "trainer": "TorchTrainer", "summary": s},
         "tensorflow": {"status": "measured", "trainer": "TensorFlowTrainer",
                        "summary": throughput.summarize(runs(80.0, 40.0, 80.0), 2)}}}
-    text = throughput.table(result)
+    text = throughput.Throughput().table(result)
     assert "TorchTrainer, 2 ranks" in text and "TensorFlowTrainer, 2 independent" in text
     assert "weak-scaling efficiency total(N) / (N x total(1)): 0.450" in text
     assert "weak-scaling efficiency total(N) / (N x total(1)): 0.500" in text
 
     result["frameworks"]["tensorflow"] = {"status": "skipped", "reason": "tensorflow is not installed"}
-    assert "tensorflow: skipped: tensorflow is not installed" in throughput.table(result)
+    assert "tensorflow: skipped: tensorflow is not installed" in throughput.Throughput().table(result)
 
 
 def test_resnet50_without_its_package_fails_in_one_line_for_the_framework_asked_for(monkeypatch):
@@ -68,9 +72,10 @@ def test_resnet50_without_its_package_fails_in_one_line_for_the_framework_asked_
     monkeypatch.setattr(throughput.importlib.util, "find_spec",
                         lambda name: None if name in ("torchvision", "keras") else real(name))
     options = {"model": "resnet50", "framework": "tensorflow"}
+    benchmark = throughput.Throughput()
 
     with pytest.raises(BenchError, match=r"keras\.applications"):
-        throughput.check(options)
+        benchmark.check(options)
     with pytest.raises(BenchError, match="torchvision"):
-        throughput.check({**options, "framework": "torch"})
-    throughput.check({**options, "model": "cnn", "framework": "both"})
+        benchmark.check({**options, "framework": "torch"})
+    benchmark.check({**options, "model": "cnn", "framework": "both"})
