@@ -7,7 +7,6 @@ import sys
 import textwrap
 
 from hvdazure.core.stop_signals import RANK_STOP_SIGNALS
-from hvdazure.launch.supervisor import SUPERVISOR_STOP_SIGNALS
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
@@ -48,6 +47,5 @@ def test_a_later_second_sigterm_exits_at_once_with_143_and_says_so() -> None:
     assert "finished" not in proc.stdout
 
 
-def test_a_rank_stops_on_sigterm_and_sigint_and_the_supervisor_on_sighup_as_well() -> None:
+def test_a_rank_stops_on_sigterm_and_sigint() -> None:
     assert set(RANK_STOP_SIGNALS) == {signal.SIGTERM, signal.SIGINT}
-    assert set(SUPERVISOR_STOP_SIGNALS) - set(RANK_STOP_SIGNALS) == {signal.SIGHUP}

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from hvdazure.core.stop_signals import RANK_STOP_SIGNALS
 from hvdazure.launch.command import LaunchSpec
 from hvdazure.launch.supervisor import SUPERVISOR_STOP_SIGNALS, run_job
 
@@ -14,6 +15,7 @@ EXPECTED_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C
 
 def test_hvdazure_run_stops_on_ctrl_c_kill_and_the_terminal_closing():
     assert set(SUPERVISOR_STOP_SIGNALS) == set(EXPECTED_STOP_SIGNALS)
+    assert set(SUPERVISOR_STOP_SIGNALS) - set(RANK_STOP_SIGNALS) == {signal.SIGHUP}  # ranks have no terminal
 
 
 def test_stop_signals_are_caught_before_the_launcher_starts_and_restored_after(monkeypatch):
