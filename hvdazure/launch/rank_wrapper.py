@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO
+from typing import IO
 
 from hvdazure.core.cluster import detect_cluster
 from hvdazure.launch.exit_status import (
@@ -54,14 +54,14 @@ _FOLLOW_ON_DELAY_S = 10.0
 class _LinePump(threading.Thread):
     """Copies a child's stream a line at a time; notes if a peer's shutdown caused this rank's error."""
 
-    def __init__(self, source: BinaryIO, sink: BinaryIO) -> None:
+    def __init__(self, source: IO[bytes], sink: IO[bytes]) -> None:
         super().__init__(daemon=True)
         self.source, self.sink = source, sink
         self.saw_peer_shutdown = False
         self.saw_peer_timeout = False
 
     def run(self) -> None:
-        sink: BinaryIO | None = self.sink
+        sink: IO[bytes] | None = self.sink
         for line in iter(self.source.readline, b""):
             if sink is not None:
                 try:
@@ -159,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_stderr_line(failure.line())
         return 127
     forward.attach(child)
+    assert child.stdout is not None and child.stderr is not None  # both are pipes
     pumps = [_LinePump(child.stdout, sys.stdout.buffer), _LinePump(child.stderr, sys.stderr.buffer)]
     for pump in pumps:
         pump.start()

@@ -194,7 +194,8 @@ def _signal_all(procs: Sequence[psutil.Process], sig: int) -> None:
 
 @contextlib.contextmanager
 def _stop_signals_caught(handler: Callable[[int, object], None]) -> Iterator[None]:
-    """Within the block, SUPERVISOR_STOP_SIGNALS call `handler` (main thread only: Python's rule for handlers)."""
+    """Within the block, SUPERVISOR_STOP_SIGNALS call `handler` (main thread only: Python's rule for
+    handlers)."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, handler) for sig in SUPERVISOR_STOP_SIGNALS}

@@ -9,8 +9,8 @@ from hvdazure.launch.exit_status import (
     lost_node,
     parse_exited,
     parse_started,
-    with_time_since_start,
     started_line,
+    with_time_since_start,
 )
 from hvdazure.launch.supervisor import normalize_line
 

@@ -143,7 +143,8 @@ class MetadataClient:
     def _get(self, url: str, timeout: float) -> bytes:
         request = urllib.request.Request(url, headers={"Metadata": "true"})
         with self._opener.open(request, timeout=timeout) as response:
-            return response.read(_MAX_RESPONSE_BYTES)
+            body: bytes = response.read(_MAX_RESPONSE_BYTES)
+        return body
 
     def scheduled_events(self, timeout: float) -> EventsDocument:
         return parse_events(self._get(self.url, timeout))
