@@ -1,8 +1,9 @@
 """hvdazure.azure: Azure ML. Submitting jobs (azure-ai-ml, azureml-core) and what runs inside them.
 
-Keep this file free of imports: the trainer imports hvdazure.azure.scheduled_events (stdlib only) inside
-every Azure ML job, and that import runs this file first. Modules that need the Azure SDKs import them
-themselves.
+Keep this file free of imports: hvdazure.azure.hyperdrive_args (stdlib only) runs inside every trial of an
+SDK v1 sweep, and that import runs this file first. (What every Azure ML job needs at run time, the
+environment and its preemption watcher, lives in hvdazure/core/cluster/.) Modules that need the Azure SDKs
+import them themselves.
 
 The submission API (the options of `hvdazure submit`, as Python) is reached through this package and loaded
 on first use:

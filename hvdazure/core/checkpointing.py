@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import platform
 import random
 import threading
@@ -33,7 +32,7 @@ from hvdazure.core.checkpoint import (
     CheckpointManager,
     pointer_directory,
 )
-from hvdazure.core.cluster import detect_cluster
+from hvdazure.core.cluster import detect_environment
 from hvdazure.core.rank_logging import logger
 
 if TYPE_CHECKING:
@@ -47,10 +46,8 @@ _NEEDED_KEYS = ((MANIFEST, ("world_size", "global_batch_size", "scaled_lr")),
 
 
 def default_checkpoint_dir(checkpoint_dir: str | None) -> str | None:
-    """The configured directory; inside Azure ML, ./outputs/checkpoints when none is configured."""
-    if checkpoint_dir is None and detect_cluster().launcher == "azureml":
-        return os.path.join("outputs", "checkpoints")
-    return checkpoint_dir
+    """The configured directory, else the detected environment's own (None: no checkpoints)."""
+    return checkpoint_dir if checkpoint_dir is not None else detect_environment().default_checkpoint_dir()
 
 
 def python_rng_state() -> dict[str, Any]:

@@ -67,9 +67,9 @@ class TrainConfig:
     checkpoint_async: bool = True  # rank 0 writes in the background after an in-memory copy
     checkpoint_hash: Literal["xxh3_128", "sha256"] = "xxh3_128"  # each file's integrity hash in the manifest
     resume: str | None = None  # "auto": newest valid checkpoint in checkpoint_dir, if any; or a path
-    # preemption notices (Azure Scheduled Events): every rank checkpoints and exits 143 before the VM goes
-    preemption_watch: bool | None = None  # None: on inside Azure ML, off elsewhere; needs checkpointing
-    scheduled_events_url: str = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
+    # preemption notices: every rank checkpoints and exits 143 before the VM goes (needs checkpointing)
+    preemption_watch: bool | None = None  # None: the environment decides (on inside Azure ML, else off)
+    scheduled_events_url: str | None = None  # where notices are read; None: the environment's own address
     tensorboard: bool = False
     mlflow: bool = False
     mlflow_tracking_uri: str | None = None  # default: Azure ML's inside it, else sqlite in output_dir
@@ -287,8 +287,8 @@ def _check_values(c: TrainConfig) -> None:
     require(c.keep_best >= 0, "keep_best", "must not be negative")
     require(c.checkpoint_dir is None or bool(c.checkpoint_dir), "checkpoint_dir", "must be a path or URL")
     require(c.resume is None or bool(c.resume), "resume", "must be 'auto', a checkpoint path, or null")
-    require(c.scheduled_events_url.startswith(("http://", "https://")), "scheduled_events_url",
-            "must be an http:// or https:// URL")
+    require(c.scheduled_events_url is None or c.scheduled_events_url.startswith(("http://", "https://")),
+            "scheduled_events_url", "must be an http:// or https:// URL")
     if c.reduce_op == "adasum" and c.gradient_predivide_factor != 1.0:
         raise ConfigError(f"config field 'gradient_predivide_factor': {c.gradient_predivide_factor!r} "
                           "must be 1.0 with reduce_op 'adasum'")

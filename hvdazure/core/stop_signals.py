@@ -21,7 +21,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# The signals a training rank stops on (a first one cleanly); `hvdazure run` itself stops on more
+# (launch/supervisor.py's SUPERVISOR_STOP_SIGNALS).
+RANK_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DUPLICATE_WINDOW_S = 0.5
 
 
@@ -38,7 +40,7 @@ def stop_signals_caught(on_first: Callable[[int], None]) -> Iterator[None]:
     watcher = threading.Thread(target=_exit_on_second_signal, args=(read_end,), name="hvdazure-signals",
                                daemon=True)
     previous_handlers = {sig: signal.signal(sig, lambda signum, _frame: on_first(signum))
-                         for sig in STOP_SIGNALS}
+                         for sig in RANK_STOP_SIGNALS}
     previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     watcher.start()
     try:
@@ -56,7 +58,7 @@ def _exit_on_second_signal(read_end: int) -> None:
     first: float | None = None
     while data := os.read(read_end, 64):
         for signum in data:
-            if signum not in STOP_SIGNALS:
+            if signum not in RANK_STOP_SIGNALS:
                 continue
             if first is None:
                 first = time.monotonic()

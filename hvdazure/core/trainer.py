@@ -27,7 +27,7 @@ from hvdazure.core.binding import Collectives, FrameworkState
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
 from hvdazure.core.checkpoint import CheckpointError
 from hvdazure.core.checkpointing import CheckpointCallback, TrainerCheckpoints, default_checkpoint_dir
-from hvdazure.core.cluster import detect_cluster
+from hvdazure.core.cluster import detect_environment
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
@@ -288,15 +288,13 @@ class Trainer(ABC):
         if self._checkpoints is not None:
             callbacks.append(CheckpointCallback(self._checkpoints, c.checkpoint_every_steps,
                                                 c.checkpoint_every_epochs))
-        if c.preemption_watch or (c.preemption_watch is None and detect_cluster().launcher == "azureml"):
+        # The environment knows whether and how a preemption is announced ahead (core/cluster/)
+        watcher = detect_environment().preemption_watcher(c.preemption_watch, c.scheduled_events_url)
+        if watcher is not None:
             if self._checkpoints is None:
                 raise ConfigError("config field 'preemption_watch': true needs checkpoint_dir (a preemption "
                                   "notice is answered with a checkpoint)")
-            # Imported here, only when on: the notices come from Azure's instance metadata service, which
-            # hvdazure.azure knows (stdlib only); the core knows Azure ML only as an environment (cluster.py).
-            from hvdazure.azure.scheduled_events import PreemptionWatcher
-
-            callbacks.append(PreemptionWatcher(c.scheduled_events_url))
+            callbacks.append(watcher)
         return callbacks
 
     def _emit(self, event: str) -> None:

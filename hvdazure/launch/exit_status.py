@@ -4,7 +4,7 @@ When one rank dies, its peers usually fail too, a moment later, with Horovod's "
 Each failure line therefore carries the time of the exit and whether it was such a follow-on failure, so
 the supervisor can name the rank that failed first rather than whichever line reached it first. The time is
 wall-clock seconds (ranks on other nodes share no other clock); users are shown it as seconds after the
-job started (`readable`).
+job started (`with_time_since_start`).
 
 Every rank also says where it started and, unless it failed, that it exited (`started_line`,
 `exited_line`; the supervisor reads and hides them). A rank that started and never said how it ended was
@@ -29,7 +29,7 @@ PEER_TIMEOUT_DETAIL = (" (timed out waiting for another rank: the network betwee
 _FOLLOW_ON = " (after a peer rank stopped)"
 _STARTED = re.compile(r"hvdazure: rank (?P<rank>\d+) started on (?P<host>\S+)$")
 _EXITED = re.compile(r"hvdazure: rank (?P<rank>\d+) exited with code \d+$")
-_PATTERN = re.compile(
+_FAILED = re.compile(
     r"hvdazure: rank (?P<rank>\d+) failed with exit code (?P<code>\d+)(?P<detail>.*)"
     r"(?P<at> at (?P<time>\d+\.\d+))"
 )
@@ -54,7 +54,7 @@ class RankFailure:
     @classmethod
     def parse(cls, line: str) -> RankFailure | None:
         """The failure a (possibly rank-tagged) output line reports, or None."""
-        match = _PATTERN.search(line)
+        match = _FAILED.search(line)
         if match is None:
             return None
         detail = match["detail"]
@@ -98,10 +98,10 @@ def lost_node(hosts: Mapping[int, str], exited: Collection[int], here: str) -> t
     return min(lost, key=lambda item: item[1][0]) if lost else None
 
 
-def readable(line: str, started_at: float) -> str:
+def with_time_since_start(line: str, started_at: float) -> str:
     """A failure line as users read it: its time as seconds after `started_at` (epoch seconds), not as a
     raw timestamp. Other lines are returned as they are."""
-    match = _PATTERN.search(line)
+    match = _FAILED.search(line)
     if match is None:
         return line
     elapsed = float(match["time"]) - started_at

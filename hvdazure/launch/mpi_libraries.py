@@ -104,10 +104,15 @@ def _horovod_libmpi(find_spec: FindSpec, ldd: str) -> tuple[str | None, str | No
     if all(libmpi is None for libmpi in linked.values()):
         return None, ("horovod was built without MPI, and hvdazure sweep runs on MPI: install libopenmpi-dev "
                       "and rebuild it with `make setup`")
+    found: set[str] = set()
     for extension, libmpi in linked.items():
-        if libmpi is not None and libmpi[1] is None:
-            return None, f"horovod's {extension.name} links {libmpi[0]}, which the loader cannot find"
-    paths = sorted({libmpi[1] for libmpi in linked.values() if libmpi is not None})
+        if libmpi is None:
+            continue
+        name, path = libmpi
+        if path is None:
+            return None, f"horovod's {extension.name} links {name}, which the loader cannot find"
+        found.add(path)
+    paths = sorted(found)
     if len(paths) > 1:
         return None, f"horovod's extensions link different MPI libraries ({', '.join(paths)}): rebuild it"
     return paths[0], None

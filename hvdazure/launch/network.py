@@ -139,7 +139,8 @@ def _detected(remote: Mapping[str, str | None], network: Network) -> CrossNodeIn
     name, subnet = next(iter(routes.values()))
     if subnet.network_address.is_loopback:
         return None
-    on_link = all(ipaddress.ip_address(address) in subnet for address in remote.values())
+    resolved = [address for address in remote.values() if address is not None]  # all of them, by now
+    on_link = all(ipaddress.ip_address(address) in subnet for address in resolved)
     why = f"the route to {next(iter(remote))}; --network-interface to change"
     return CrossNodeInterface(name, str(subnet) if on_link else name, why)
 
@@ -168,7 +169,7 @@ def _resolve(host: str) -> str | None:
     except OSError:
         return None
     infos.sort(key=lambda info: info[0] != socket.AF_INET)  # IPv4 first: Gloo rendezvous on IPv4
-    return infos[0][4][0] if infos else None
+    return str(infos[0][4][0]) if infos else None
 
 
 def _route_via(address: str) -> str | None:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO
+from typing import IO
 
 from hvdazure.core.cluster import detect_cluster
 from hvdazure.launch.exit_status import (
@@ -54,14 +54,14 @@ _FOLLOW_ON_DELAY_S = 10.0
 class _LinePump(threading.Thread):
     """Copies a child's stream a line at a time; notes if a peer's shutdown caused this rank's error."""
 
-    def __init__(self, source: BinaryIO, sink: BinaryIO) -> None:
+    def __init__(self, source: IO[bytes], sink: IO[bytes]) -> None:
         super().__init__(daemon=True)
         self.source, self.sink = source, sink
         self.saw_peer_shutdown = False
         self.saw_peer_timeout = False
 
     def run(self) -> None:
-        sink: BinaryIO | None = self.sink
+        sink: IO[bytes] | None = self.sink
         for line in iter(self.source.readline, b""):
             if sink is not None:
                 try:
@@ -75,7 +75,7 @@ class _LinePump(threading.Thread):
                 self.saw_peer_timeout = True
 
 
-class _Forwarder:
+class _SignalForwarder:
     """Passes signals on to the command; remembers which, so that an exit they explain is not a failure.
 
     Installed before the command starts: a signal arriving meanwhile is passed on as soon as it exists."""
@@ -96,12 +96,12 @@ class _Forwarder:
         for signum in sorted(self.signals):
             child.send_signal(signum)
 
-    def explains(self, code: int) -> bool:
+    def caused_exit(self, code: int) -> bool:
         """An exit the launcher asked for: killed by a forwarded signal, or exiting 128 + it after saving."""
         return code - 128 in self.signals
 
 
-def _say(line: str) -> None:
+def _write_stderr_line(line: str) -> None:
     """One write per line: with unbuffered stderr, print() writes the newline separately, and mpirun
     would tag the two pieces as two lines."""
     sys.stderr.write(line + "\n")
@@ -119,7 +119,7 @@ class _OrphanWatch(threading.Thread):
     """Stops the command if this wrapper is orphaned (its parent died): SIGTERM (the parent-death signal
     has usually delivered it already), then SIGKILL after the grace period."""
 
-    def __init__(self, child: subprocess.Popen, forward: _Forwarder) -> None:
+    def __init__(self, child: subprocess.Popen, forward: _SignalForwarder) -> None:
         super().__init__(daemon=True)
         self.child, self.forward = child, forward
         self.parent = os.getppid()
@@ -140,25 +140,26 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        _say("usage: python -m hvdazure.launch.rank_wrapper -- COMMAND [ARGS...]")
+        _write_stderr_line("usage: python -m hvdazure.launch.rank_wrapper -- COMMAND [ARGS...]")
         return 2
     try:
         rank = detect_cluster().rank
     except ValueError as exc:  # a malformed launcher variable: say which, on every rank
-        _say(f"hvdazure: error: {exc}")
+        _write_stderr_line(f"hvdazure: error: {exc}")
         return 2
-    forward = _Forwarder()
+    forward = _SignalForwarder()
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, forward)
-    _say(started_line(rank, socket.gethostname()))
+    _write_stderr_line(started_line(rank, socket.gethostname()))
     try:
         child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, preexec_fn=die_with_this_process(signal.SIGKILL))
     except OSError as exc:
         failure = RankFailure(False, time.time(), rank, 127, f" (cannot start {args[0]!r}: {exc.strerror})")
-        _say(failure.line())
+        _write_stderr_line(failure.line())
         return 127
     forward.attach(child)
+    assert child.stdout is not None and child.stderr is not None  # both are pipes
     pumps = [_LinePump(child.stdout, sys.stdout.buffer), _LinePump(child.stderr, sys.stderr.buffer)]
     for pump in pumps:
         pump.start()
@@ -172,16 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     code, detail = exit_code_of(returncode)
     # An exit the forwarded signal explains is the launcher's doing, not a failure of this rank. Anything
     # else is reported, signal or not.
-    if code != 0 and not forward.explains(code):
+    if code != 0 and not forward.caused_exit(code):
         timed_out = any(pump.saw_peer_timeout for pump in pumps)
         follow_on = not timed_out and any(pump.saw_peer_shutdown for pump in pumps)
         if timed_out:
             detail += PEER_TIMEOUT_DETAIL
         if follow_on:  # let the rank that failed first report first
             forward.signalled.wait(_FOLLOW_ON_DELAY_S)
-        _say(RankFailure(follow_on, exited_at, rank, code, detail).line())
+        _write_stderr_line(RankFailure(follow_on, exited_at, rank, code, detail).line())
     else:
-        _say(exited_line(rank, code))
+        _write_stderr_line(exited_line(rank, code))
     return code
 
 

@@ -44,14 +44,16 @@ from hvdazure.launch.exit_status import (
     lost_node,
     parse_exited,
     parse_started,
-    readable,
+    with_time_since_start,
 )
 from hvdazure.launch.lifetime import die_with_this_process, is_child_subreaper, set_child_subreaper
 from hvdazure.launch.network import CrossNodeInterface, choose_interface, host_names, this_machine
 from hvdazure.launch.rank_wrapper import GRACE_ENV
 
 TIMEOUT_EXIT_CODE = 124  # as coreutils' timeout(1)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, the terminal closing
+# What stops `hvdazure run` and so the whole job: Ctrl-C, kill, the terminal closing. A rank stops on
+# fewer (core/stop_signals.py's RANK_STOP_SIGNALS): it has no terminal.
+SUPERVISOR_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _LAUNCHER_GRACE_S = 5.0
 _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:")
 _HOROVODRUN_TAG = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:")
@@ -126,7 +128,7 @@ class _Job:
             failure = RankFailure.parse(line)
             if failure is not None:
                 self._record(failure)
-                line = readable(line, self.started_at)
+                line = with_time_since_start(line, self.started_at)
             (err if is_err else out).write(line)
             (err if is_err else out).flush()
 
@@ -192,10 +194,11 @@ def _signal_all(procs: Sequence[psutil.Process], sig: int) -> None:
 
 @contextlib.contextmanager
 def _stop_signals_caught(handler: Callable[[int, object], None]) -> Iterator[None]:
-    """Within the block, STOP_SIGNALS call `handler` (main thread only: Python's rule for handlers)."""
+    """Within the block, SUPERVISOR_STOP_SIGNALS call `handler` (main thread only: Python's rule for
+    handlers)."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+        previous = {sig: signal.signal(sig, handler) for sig in SUPERVISOR_STOP_SIGNALS}
     try:
         yield
     finally:
@@ -282,7 +285,7 @@ def _supervise(job: _Job, start: float, timeout_s: float | None, grace_s: float,
             # stop everything: survivors blocked in a collective would wait forever.
             if job.failed_at is not None:
                 remaining = failure_grace_s - (time.monotonic() - job.failed_at)
-                if remaining > 0 and _wait(job.proc, remaining):
+                if remaining > 0 and _exits_within(job.proc, remaining):
                     return False
             job.stop(grace_s if job.failed_at is None else failure_grace_s)
             return False
@@ -327,7 +330,8 @@ def _on_host(job: _Job, rank: int) -> str:
     return f" on {job.hosts[rank]}" if len(set(job.hosts.values())) > 1 and rank in job.hosts else ""
 
 
-def _wait(proc: subprocess.Popen, seconds: float) -> bool:
+def _exits_within(proc: subprocess.Popen, seconds: float) -> bool:
+    """Whether `proc` exits within `seconds` (it is waited for that long at most)."""
     try:
         proc.wait(timeout=seconds)
         return True

@@ -25,6 +25,7 @@ from typing import Any
 
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import ConfigError
+from hvdazure.core.errors import exception_line
 from hvdazure.core.run_context import RunContext, active
 from hvdazure.sweep import messages
 from hvdazure.sweep.coordinator import COMPLETE, DIVERGED, FAILED, PRUNED
@@ -259,7 +260,7 @@ def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, co
                 outcome.update(error=f"the script exited with status {code} (see {log})", error_kind="exit")
         except BaseException as exc:
             traceback.print_exc()
-            outcome.update(error=_one_line(exc),
+            outcome.update(error=exception_line(exc),
                            error_kind="sweep" if isinstance(exc, SweepMetricError)
                            else "horovod" if _is_peer_shutdown(exc) else "error")
             if isinstance(exc, KeyboardInterrupt):
@@ -355,11 +356,6 @@ def _share_cores_among_ranks() -> None:
 
 def _is_peer_shutdown(exc: BaseException) -> bool:
     return "Horovod has been shut down" in str(exc)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def _finite(value: Any) -> bool:

@@ -1,4 +1,5 @@
-"""hvdazure.core.cluster: which launcher started this process, and where in the job it put it."""
+"""hvdazure.core.cluster: which launcher started this process, where in the job it put it, and what that
+environment decides (default checkpoint directory, preemption watch)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdazure.core.cluster import ENVIRONMENTS, ClusterInfo, detect_cluster
+from hvdazure.core.cluster import ENVIRONMENTS, ClusterInfo, detect_cluster, detect_environment
+from hvdazure.core.cluster.scheduled_events import SCHEDULED_EVENTS_URL, PreemptionWatcher
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "cluster_env").glob("*.json"))
@@ -173,3 +175,63 @@ def test_importing_the_module_pulls_in_no_framework() -> None:
         check=True,
     )
     assert result.stdout.strip() == "[]"
+
+
+# --- what each environment decides ----------------------------------------------------------------------
+AZURE_ML = {"AZUREML_RUN_ID": "run"}
+LAUNCHERS = {"horovodrun": GLOO_RANK_2_OF_4, "openmpi": OPEN_MPI_RANK_1_OF_2,
+             "mpich": {"PMI_RANK": "0", "PMI_SIZE": "1", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"},
+             "single": {}}
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda path: path.stem)
+def test_the_detected_environment_is_the_one_that_describes_the_process(path: Path) -> None:
+    env = _fixture(path)["env"]
+    assert detect_environment(env).name == detect_cluster(env).launcher
+
+
+def test_detect_environment_reads_only_the_mapping_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "environ", {**OPEN_MPI_RANK_1_OF_2, **AZURE_ML})
+    assert detect_environment({}).name == "single"
+    assert detect_environment().name == "azureml"
+
+
+def test_inside_azure_ml_checkpoints_default_to_the_uploaded_outputs_folder() -> None:
+    assert detect_environment(AZURE_ML).default_checkpoint_dir() == os.path.join("outputs", "checkpoints")
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_a_plain_launcher_has_no_default_checkpoint_dir(name: str) -> None:
+    environment = detect_environment(LAUNCHERS[name])
+    assert environment.name == name
+    assert environment.default_checkpoint_dir() is None
+
+
+def test_azure_ml_watches_scheduled_events_at_azures_address_unless_told_otherwise() -> None:
+    watcher = detect_environment(AZURE_ML).preemption_watcher(None, None)
+    assert isinstance(watcher, PreemptionWatcher)
+    assert watcher.client.url == SCHEDULED_EVENTS_URL
+    assert SCHEDULED_EVENTS_URL == "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
+
+
+def test_azure_ml_reads_notices_at_a_configured_url() -> None:
+    watcher = detect_environment(AZURE_ML).preemption_watcher(True, "http://127.0.0.1:1/se")
+    assert isinstance(watcher, PreemptionWatcher)
+    assert watcher.client.url == "http://127.0.0.1:1/se"
+
+
+def test_azure_ml_watches_no_preemption_when_turned_off() -> None:
+    assert detect_environment(AZURE_ML).preemption_watcher(False, None) is None
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+@pytest.mark.parametrize("watch", [None, False])
+def test_a_plain_launcher_watches_no_preemption_unless_asked(name: str, watch: bool | None) -> None:
+    assert detect_environment(LAUNCHERS[name]).preemption_watcher(watch, None) is None
+
+
+@pytest.mark.parametrize("name", LAUNCHERS)
+def test_a_plain_launcher_asked_to_watch_reads_scheduled_events(name: str) -> None:
+    watcher = detect_environment(LAUNCHERS[name]).preemption_watcher(True, None)
+    assert isinstance(watcher, PreemptionWatcher)
+    assert watcher.client.url == SCHEDULED_EVENTS_URL

@@ -9,8 +9,8 @@ from hvdazure.launch.exit_status import (
     lost_node,
     parse_exited,
     parse_started,
-    readable,
     started_line,
+    with_time_since_start,
 )
 from hvdazure.launch.supervisor import normalize_line
 
@@ -52,9 +52,10 @@ def test_mpirun_tags_are_rewritten_like_horovodrun_tags():
 def test_users_read_failure_times_as_seconds_after_the_start_not_epoch_seconds():
     line = f"[1]<stderr>:{RankFailure(False, 1795980012.34, 1, 2).line()}\n"
 
-    assert readable(line, started_at=1795980010.0) == (
+    assert with_time_since_start(line, started_at=1795980010.0) == (
         "[1]<stderr>:hvdazure: rank 1 failed with exit code 2 (2.3s after start)\n")
-    assert readable("[0]<stdout>:epoch 1 at 1795980012.5\n", 0.0) == "[0]<stdout>:epoch 1 at 1795980012.5\n"
+    other = "[0]<stdout>:epoch 1 at 1795980012.5\n"
+    assert with_time_since_start(other, 0.0) == other
 
 
 def test_start_and_exit_lines_survive_rank_tagging_and_parse_back():

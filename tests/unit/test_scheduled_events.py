@@ -13,7 +13,7 @@ import pytest
 from fakes.metadata_service import FakeMetadataService, InSeconds, document, preempt
 
 from hvdazure import TrainConfig
-from hvdazure.azure.scheduled_events import (
+from hvdazure.core.cluster.scheduled_events import (
     VM_NAME_ENV,
     MetadataClient,
     PreemptionWatcher,
@@ -276,13 +276,14 @@ def test_bad_preemption_settings_are_config_errors(field, value, message):
         TrainConfig(**{field: value})
 
 
-def test_the_default_url_is_azures_documented_endpoint():
-    assert TrainConfig().scheduled_events_url == (
-        "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01")
+def test_the_default_url_is_azures_documented_endpoint(monkeypatch):
+    assert TrainConfig().scheduled_events_url is None  # the environment's own address
+    [watcher] = _default_callbacks(monkeypatch, AZURE_ML_ENV)
+    assert watcher.client.url == "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 
 
 def test_importing_the_module_loads_no_azure_sdk_or_framework():
-    probe = ("import sys, json, hvdazure.azure.scheduled_events\n"
+    probe = ("import sys, json, hvdazure.core.cluster.scheduled_events\n"
              "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
              "{'torch', 'tensorflow', 'keras', 'horovod', 'azure', 'azureml', 'mlflow', 'requests'})))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -1,9 +1,12 @@
 """core/stop_signals.py with real signals, in a child process: the first stop signal only asks, copies of
 it that arrive together count as one, and a later second one exits at once."""
 
+import signal
 import subprocess
 import sys
 import textwrap
+
+from hvdazure.core.stop_signals import RANK_STOP_SIGNALS
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
@@ -42,3 +45,7 @@ def test_a_later_second_sigterm_exits_at_once_with_143_and_says_so() -> None:
     assert proc.returncode == 143
     assert "second SIGTERM while stopping: exiting now" in proc.stderr
     assert "finished" not in proc.stdout
+
+
+def test_a_rank_stops_on_sigterm_and_sigint() -> None:
+    assert set(RANK_STOP_SIGNALS) == {signal.SIGTERM, signal.SIGINT}

@@ -7,7 +7,7 @@ import runpy
 import urllib.parse
 from pathlib import Path
 
-from hvdazure.azure import scheduled_events
+from hvdazure.core.cluster import scheduled_events
 
 os.chdir(os.environ["HVDAZURE_TEST_CWD"])
 scheduled_events.PreemptionWatcher.poll_seconds = float(os.environ.get("HVDAZURE_TEST_POLL", "0.1"))

@@ -12,15 +12,17 @@ A preemption notice is acted on once at most ACT_WITHIN_SECONDS remain before it
 Azure's usual 30-second Preempt notice, or when the time is blank or the event has started); a notice
 further ahead is looked at again at every poll, so one withdrawn before then is ignored.
 
-This VM's name comes from HVDAZURE_VM_NAME when set (for a node whose metadata name differs from the names
-in Resources), else from the metadata service's compute/name, asked at the host of the configured URL.
+The document is read at SCHEDULED_EVENTS_URL, Azure's link-local address, unless the config's
+scheduled_events_url names another (a test's stand-in). This VM's name comes from HVDAZURE_VM_NAME when set
+(for a node whose metadata name differs from the names in Resources), else from the metadata service's
+compute/name, asked at the same host.
 
 PreemptionWatcher polls from a daemon thread on local rank 0 of each node (one watcher per VM: GPU scale
 sets may deliver a VM's events to that VM only) and calls `trainer.request_checkpoint_and_exit`: every rank
 saves at the next step, through the per-step stop vote, and exits 143. It never stops training by itself
 failing: an unreachable endpoint or a malformed document is logged once and tried again at the next poll.
 
-Stdlib only (urllib): the trainer imports this module inside every Azure ML job.
+Stdlib only (urllib): the Azure ML environment (azureml.py) imports it inside every Azure ML job.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from hvdazure.core.rank_logging import logger
 if TYPE_CHECKING:
     from hvdazure.core.trainer import Trainer
 
+SCHEDULED_EVENTS_URL = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 PREEMPT = "Preempt"
 VM_NAME_ENV = "HVDAZURE_VM_NAME"
 VM_NAME_PATH = "/metadata/instance/compute/name?api-version=2021-02-01&format=text"
@@ -140,7 +143,8 @@ class MetadataClient:
     def _get(self, url: str, timeout: float) -> bytes:
         request = urllib.request.Request(url, headers={"Metadata": "true"})
         with self._opener.open(request, timeout=timeout) as response:
-            return response.read(_MAX_RESPONSE_BYTES)
+            body: bytes = response.read(_MAX_RESPONSE_BYTES)
+        return body
 
     def scheduled_events(self, timeout: float) -> EventsDocument:
         return parse_events(self._get(self.url, timeout))
@@ -162,8 +166,8 @@ class PreemptionWatcher(Callback):
     # Azure: the first request of a VM turns the service on and "may take up to two minutes" to answer
     first_request_timeout = 130.0
 
-    def __init__(self, scheduled_events_url: str) -> None:
-        self.client = MetadataClient(scheduled_events_url)
+    def __init__(self, scheduled_events_url: str | None = None) -> None:
+        self.client = MetadataClient(scheduled_events_url or SCHEDULED_EVENTS_URL)
         self.vm_name: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

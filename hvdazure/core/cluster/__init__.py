@@ -1,0 +1,36 @@
+"""Where this process sits in a distributed job, and what its environment decides, read from the variables
+its launcher set.
+
+Usable before ``hvd.init()`` (for example to print only on rank 0 while starting up) and free of any framework
+import. Each environment is one small class answering "am I in this environment, what is my rank, where do
+checkpoints go, how is a preemption announced" (environment.py; the pattern of Lightning Fabric's
+``plugins/environments``): the plain launchers in launchers.py, Azure ML in azureml.py with the Scheduled
+Events watcher it uses (scheduled_events.py). ``detect_environment`` asks them in priority order, so the
+trainer asks the environment and never names one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from hvdazure.core.cluster.azureml import INNER_LAUNCHERS, AzureML
+from hvdazure.core.cluster.environment import ClusterEnvironment, ClusterInfo
+from hvdazure.core.cluster.launchers import SingleProcess
+
+__all__ = ["ENVIRONMENTS", "ClusterEnvironment", "ClusterInfo", "detect_cluster", "detect_environment"]
+
+# Azure ML first because it wraps another launcher's variables; a single process is the fallback.
+ENVIRONMENTS: tuple[ClusterEnvironment, ...] = (AzureML(), *INNER_LAUNCHERS, SingleProcess())
+
+
+def detect_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironment:
+    """The environment that started this process, from ``env`` (default ``os.environ``) and nothing else."""
+    env = os.environ if env is None else env
+    return next(environment for environment in ENVIRONMENTS if environment.detected(env))
+
+
+def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
+    """Describe this process's place in the job from ``env`` (default ``os.environ``) and nothing else."""
+    env = os.environ if env is None else env
+    return detect_environment(env).describe(env)

@@ -1,0 +1,109 @@
+"""What every cluster environment answers, and the readers of the launcher variables they share.
+
+An environment is one small class (Lightning Fabric's ``plugins/environments`` pattern) that answers the
+questions the trainer would otherwise settle by comparing launcher names: is this process mine, where in the
+job is it, where do checkpoints go when none are configured, and how is a preemption announced ahead of
+time (the watcher callback that hears it, or None). Detection and description are pure functions of the
+environment mapping handed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from hvdazure.core.callbacks import Callback
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """This process's place in the job: global and per-node rank, node, master address and launcher."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str | None
+    launcher: str  # "azureml", "horovodrun", "openmpi", "mpich" or "single"
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the one process that should print, log and save."""
+        return self.rank == 0
+
+    @property
+    def is_multi_node(self) -> bool:
+        """True when the job spans more than one node."""
+        return self.num_nodes > 1
+
+
+class ClusterEnvironment(Protocol):
+    """One launcher or platform: whether it started this process, where it put it, and its own policies."""
+
+    name: str
+
+    def detected(self, env: Mapping[str, str]) -> bool:
+        """True if this environment's variables are in ``env``."""
+        ...
+
+    def describe(self, env: Mapping[str, str]) -> ClusterInfo:
+        """Where this environment put the process; ValueError, naming the variable, on a malformed value."""
+        ...
+
+    def default_checkpoint_dir(self) -> str | None:
+        """Where checkpoints go when ``checkpoint_dir`` is not configured; None: nowhere (no checkpoints)."""
+        ...
+
+    def preemption_watcher(self, watch: bool | None, notices_url: str | None) -> Callback | None:
+        """The callback that hears this environment's advance notice of a preemption, or None when off.
+
+        ``watch`` is the config's ``preemption_watch`` (None: this environment's default); ``notices_url``
+        the config's override of where notices are read (None: the environment's own address)."""
+        ...
+
+
+def _int(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name)
+    if raw is None:
+        raise ValueError(f"{name} is not set")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def read_count(env: Mapping[str, str], name: str) -> int:
+    """The positive integer variable ``name``."""
+    value = _int(env, name)
+    if value < 1:
+        raise ValueError(f"{name}={value} must be at least 1")
+    return value
+
+
+def read_index(env: Mapping[str, str], name: str, count: int, count_is: str) -> int:
+    """The variable ``name`` as an index below ``count`` (``count_is`` says where the count came from)."""
+    value = _int(env, name)
+    if not 0 <= value < count:
+        raise ValueError(f"{name}={value} must be in 0..{count - 1} ({count_is})")
+    return value
+
+
+def read_per_node(env: Mapping[str, str], name: str, size: int, size_name: str) -> int:
+    """The processes-per-node variable ``name``: at least 1 and at most the job's ``size``."""
+    local_size = read_count(env, name)
+    if local_size > size:
+        raise ValueError(f"{name}={local_size} is more than {size_name}={size}")
+    return local_size
+
+
+def node_of_rank(rank: int, size: int, local_size: int) -> tuple[int, int]:
+    """(node rank, number of nodes) of ``rank`` when no variable names them."""
+    # Ranks are numbered node by node (mpirun -map-by slot, which our launcher uses, hydra's default, Azure
+    # ML's per-process launch), so node n holds ranks n * local_size .. (n + 1) * local_size - 1. Wrong for
+    # -map-by node, and no launcher variable says which mapping was used.
+    return rank // local_size, math.ceil(size / local_size)
