@@ -99,7 +99,7 @@ def _submit(args: argparse.Namespace) -> int:
     except errors.SubmitError as exc:
         if args.verbose and exc.__cause__ is not None:
             print(errors.redact("".join(traceback.format_exception(exc.__cause__))), file=sys.stderr, end="")
-        return _fail(errors.one_line(exc))
+        return _fail(errors.redacted_line(exc))
     print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.report()))
     return 0
 
@@ -134,7 +134,7 @@ def _azure_compute_create(args: argparse.Namespace) -> int:
         cluster.validate()
         info = submission.create_compute(cluster, _workspace(args))
     except errors.SubmitError as exc:
-        return _fail(errors.one_line(exc))
+        return _fail(errors.redacted_line(exc))
     print(json.dumps(dataclasses.asdict(info), indent=2) if args.json else info.describe())
     return 0
 

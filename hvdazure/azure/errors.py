@@ -36,8 +36,10 @@ def redact(text: str) -> str:
     return text
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception as one redacted line: its first non-empty line, prefixed with its type when that helps."""
+def redacted_line(exc: BaseException) -> str:
+    """An exception as one redacted line: its first non-empty line, prefixed with its type (not for our own
+    SubmitError, whose message is already the line). The first line only, unlike core.errors.exception_line:
+    the Azure SDKs' later lines are response dumps (headers, bodies) no one-line error should carry."""
     text = redact(str(exc)).strip()
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if isinstance(exc, SubmitError):

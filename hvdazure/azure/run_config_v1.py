@@ -15,7 +15,7 @@ import json
 import shlex
 from typing import Any
 
-from hvdazure.azure.errors import SubmitError, one_line
+from hvdazure.azure.errors import SubmitError, redacted_line
 from hvdazure.azure.resolved_job import ResolvedJob
 
 
@@ -74,7 +74,7 @@ def check_run_configuration(job: ResolvedJob, data: dict[str, Any], name: str) -
     try:
         loaded = RunConfiguration._get_runconfig_using_dict(data)  # what RunConfiguration.load does
     except Exception as exc:
-        raise SubmitError(f"azureml-core cannot load {name} back: {one_line(exc)}") from None
+        raise SubmitError(f"azureml-core cannot load {name} back: {redacted_line(exc)}") from None
     found = {"script": loaded.script, "arguments": list(loaded.arguments), "nodeCount": loaded.node_count,
              "mpi": {"processCountPerNode": loaded.mpi.process_count_per_node,
                      "nodeCount": loaded.mpi.node_count}}

@@ -26,7 +26,7 @@ from typing import Any
 
 from hvdazure.azure.backend import OfflineCheck, SubmitBackend, Submitted
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
-from hvdazure.azure.errors import JobSpecError, SubmitError, one_line
+from hvdazure.azure.errors import JobSpecError, SubmitError, redacted_line
 from hvdazure.azure.job_spec import JobSpec, resolve
 from hvdazure.azure.resolved_job import ResolvedJob
 from hvdazure.azure.sweep_spec import InJobSweepSpec
@@ -121,7 +121,7 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
     except SubmitError:
         raise
     except Exception as exc:  # the SDKs' many error types: one redacted line (the CLI's -v shows more)
-        raise SubmitError(f"Azure ML: {one_line(exc)}") from exc
+        raise SubmitError(f"Azure ML: {redacted_line(exc)}") from exc
 
 
 def create_compute(cluster: ClusterSpec, workspace: WorkspaceRef | None = None, credential: Any = None,
@@ -139,7 +139,7 @@ def create_compute(cluster: ClusterSpec, workspace: WorkspaceRef | None = None, 
     except SubmitError:
         raise
     except Exception as exc:
-        raise SubmitError(f"Azure ML: {one_line(exc)}") from exc
+        raise SubmitError(f"Azure ML: {redacted_line(exc)}") from exc
 
 
 def backend_for(sdk: str) -> SubmitBackend:
@@ -160,7 +160,7 @@ def backend_for(sdk: str) -> SubmitBackend:
 
         return V2Backend()
     except ImportError as exc:
-        raise SubmitError(f"--sdk {sdk} needs {_INSTALL_HINT[sdk]}: {one_line(exc)}") from None
+        raise SubmitError(f"--sdk {sdk} needs {_INSTALL_HINT[sdk]}: {redacted_line(exc)}") from None
 
 
 def _display_path(path: Path) -> str:

@@ -29,7 +29,7 @@ from hvdazure._version import __version__
 from hvdazure.azure import compute
 from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
-from hvdazure.azure.errors import SubmitError, one_line
+from hvdazure.azure.errors import SubmitError, redacted_line
 from hvdazure.azure.job_spec import is_local_path
 from hvdazure.azure.resolved_job import CommandJob, InJobSweep, ResolvedJob, SweepJob
 from hvdazure.azure.sweep_v2 import SweepJobForm
@@ -163,7 +163,8 @@ class V2Backend:
                 loaded._validate(raise_error=True)
             body = to_rest_job_object(loaded).as_dict()["properties"]
         except Exception as exc:  # the SDK's ValidationException, marshmallow's, or its UserErrorException
-            raise SubmitError(f"Azure ML's validation rejected {job_file.name}: {one_line(exc)}") from None
+            raise SubmitError(f"Azure ML's validation rejected {job_file.name}: "
+                              f"{redacted_line(exc)}") from None
         form = _form(job)
         expected = {"distributionType": "Mpi", "processCountPerInstance": job.processes_per_node}
         layout = layout_of(body, form)

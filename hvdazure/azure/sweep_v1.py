@@ -32,7 +32,7 @@ from typing import Any
 
 from hvdazure.azure import code_snapshot, run_config_v1
 from hvdazure.azure.backend import output_file
-from hvdazure.azure.errors import JobSpecError, SubmitError, one_line
+from hvdazure.azure.errors import JobSpecError, SubmitError, redacted_line
 from hvdazure.azure.hyperdrive_args import ENTRY_FILE, ENTRY_SOURCE, entry_arguments
 from hvdazure.azure.resolved_job import CommandJob, ResolvedJob, SearchParameter, SweepJob
 from hvdazure.sweep.space import KINDS
@@ -59,7 +59,7 @@ class HyperDriveRun:
             import azureml.train.hyperdrive  # noqa: F401
         except ImportError as exc:
             raise SubmitError(f"submit sweep with --sdk v1 needs azureml-train-core (HyperDrive): pip "
-                              f"install 'azureml-train-core~=1.61.0' ({one_line(exc)})") from None
+                              f"install 'azureml-train-core~=1.61.0' ({redacted_line(exc)})") from None
         if sweep.max_duration is not None and sweep.max_duration > MAX_DURATION_MINUTES * 60:
             raise JobSpecError(f"--max-duration {sweep.max_duration}: a HyperDrive run lasts at most "
                                f"{MAX_DURATION_MINUTES} minutes ({MAX_DURATION_MINUTES * 60} s)")
@@ -226,4 +226,6 @@ def entry_file(code_dir: Path) -> Iterator[Path]:
 def _message(exc: Exception) -> str:
     """azureml's exceptions carry the message in `.message`; their str() starts with the class name."""
     message = getattr(exc, "message", None)
-    return message.strip().splitlines()[0] if isinstance(message, str) and message.strip() else one_line(exc)
+    if isinstance(message, str) and message.strip():
+        return message.strip().splitlines()[0]
+    return redacted_line(exc)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdazure.azure.errors import SubmitError, one_line
+from hvdazure.azure.errors import SubmitError, redacted_line
 
 ARM_SCOPE = "https://management.azure.com/.default"
 _CONFIG_NAMES = ("config.json", ".azureml/config.json")
@@ -61,7 +61,7 @@ class WorkspaceRef:
         except FileNotFoundError:
             raise SubmitError(f"workspace config not found: {path}") from None
         except (OSError, ValueError) as exc:
-            raise SubmitError(f"workspace config {path} is not readable JSON: {one_line(exc)}") from None
+            raise SubmitError(f"workspace config {path} is not readable JSON: {redacted_line(exc)}") from None
         if not isinstance(data, dict):
             raise SubmitError(f"workspace config {path}: expected a JSON object")
         # the portal writes subscription_id / resource_group / workspace_name; older files say "Scope"
@@ -109,7 +109,8 @@ def check_credential(credential: Any) -> None:
         credential.get_token(ARM_SCOPE)
     except ClientAuthenticationError as exc:
         raise SubmitError("no Azure credentials: run `az login`, or set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
-                          f"AZURE_CLIENT_SECRET, or use a managed identity ({one_line(exc)[:200]})") from None
+                          "AZURE_CLIENT_SECRET, or use a managed identity "
+                          f"({redacted_line(exc)[:200]})") from None
     finally:
         identity_logger.setLevel(level)
 

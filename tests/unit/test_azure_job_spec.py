@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hvdazure.azure import code_snapshot, vm_sizes
-from hvdazure.azure.errors import JobSpecError, SubmitError, one_line, redact
+from hvdazure.azure.errors import JobSpecError, SubmitError, redact, redacted_line
 from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, parse_input, parse_output, resolve
 from hvdazure.azure.workspace import WorkspaceRef
 
@@ -319,7 +319,8 @@ def test_redact_removes_sas_signatures_tokens_and_keys():
 def test_one_line_keeps_the_first_line_redacted():
     error = RuntimeError("upload to https://a.blob.core.windows.net/c?sig=s3cret failed\nmore\ndetail")
 
-    assert one_line(error) == "RuntimeError: upload to https://a.blob.core.windows.net/c?sig=REDACTED failed"
+    assert redacted_line(error) == (
+        "RuntimeError: upload to https://a.blob.core.windows.net/c?sig=REDACTED failed")
 
 
 def test_the_workspace_comes_from_config_json_found_upwards(tmp_path):
