@@ -11,7 +11,7 @@ first (the first makes a new DataLoader iterator or traces the tf.function: per-
 and callbacks included. Reported: the median of the per-pair ratios trainer / hand loop with a seeded
 bootstrap 95% interval against the target <= 1.02 (met: the interval lies at or below it; not met: above
 it; undecided: it straddles it), and the trainer's own bookkeeping per step, measured in-process: its time
-outside _run_step (metric reduction, callbacks, the loop; the metric reduction every log_every steps waits
+outside run_step (metric reduction, callbacks, the loop; the metric reduction every log_every steps waits
 for the slowest rank, so on a loaded machine this includes waiting).
 """
 
@@ -53,22 +53,30 @@ class StepClock(Callback):
 
 
 class InStepTimer:
-    """Mixin for a binding's Trainer (listed before it): the time of each `_run_step`, the step itself, so
-    that what the trainer does around it can be told apart. Framework-free: both benchmarks use it."""
+    """Mixin for a binding's Trainer (listed before it): the time of each step of its backend's `run_step`,
+    the step itself, so that what the trainer does around it can be told apart. Framework-free: both
+    benchmarks use it."""
 
     in_step_s: list[float]
 
-    def _run_step(self, *args: Any) -> float:
-        start = time.perf_counter()
-        try:
-            return super()._run_step(*args)  # type: ignore[misc]
-        finally:
-            self.in_step_s.append(time.perf_counter() - start)
+    def _create_backend(self) -> Any:
+        backend = super()._create_backend()  # type: ignore[misc]
+        run_step = backend.run_step
+
+        def timed(*args: Any) -> float:
+            start = time.perf_counter()
+            try:
+                return run_step(*args)
+            finally:
+                self.in_step_s.append(time.perf_counter() - start)
+
+        backend.run_step = timed
+        return backend
 
 
 def steady(durations: list[float], in_step_s: list[float] | None = None) -> tuple[float, float | None]:
     """A block's time without its first step (per-block setup), and, given the time of each step inside
-    _run_step, the time outside it over the same steps."""
+    the backend's run_step, the time outside it over the same steps."""
     total = sum(durations[1:])
     return total, None if in_step_s is None else total - sum(in_step_s[1:])
 
