@@ -179,6 +179,31 @@ class Trainer(ABC):
     # --- pieces of the loop --------------------------------------------------------------------------------
     def _prepare(self) -> None:
         """What fit() does before the first step: start, build, resume if asked, broadcast from rank 0."""
+        c = self.config
+        self._start()
+        checkpoint_dir = default_checkpoint_dir(c.checkpoint_dir)
+        if c.resume == "auto" and checkpoint_dir is None:
+            raise ConfigError("config field 'resume': 'auto' needs checkpoint_dir")
+        pieces = self._build()
+        if checkpoint_dir is not None:
+            self._checkpoints = self._trainer_checkpoints(checkpoint_dir, pieces)
+        self.callbacks = [cb for cb in self._default_callbacks() + self._user_callbacks
+                          if self.is_main or not cb.main_only]
+        if c.resume is not None:
+            # the directory above the checkpoint, as a URL too (pathlib would make abfs://c/run abfs:/c)
+            parent = c.resume.rstrip("/").rpartition("/")[0] or "."
+            source = self._checkpoints or self._trainer_checkpoints(parent, pieces)
+            source.resume(c.resume, self._continue_from)
+        self._backend.broadcast_model_and_optimizer()  # rank 0's model: as built, or as resumed there
+        if c.max_steps is not None:  # a resume at another world size: max_steps counts the steps taken
+            end = self.schedule_step + max(0, c.max_steps - self.state.step)
+            total = min(self.schedule.total_steps, end)
+            self.schedule = dataclasses.replace(self.schedule, total_steps=total)
+        self._check_micro_batch_sizes()
+        self.state.lr = self.schedule.lr_at(self.schedule_step)
+
+    def _start(self) -> None:
+        """Start the backend's ranks; this rank's place, data plan and LR schedule."""
         backend, c = self._backend, self.config
         self.collectives = backend.start(self.comm)
         if self._context is not None:
@@ -190,40 +215,28 @@ class Trainer(ABC):
         self.shard_plan = ShardPlan(backend.load_datasets(), c.batch_size, self.world_size, self.rank,
                                     c.grad_accum_steps, c.seed)
         self.schedule = LRSchedule.from_config(c, self.world_size, self.shard_plan.steps_per_epoch)
-        checkpoint_dir = default_checkpoint_dir(c.checkpoint_dir)
-        if c.resume == "auto" and checkpoint_dir is None:
-            raise ConfigError("config field 'resume': 'auto' needs checkpoint_dir")
+
+    def _build(self) -> CheckpointPieces:
+        """Build model and optimizer, seed this rank, set up the step's inputs and meters; returns what a
+        checkpoint of this trainer saves and a resume loads."""
+        backend, c = self._backend, self.config
         framework = backend.build(self.schedule.peak_lr)
         self._rng = RankRandomState(framework)
         self._rng.seed(rank_seed(c.seed, self.rank))  # dropout etc. differ between ranks
         # Average divides the summed gradients by the world size; the loss weights are shares of the whole
         # step, so multiply that division back out.
         self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
-        self._step_batches = StepBatches(lambda epoch, start: backend.epoch_batches(self.shard_plan, epoch,
-                                                                                    start))
+        self._step_batches = StepBatches(
+            lambda epoch, start: backend.epoch_batches(self.shard_plan, epoch, start))
         self._meter, self._epoch_means = self._new_meter(), RunningMean()
-        pieces = CheckpointPieces(
+        return CheckpointPieces(
             stateful={"state": self.state, "epoch_train": self._epoch_means,
                       "callbacks": CallbackStates(lambda: self.callbacks), "framework": framework},
             framework=framework, rng=self._rng, manifest=self._manifest)
-        if checkpoint_dir is not None:
-            self._checkpoints = TrainerCheckpoints(checkpoint_dir, pieces, self.collectives, c,
-                                                   backend.framework_name)
-        self.callbacks = [cb for cb in self._default_callbacks() + self._user_callbacks
-                          if self.is_main or not cb.main_only]
-        if c.resume is not None:
-            # the directory above the checkpoint, as a URL too (pathlib would make abfs://c/run abfs:/c)
-            parent = c.resume.rstrip("/").rpartition("/")[0] or "."
-            source = self._checkpoints or TrainerCheckpoints(parent, pieces, self.collectives, c,
-                                                             backend.framework_name)
-            source.resume(c.resume, self._continue_from)
-        backend.broadcast_model_and_optimizer()  # the model of rank 0: built, or resumed there
-        if c.max_steps is not None:  # a resume at another world size: max_steps counts the steps taken
-            end = self.schedule_step + max(0, c.max_steps - self.state.step)
-            total = min(self.schedule.total_steps, end)
-            self.schedule = dataclasses.replace(self.schedule, total_steps=total)
-        self._check_micro_batch_sizes()
-        self.state.lr = self.schedule.lr_at(self.schedule_step)
+
+    def _trainer_checkpoints(self, directory: str, pieces: CheckpointPieces) -> TrainerCheckpoints:
+        return TrainerCheckpoints(directory, pieces, self.collectives, self.config,
+                                  self._backend.framework_name)
 
     def _continue_from(self, point: ResumePoint) -> str:
         """What a resume means for this run, once the checkpoint's pieces are loaded: the data continues
