@@ -22,9 +22,9 @@ from torch.utils.data import TensorDataset
 
 from hvdazure import Callback, TrainConfig
 from hvdazure.bench.checkpoint_workload import BATCH_SIZE, PROBES
-from hvdazure.core.checkpoint import CheckpointManager
+from hvdazure.core.checkpoint_store import CheckpointManager
 from hvdazure.torch import TorchTrainer
-from hvdazure.torch.state import TorchState
+from hvdazure.torch.checkpoint_content import TorchCheckpointContent
 
 
 def big_model(mb: int) -> torch.nn.Linear:
@@ -43,8 +43,9 @@ def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
     """The same state (model + optimizer) saved and loaded the trainer's way and by hand, seconds per
     variant and repeat, the variants' order rotated from one repeat to the next, after one unrecorded round:
 
-    - "hvdazure save": what a blocking checkpoint does with the model and optimizer (TorchState's files
-      through CheckpointManager: temporary folder, hashed while written, fsync, rename, `latest`), timed to
+    - "hvdazure save": what a blocking checkpoint does with the model and optimizer (files of a
+      TorchCheckpointContent through CheckpointManager: temporary folder, hashed while written, fsync,
+      rename, `latest`), timed to
       the moment the checkpoint is durable and `latest` names it: what training waits for. Retention (the
       deletion of the checkpoint it replaces) follows, overlapped with training in a trainer; here it runs
       before the next variant, and "hvdazure save + retention" records the whole; "hvdazure save, CPU
@@ -59,7 +60,7 @@ def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
     """
     model = big_model(mb)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    state = TorchState(model, optimizer, None, torch.device("cpu"))
+    state = TorchCheckpointContent(model, optimizer, None, torch.device("cpu"))
     manager = CheckpointManager(str(root / "managed"), keep_last=1)
     bare, floor_file = root / "bare.pt", root / "floor.bin"
     step = itertools.count(1)

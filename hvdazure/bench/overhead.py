@@ -11,8 +11,8 @@ first (the first makes a new DataLoader iterator or traces the tf.function: per-
 and callbacks included. Reported: the median of the per-pair ratios trainer / hand loop with a seeded
 bootstrap 95% interval against the target <= 1.02 (met: the interval lies at or below it; not met: above
 it; undecided: it straddles it), and the trainer's own bookkeeping per step, measured in-process: its time
-outside _run_step (metric reduction, callbacks, the loop; the metric reduction every log_every steps waits
-for the slowest rank, so on a loaded machine this includes waiting).
+outside its backend's run_step (metric reduction, callbacks, the loop; the metric reduction every log_every
+steps waits for the slowest rank, so on a loaded machine this includes waiting).
 """
 
 from __future__ import annotations

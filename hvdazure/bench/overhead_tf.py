@@ -84,7 +84,7 @@ def hand_written(data: tuple[np.ndarray, np.ndarray], batch_size: int) -> list[f
 
 
 class BenchTrainer(InStepTimer, TensorFlowTrainer):
-    """The same model, data and optimizer; times its own _run_step (the rest of a step is its bookkeeping)."""
+    """The same model, data and optimizer; times its run_step (the rest of a step is its bookkeeping)."""
 
     def __init__(self, config: TrainConfig, data: tuple[np.ndarray, np.ndarray], clock: StepClock) -> None:
         super().__init__(config, callbacks=[clock])

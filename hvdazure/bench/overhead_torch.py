@@ -79,7 +79,7 @@ def hand_written(epochs: int, batch_size: int, lr: float = LR, log_every: int = 
 
 
 class BenchTrainer(InStepTimer, TorchTrainer):
-    """The same model, data and optimizer as the hand-written loop; times its own _run_step, so that what
+    """The same model, data and optimizer as the hand-written loop; times its run_step, so that what
     the loop does around the step (its bookkeeping) is the rest of the step's time."""
 
     def __init__(self, config: TrainConfig, data: TensorDataset, clock: StepClock) -> None:
@@ -103,7 +103,7 @@ class BenchTrainer(InStepTimer, TorchTrainer):
 def with_trainer(epochs: int, batch_size: int, lr: float = LR, log_every: int = LOG_EVERY,
                  data: TensorDataset | None = None) -> tuple[list[float], list[float]]:
     """The same training through TorchTrainer: every step's wall time, and the time of each inside
-    _run_step."""
+    its backend's run_step."""
     clock = StepClock()
     trainer = BenchTrainer(TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, log_every=log_every,
                                        progress_bar=False), data if data is not None else dataset(), clock)

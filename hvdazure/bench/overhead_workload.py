@@ -46,22 +46,30 @@ class StepClock(Callback):
 
 
 class InStepTimer:
-    """Mixin for a binding's Trainer (listed before it): the time of each `_run_step`, the step itself, so
-    that what the trainer does around it can be told apart. Framework-free: both benchmarks use it."""
+    """Mixin for a binding's Trainer (listed before it): the time of each step of its backend's `run_step`,
+    the step itself, so that what the trainer does around it can be told apart. Framework-free: both
+    benchmarks use it."""
 
     in_step_s: list[float]
 
-    def _run_step(self, *args: Any) -> float:
-        start = time.perf_counter()
-        try:
-            return super()._run_step(*args)  # type: ignore[misc]
-        finally:
-            self.in_step_s.append(time.perf_counter() - start)
+    def _create_backend(self) -> Any:
+        backend = super()._create_backend()  # type: ignore[misc]
+        run_step = backend.run_step
+
+        def timed(*args: Any) -> float:
+            start = time.perf_counter()
+            try:
+                return run_step(*args)
+            finally:
+                self.in_step_s.append(time.perf_counter() - start)
+
+        backend.run_step = timed
+        return backend
 
 
 class BlockTime(NamedTuple):
-    """A block's seconds over its steps after the first, and of those the trainer's outside `_run_step`
-    (its bookkeeping; None for the hand-written loop)."""
+    """A block's seconds over its steps after the first, and of those the trainer's outside its backend's
+    `run_step` (its bookkeeping; None for the hand-written loop)."""
 
     seconds: float
     outside_step_s: float | None
@@ -69,7 +77,8 @@ class BlockTime(NamedTuple):
 
 def time_after_first_step(durations: list[float], in_step_s: list[float] | None = None) -> BlockTime:
     """A block's time without its first step (per-block setup: a new DataLoader iterator, the tf.function's
-    tracing), and, given the time of each step inside _run_step, the time outside it over the same steps."""
+    tracing), and, given the time of each step inside its backend's run_step, the time outside it over the
+    same steps."""
     total = sum(durations[1:])
     return BlockTime(total, None if in_step_s is None else total - sum(in_step_s[1:]))
 

@@ -121,7 +121,7 @@ class ProgressLogger(Callback):
         s = trainer.state
         if self.bar is not None:
             self.bar.update(1)
-        if not s.synced:
+        if not s.metrics_reduced:
             return
         now, samples = time.perf_counter(), s.samples_seen
         rate = (samples - self._mark[1]) / max(now - self._mark[0], 1e-9)

@@ -33,7 +33,7 @@ class TensorBoardLogger(Callback):
 
     def on_step_end(self, trainer: Trainer) -> None:
         s = trainer.state
-        if s.synced:
+        if s.metrics_reduced:
             for name, value in {**s.train_metrics, "lr": s.lr}.items():
                 self.writer.add_scalar(f"train/{name}", value, step=s.step)
 
@@ -102,15 +102,15 @@ class MLflowLogger(Callback):
         found = client.search_runs([experiment], filter_string=(
             f"tags.`mlflow.parentRunId` = '{self.parent_run_id}' and tags.`hvdazure.run_name` = '{name}'"))
         if found:
-            return found[0].info.run_id
-        return client.create_run(experiment, run_name=name, tags={
-            "mlflow.parentRunId": self.parent_run_id, "hvdazure.run_name": name}).info.run_id
+            return str(found[0].info.run_id)
+        return str(client.create_run(experiment, run_name=name, tags={
+            "mlflow.parentRunId": self.parent_run_id, "hvdazure.run_name": name}).info.run_id)
 
     def on_step_end(self, trainer: Trainer) -> None:
         import mlflow
 
         s = trainer.state
-        if s.synced:
+        if s.metrics_reduced:
             metrics = {f"train_{k}": v for k, v in s.train_metrics.items()}
             mlflow.log_metrics({**metrics, "lr": s.lr}, step=s.step)
 

@@ -137,10 +137,14 @@ class RunningMean:
     def means(self) -> dict[str, float]:
         return {n: s / self._counts[n] for n, s in self._sums.items()}
 
-    def to_dict(self) -> dict[str, Any]:
+    def reset(self) -> None:
+        """Forget every interval: a new epoch begins."""
+        self._sums, self._counts = {}, {}
+
+    def state_dict(self) -> dict[str, Any]:
         return {"sums": dict(self._sums), "counts": dict(self._counts)}
 
-    def load_dict(self, data: Mapping[str, Any]) -> None:
+    def load_state_dict(self, data: Mapping[str, Any]) -> None:
         self._sums = dict(data["sums"])
         counts = data.get("counts")  # checkpoints before per-metric counts kept one count for all
         self._counts = {n: int(counts[n]) for n in self._sums} if counts is not None else \

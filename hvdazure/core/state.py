@@ -1,4 +1,4 @@
-"""TrainState: where training is, in the user's words; identical on every rank after each sync."""
+"""TrainState: where training is, in the user's words; identical on every rank after each metric reduction."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ class TrainState:
     samples_in_epoch: int = 0  # position in the epoch's sample order: samples consumed, all ranks
     samples_seen: int = 0  # samples consumed by all ranks together, all epochs
     lr: float = 0.0  # the LR of the latest optimizer step
-    synced: bool = False  # whether train_metrics were reduced at this step (log_every)
+    metrics_reduced: bool = False  # whether train_metrics were reduced at this step (log_every)
     train_metrics: dict[str, float] = field(default_factory=dict)  # latest log interval, all ranks
     eval_metrics: dict[str, float] = field(default_factory=dict)  # latest evaluation, all ranks
     history: list[dict[str, Any]] = field(default_factory=list)  # one record per epoch
     world_size_history: list[dict[str, int]] = field(default_factory=list)  # resumes at another size
-    stop_requested: bool = False  # this rank wants to stop; see Trainer._sync
+    stop_requested: bool = False  # this rank wants to stop; see Trainer._reduce_metrics_and_votes
     should_stop: bool = False  # every rank agreed to stop
     stop_reason: str | None = None
 
@@ -27,14 +27,16 @@ class TrainState:
     PERSISTENT = ("epoch", "step", "step_in_epoch", "samples_in_epoch", "samples_seen", "lr", "train_metrics",
                   "eval_metrics", "history", "world_size_history")
 
-    def to_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of it (PERSISTENT)."""
         return {name: getattr(self, name) for name in self.PERSISTENT}
 
-    def load_dict(self, data: dict[str, Any]) -> None:
+    def load_state_dict(self, data: dict[str, Any]) -> None:
         for name in self.PERSISTENT:
             setattr(self, name, data[name])
 
     def request_stop(self, reason: str) -> None:
-        """Ask to stop training. Safe from one rank only: all ranks stop together at the next sync point."""
+        """Ask to stop training. Safe from one rank only: all ranks stop together at the next metric
+        reduction."""
         self.stop_requested = True
         self.stop_reason = self.stop_reason or reason

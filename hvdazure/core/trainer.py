@@ -1,5 +1,6 @@
-"""The framework-agnostic training loop. Bindings (hvdazure.torch, hvdazure.tensorflow) subclass Trainer and
-supply the framework operations; users subclass a binding and supply the model, data and steps.
+"""The framework-agnostic training loop. It holds a framework `Backend` (core/backend.py), which a binding
+(hvdazure.torch, hvdazure.tensorflow) creates; users subclass a binding's trainer and supply the model, data
+and steps as hooks, which the backend calls.
 
 The loop emits named events (core/callbacks.py); logging, LR warmup, early stopping and periodic
 checkpoints are callbacks. Every collective in the loop is entered by all ranks at the same point: step
@@ -12,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import random
+import platform
 import signal
 import sys
 from abc import ABC, abstractmethod
@@ -20,28 +21,34 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from hvdazure._version import __version__
 from hvdazure.core import run_context
-from hvdazure.core.binding import Collectives, FrameworkState
+from hvdazure.core.backend import Backend, Collectives, RankStep
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
-from hvdazure.core.checkpoint import CheckpointError
-from hvdazure.core.checkpointing import CheckpointCallback, TrainerCheckpoints, default_checkpoint_dir
+from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.cluster import detect_environment
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import MetricAccumulator, RunningMean
 from hvdazure.core.rank_logging import configure_logging, logger
+from hvdazure.core.seeds import RankRandomState, rank_seed, resume_seed
 from hvdazure.core.sharding import MicroBatch, ShardPlan
 from hvdazure.core.state import TrainState
+from hvdazure.core.step_batches import StepBatches
 from hvdazure.core.stop_signals import stop_signals_caught
+from hvdazure.core.trainer_checkpoints import (
+    CallbackStates,
+    CheckpointCallback,
+    CheckpointPieces,
+    ResumePoint,
+    TrainerCheckpoints,
+    default_checkpoint_dir,
+)
 
 
 class Trainer(ABC):
     """Runs `fit()`: epochs of sharded optimizer steps, periodic metric reduction, evaluation, events."""
-
-    framework_name = "none"
 
     def __init__(self, config: TrainConfig | None = None, callbacks: Sequence[Callback] = (),
                  comm: Any = None) -> None:
@@ -51,80 +58,23 @@ class Trainer(ABC):
         context = run_context.current()
         config = config if config is not None else TrainConfig()
         self.config = context.apply(config) if context is not None else config
-        self.user_callbacks = list(callbacks) + (list(context.callbacks) if context is not None else [])
-        self.mpi_comm = comm if comm is not None else (context.communicator if context is not None else None)
-        self._context = context
+        self.comm = comm if comm is not None else (context.communicator if context is not None else None)
         self.state = TrainState()
         self.rank, self.world_size, self.local_rank = 0, 1, 0
-        self.comm: Collectives  # set by fit(): the binding's collectives over all ranks
-        self.state_io: FrameworkState  # set by the binding's _build: model/optimizer/RNG persistence
-        self.plan: ShardPlan
-        self.schedule: LRSchedule
-        self.callbacks: list[Callback] = []
+        self.collectives: Collectives  # set by fit(): the backend's collectives over all ranks
+        self.shard_plan: ShardPlan  # set by fit(): which samples this rank trains on, step by step
+        self.schedule: LRSchedule  # set by fit()
+        self.callbacks: list[Callback] = []  # set by fit(): the defaults and the user's, on this rank
+        self._user_callbacks = list(callbacks) + (list(context.callbacks) if context is not None else [])
+        self._context = context
+        self._backend = self._create_backend()
         self._checkpoints: TrainerCheckpoints | None = None
         self._signal: int | None = None  # a stop signal this rank received
         self._signal_reason: str | None = None  # what asked for it, when not a real signal
 
-    # --- what a binding provides -----------------------------------------------------------------------
     @abstractmethod
-    def _init_distributed(self) -> Collectives:
-        """Start Horovod on `self.mpi_comm`'s ranks (None: all; pin devices, share the cores); return the
-        collectives over its ranks."""
-
-    @abstractmethod
-    def _shutdown_distributed(self) -> None:
-        """Shut Horovod down (a program running several trainings starts it afresh for each)."""
-
-    @abstractmethod
-    def _load_datasets(self) -> int:
-        """Build the datasets; return the number of training samples."""
-
-    @abstractmethod
-    def _build(self, peak_lr: float) -> None:
-        """Build model and optimizer (with the scaled LR) and `self.state_io`, the FrameworkState that
-        saves and loads them; seed this rank's RNGs."""
-
-    @abstractmethod
-    def _broadcast_model_and_optimizer(self) -> None:
-        """Make every rank's model and optimizer equal to rank 0's."""
-
-    @abstractmethod
-    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator,
-                  stop_vote: float | None) -> float:
-        """Forward/backward over this rank's micro-batches, one optimizer step; add metrics to `meter`.
-
-        `stop_vote` (1.0: this rank got a stop signal; None: no vote this run) is summed over ranks in the
-        same step, without a blocking collective of its own (asynchronously, or inside the compiled step);
-        return the sum (0.0 without a vote)."""
-
-    @abstractmethod
-    def _evaluate(self, meter: MetricAccumulator) -> bool:
-        """Add this rank's evaluation metrics to `meter`; False if there is no evaluation dataset."""
-
-    @abstractmethod
-    def set_lr(self, lr: float) -> None:
-        """Set the optimizer's learning rate."""
-
-    def seed_everything(self, seed: int) -> None:
-        """Seed Python, NumPy and the framework on this rank."""
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        self.state_io.seed(seed)
-
-    def broadcast_model_and_optimizer(self) -> None:
-        """Make every rank's model and optimizer equal to rank 0's (after a resume, for instance)."""
-        self._broadcast_model_and_optimizer()
-
-    def framework_versions(self) -> dict[str, str]:
-        return {}
-
-    def _metric_to_float64(self, value: Any) -> Any:
-        """A metric value as float64, on its device (no synchronisation); see MetricAccumulator."""
-        return float(value)
-
-    def _min_samples_per_micro_batch(self) -> tuple[int, str]:
-        """The fewest samples a training micro-batch may hold, and why (e.g. BatchNorm layers need 2)."""
-        return 1, ""
+    def _create_backend(self) -> Backend:
+        """The framework's side of training (a binding's Backend), which calls this trainer's hooks."""
 
     # --- derived facts -----------------------------------------------------------------------------------
     @property
@@ -137,33 +87,38 @@ class Trainer(ABC):
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.plan.steps_per_epoch
+        return self.shard_plan.steps_per_epoch
 
     @property
     def schedule_step(self) -> int:
         """The optimizer step the LR schedule is at: by epochs and steps of the current world size."""
         return self.state.epoch * self.steps_per_epoch + self.state.step_in_epoch
 
+    @property
+    def micro_batch(self) -> MicroBatch | None:
+        """The micro-batch being trained on (its sample indices and loss weight), for training_step."""
+        return self._backend.micro_batch
+
+    @property
+    def finished(self) -> bool:
+        """Whether training has reached its end (at an epoch's end: whether that was the last epoch)."""
+        return self._finished()
+
     def log(self, message: str) -> None:
         """Log on rank 0 only."""
         logger.info(message)
 
-    def stateful_callbacks(self) -> dict[str, Callback]:
-        """Callbacks whose state a checkpoint keeps, by a key stable across runs (class name and index)."""
-        keyed: dict[str, Callback] = {}
-        for callback in self.callbacks:
-            if not callback.main_only:
-                name = type(callback).__name__
-                keyed[f"{name}#{sum(k.startswith(name + '#') for k in keyed)}"] = callback
-        return keyed
+    def set_lr(self, lr: float) -> None:
+        """Set the optimizer's learning rate (LRScheduleCallback does, every step the schedule changes it)."""
+        self._backend.set_lr(lr)
 
     def save_checkpoint(self, reason: str = "manual", wait: bool = True) -> str | None:
         """Checkpoint now; every rank must call this at the same step. With wait=False rank 0 writes in the
         background and training goes on; the name is returned once written (wait=True)."""
         if self._checkpoints is None:
             raise CheckpointError("checkpointing is off: set checkpoint_dir")
-        self._sync()  # the interval's metrics go into the epoch's means, which the checkpoint keeps
-        return self._checkpoints.save(reason, wait=wait)
+        self._reduce_metrics_and_votes()  # the interval's metrics go into the epoch's means, which it keeps
+        return self._checkpoints.save(reason, self.state.step, wait=wait)
 
     # --- the loop ------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
@@ -179,7 +134,7 @@ class Trainer(ABC):
                 raise
             except Exception as exc:
                 if self._checkpoints is not None:  # peers may be gone: rank 0 saves alone, if it can
-                    self._checkpoints.save_emergency(f"error: {type(exc).__name__}")
+                    self._checkpoints.save_emergency(f"error: {type(exc).__name__}", self.state.step)
                 raise
             if self._checkpoints is not None:
                 if self._checkpoints.last_saved_step != self.state.step:
@@ -191,24 +146,25 @@ class Trainer(ABC):
     def _train_epoch(self) -> None:
         s = self.state
         self._emit("on_epoch_start")
-        for micro_batches in self.plan.epoch(s.epoch, start_sample=s.samples_in_epoch):
+        for micro_batches in self.shard_plan.epoch(s.epoch, start_sample=s.samples_in_epoch):
             self._emit("on_step_begin")
-            signal_votes = self._run_step(micro_batches, self._meter, self._stop_vote())
+            signal_votes = self._backend.run_step(self._rank_step(micro_batches), self._meter,
+                                                  self._stop_vote())
             s.step += 1
             s.step_in_epoch += 1
             s.samples_in_epoch += micro_batches[0].step_samples
             s.samples_seen += micro_batches[0].step_samples
-            s.synced = s.step % self.config.log_every == 0
-            if s.synced:
-                self._sync()
+            s.metrics_reduced = s.step % self.config.log_every == 0
+            if s.metrics_reduced:
+                self._reduce_metrics_and_votes()
             self._emit("on_step_end")
             if signal_votes > 0:
                 self._stop_for_signal()
             if s.should_stop or self._max_steps_reached():
                 break
-        self._sync()  # the epoch's last, partial log interval
-        epoch_done = s.samples_in_epoch == self.plan.num_samples
-        train = {f"train_{k}": v for k, v in self.epoch_train.means().items()}
+        self._reduce_metrics_and_votes()  # the epoch's last, partial log interval
+        epoch_done = s.samples_in_epoch == self.shard_plan.num_samples
+        train = {f"train_{k}": v for k, v in self._epoch_means.means().items()}
         record = {"epoch": s.epoch, "step": s.step, "samples_seen": s.samples_seen, "lr": s.lr, **train}
         if self._eval_due(epoch_done) and self._run_evaluation():
             record.update({f"eval_{k}": v for k, v in s.eval_metrics.items()})
@@ -216,37 +172,29 @@ class Trainer(ABC):
         s.history.append(record)
         if epoch_done:
             s.epoch, s.step_in_epoch, s.samples_in_epoch = s.epoch + 1, 0, 0
-            self.epoch_train = RunningMean()
+            self._epoch_means.reset()
         self._emit("on_epoch_end")
-        self._sync()  # agree on stops requested during evaluation or by epoch-end callbacks
+        self._reduce_metrics_and_votes()  # agree on stops asked for in evaluation or by epoch-end callbacks
 
     # --- pieces of the loop --------------------------------------------------------------------------------
     def _prepare(self) -> None:
-        self.comm = self._init_distributed()
-        if self._context is not None:
-            self._context.shutdowns.append(self._shutdown_distributed)
-        run_context.check_world(self.mpi_comm, self.comm.size)
-        self.rank, self.world_size, self.local_rank = self.comm.rank, self.comm.size, self.comm.local_rank
-        configure_logging(self.rank)
+        """What fit() does before the first step: start, build, resume if asked, broadcast from rank 0."""
         c = self.config
-        self.plan = ShardPlan(self._load_datasets(), c.batch_size, self.world_size, self.rank,
-                              c.grad_accum_steps, c.seed)
-        self.schedule = LRSchedule.from_config(c, self.world_size, self.plan.steps_per_epoch)
+        self._start()
         checkpoint_dir = default_checkpoint_dir(c.checkpoint_dir)
         if c.resume == "auto" and checkpoint_dir is None:
             raise ConfigError("config field 'resume': 'auto' needs checkpoint_dir")
-        self._build(self.schedule.peak_lr)
-        self._broadcast_model_and_optimizer()
-        self._meter, self.epoch_train = self._new_meter(), RunningMean()
+        pieces = self._build()
         if checkpoint_dir is not None:
-            self._checkpoints = TrainerCheckpoints(self, checkpoint_dir)
-        self.callbacks = [cb for cb in self._default_callbacks() + self.user_callbacks
+            self._checkpoints = self._trainer_checkpoints(checkpoint_dir, pieces)
+        self.callbacks = [cb for cb in self._default_callbacks() + self._user_callbacks
                           if self.is_main or not cb.main_only]
         if c.resume is not None:
             # the directory above the checkpoint, as a URL too (pathlib would make abfs://c/run abfs:/c)
             parent = c.resume.rstrip("/").rpartition("/")[0] or "."
-            source = self._checkpoints or TrainerCheckpoints(self, parent)
-            source.resume(c.resume)
+            source = self._checkpoints or self._trainer_checkpoints(parent, pieces)
+            source.resume(c.resume, self._continue_from)
+        self._backend.broadcast_model_and_optimizer()  # rank 0's model: as built, or as resumed there
         if c.max_steps is not None:  # a resume at another world size: max_steps counts the steps taken
             end = self.schedule_step + max(0, c.max_steps - self.state.step)
             total = min(self.schedule.total_steps, end)
@@ -254,15 +202,95 @@ class Trainer(ABC):
         self._check_micro_batch_sizes()
         self.state.lr = self.schedule.lr_at(self.schedule_step)
 
+    def _start(self) -> None:
+        """Start the backend's ranks; this rank's place, data plan and LR schedule."""
+        backend, c = self._backend, self.config
+        self.collectives = backend.start(self.comm)
+        if self._context is not None:
+            self._context.shutdowns.append(backend.shutdown)
+        run_context.check_world(self.comm, self.collectives.size)
+        self.rank, self.world_size = self.collectives.rank, self.collectives.size
+        self.local_rank = self.collectives.local_rank
+        configure_logging(self.rank)
+        self.shard_plan = ShardPlan(backend.load_datasets(), c.batch_size, self.world_size, self.rank,
+                                    c.grad_accum_steps, c.seed)
+        self.schedule = LRSchedule.from_config(c, self.world_size, self.shard_plan.steps_per_epoch)
+
+    def _build(self) -> CheckpointPieces:
+        """Build model and optimizer, seed this rank, set up the step's inputs and meters; returns what a
+        checkpoint of this trainer saves and a resume loads."""
+        backend, c = self._backend, self.config
+        framework = backend.build(self.schedule.peak_lr)
+        self._rng = RankRandomState(framework)
+        self._rng.seed(rank_seed(c.seed, self.rank))  # dropout etc. differ between ranks
+        # Average divides the summed gradients by the world size; the loss weights are shares of the whole
+        # step, so multiply that division back out.
+        self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
+        self._step_batches = StepBatches(
+            lambda epoch, start: backend.epoch_batches(self.shard_plan, epoch, start))
+        self._meter, self._epoch_means = self._new_meter(), RunningMean()
+        return CheckpointPieces(
+            stateful={"state": self.state, "epoch_train": self._epoch_means,
+                      "callbacks": CallbackStates(lambda: self.callbacks), "framework": framework},
+            framework=framework, rng=self._rng, manifest=self._manifest)
+
+    def _trainer_checkpoints(self, directory: str, pieces: CheckpointPieces) -> TrainerCheckpoints:
+        return TrainerCheckpoints(directory, pieces, self.collectives, self.config,
+                                  self._backend.framework_name)
+
+    def _continue_from(self, point: ResumePoint) -> str:
+        """What a resume means for this run, once the checkpoint's pieces are loaded: the data continues
+        from the samples consumed in the epoch, whatever the world size was; the RNG streams are restored
+        at the same world size, seeded afresh at another; returns the log line (with the LR rescale)."""
+        s, plan, manifest = self.state, self.shard_plan, point.manifest
+        if s.samples_in_epoch and s.history and s.history[-1]["epoch"] == s.epoch:
+            s.history.pop()  # the record of an epoch cut short (max_steps, a stop): it is about to go on
+        s.step_in_epoch = plan.steps_per_epoch - plan.steps_left(s.samples_in_epoch)
+        old_world, old_batch = manifest["world_size"], manifest["global_batch_size"]
+        if old_world == self.world_size and len(point.rngs) == self.world_size:
+            self._rng.load_state_dict(point.rngs[self.rank])
+        else:  # no saved RNG state belongs to this rank: a fresh, reproducible one
+            self._rng.seed(resume_seed(self.config.seed, self.rank, s.step))
+        message = (f"resumed from {point.name} at epoch {s.epoch + 1}, step {s.step} "
+                   f"({s.samples_in_epoch} samples into the epoch)")
+        if (old_world, old_batch) != (self.world_size, self.global_batch_size):
+            s.world_size_history.append({"step": s.step, "world_size": self.world_size,
+                                         "global_batch_size": self.global_batch_size})
+            message += (f"; world size {old_world} -> {self.world_size}, global batch {old_batch} -> "
+                        f"{self.global_batch_size}: LR rescaled {manifest['scaled_lr']:.6g} -> "
+                        f"{self.schedule.peak_lr:.6g}")
+        return message
+
+    def _manifest(self, reason: str) -> dict[str, Any]:
+        """How a checkpoint of this step describes the run (manifest.json, beside the store's own keys)."""
+        s = self.state
+        metrics = {**{f"train_{k}": v for k, v in s.train_metrics.items()},
+                   **{f"eval_{k}": v for k, v in s.eval_metrics.items()}}
+        return {
+            "framework": self._backend.framework_name, "reason": reason, "epoch": s.epoch,
+            "step_in_epoch": s.step_in_epoch, "samples_in_epoch": s.samples_in_epoch,
+            "samples_seen": s.samples_seen, "world_size": self.world_size,
+            "global_batch_size": self.global_batch_size, "scaled_lr": self.schedule.peak_lr, "lr": s.lr,
+            "metrics": metrics, "config": self.config.to_dict(), "world_size_history": s.world_size_history,
+            "versions": {"hvdazure": __version__, "python": platform.python_version(),
+                         **self._backend.framework_versions()},
+        }
+
+    def _rank_step(self, micro_batches: list[MicroBatch]) -> RankStep:
+        """This rank's part of the step: its batches, read from the backend's epoch stream as the backend
+        iterates them, and each micro-batch's loss weight."""
+        return RankStep(micro_batches, self._step_batches.of_step(micro_batches, self.state),
+                        [mb.loss_weight(self._ranks_averaged) for mb in micro_batches])
+
     def _check_micro_batch_sizes(self) -> None:
         """A ConfigError on every rank, before training, if the plan gives some rank a micro-batch smaller
         than the model can train on (the short last step of an epoch, e.g. 1 sample for BatchNorm)."""
-        need, why = self._min_samples_per_micro_batch()
-        smallest = min(self.plan.smallest_micro_batch(0), self.plan.smallest_micro_batch(
-            self.state.samples_in_epoch))
+        need, why = self._backend.min_samples_per_micro_batch()
+        plan = self.shard_plan
+        smallest = min(plan.smallest_micro_batch(0), plan.smallest_micro_batch(self.state.samples_in_epoch))
         if smallest >= need:
             return
-        c, plan = self.config, self.plan
+        c = self.config
         fits = plan.nearest_batch_sizes(min_micro_batch=need)
         raise ConfigError(
             f"config field 'batch_size': {c.batch_size} leaves a micro-batch of {smallest} sample(s) in the "
@@ -302,28 +330,28 @@ class Trainer(ABC):
             getattr(callback, event)(self)
 
     def _gather_names(self, names: list[str]) -> list[list[str]]:
-        return [json.loads(b) for b in self.comm.allgather_bytes(json.dumps(names).encode())]
+        return [json.loads(b) for b in self.collectives.allgather_bytes(json.dumps(names).encode())]
 
     def _new_meter(self) -> MetricAccumulator:
-        return MetricAccumulator(self._metric_to_float64)
+        return MetricAccumulator(self._backend.metric_to_float64)
 
-    def _sync(self) -> None:
+    def _reduce_metrics_and_votes(self) -> None:
         """One fused collective: the interval's metric sums and counts, and the ranks' stop votes."""
         s = self.state
-        reduced = self._meter.reduce(self.comm.allgather_floats, self._gather_names,
+        reduced = self._meter.reduce(self.collectives.allgather_floats, self._gather_names,
                                      flags=[float(s.stop_requested)])
         if reduced.count:
             s.train_metrics = reduced.means
-            self.epoch_train.add(reduced)
+            self._epoch_means.add(reduced)
         if reduced.flags[0]:
             s.should_stop = True
             s.stop_reason = s.stop_reason or "stop requested by another rank"
 
     def _run_evaluation(self) -> bool:
         meter = self._new_meter()
-        if not self._evaluate(meter):
+        if not self._backend.evaluate(meter):
             return False
-        self.state.eval_metrics = meter.reduce(self.comm.allgather_floats, self._gather_names).means
+        self.state.eval_metrics = meter.reduce(self.collectives.allgather_floats, self._gather_names).means
         return True
 
     def _eval_due(self, epoch_done: bool) -> bool:
@@ -335,11 +363,6 @@ class Trainer(ABC):
     def _max_steps_reached(self) -> bool:
         return self.config.max_steps is not None and self.state.step >= self.config.max_steps
 
-    @property
-    def finished(self) -> bool:
-        """Whether training has reached its end (at an epoch's end: whether that was the last epoch)."""
-        return self._finished()
-
     def _finished(self) -> bool:
         """Training ends by epochs completed (counted in samples, so it holds across a resume at another
         world size, where step numbers change meaning), by max_steps optimizer steps taken, or by a stop."""
@@ -347,7 +370,7 @@ class Trainer(ABC):
         return s.should_stop or self._max_steps_reached() or s.epoch >= self.config.epochs
 
     # --- stop signals (SIGTERM on preemption, SIGINT) ------------------------------------------------------
-    def _stop_signals_caught(self) -> contextlib.AbstractContextManager:
+    def _stop_signals_caught(self) -> contextlib.AbstractContextManager[Any]:
         """While checkpointing, a first SIGTERM/SIGINT only sets a flag: all ranks agree on it at the next
         step, save a final checkpoint together, and exit with 128 + the signal number. A second one exits
         at once (core/stop_signals.py)."""

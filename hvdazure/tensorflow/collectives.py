@@ -1,4 +1,4 @@
-"""The core's collectives (core/binding.py) on `horovod.tensorflow`, in eager mode."""
+"""The core's collectives (core/backend.py) on `horovod.tensorflow`, in eager mode."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.binding import Collectives, split_rows
+from hvdazure.core.backend import Collectives, split_rows
 
 
 class TensorFlowCollectives(Collectives):

@@ -1,42 +1,22 @@
-"""TensorFlowTrainer: the training loop of core/trainer.py on TensorFlow 2 / Keras 3 and horovod.tensorflow.
-
-What Horovod's Keras integration did before Keras 3 broke it (Horovod issue #4290), done on Horovod's
-TensorFlow collectives instead: hvd.init and device placement, thread limits on CPU, one grouped allreduce
-of the gradients per optimizer step inside a compiled step (compression, op, predivide), gradient
-accumulation, clipping after the allreduce, broadcast of model and optimizer variables from rank 0, the
-core's exact data plan over random-access arrays, and mixed precision through Keras policies.
-"""
+"""TensorFlowTrainer: what a TensorFlow / Keras 3 user subclasses. It holds the user's hooks; its
+TensorFlowBackend (tensorflow/backend.py) runs them in core/trainer.py's loop on horovod.tensorflow."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import horovod
-import horovod.tensorflow as hvd
 import keras
-import numpy as np
-import tensorflow as tf
 
-from hvdazure.core.binding import Collectives
-from hvdazure.core.config import ConfigError
-from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.sharding import MicroBatch, eval_range
 from hvdazure.core.trainer import Trainer
-from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
-from hvdazure.tensorflow.data import ArrayData
-from hvdazure.tensorflow.gradients import allreduce_gradients, allreduce_options, dense_gradients
-from hvdazure.tensorflow.state import KerasState, broadcast_variables, model_weights
-
-_POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+from hvdazure.tensorflow.backend import TensorFlowBackend
 
 
 class TensorFlowTrainer(Trainer):
     """Subclass and implement build_model, build_optimizer, train_dataset and training_step;
     eval_dataset and validation_step for evaluation. Then `fit()`."""
 
-    framework_name = "tensorflow"
+    _backend: TensorFlowBackend
 
     # --- the user's hooks ----------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:
@@ -65,239 +45,15 @@ class TensorFlowTrainer(Trainer):
         """A dict of metrics, each averaged over the batch; hvdazure weights them by batch size."""
         raise NotImplementedError("implement validation_step(model, batch) -> dict (or no eval_dataset)")
 
-    # --- the binding -------------------------------------------------------------------------------------
-    def _init_distributed(self) -> Collectives:
-        self._on_gpu = init_horovod(self.mpi_comm)
-        return TensorFlowCollectives()
+    # --- what the hooks may read, once fit() has built them ----------------------------------------------
+    @property
+    def model(self) -> keras.Model:
+        return self._backend.model
 
-    def _shutdown_distributed(self) -> None:
-        hvd.shutdown()
+    @property
+    def optimizer(self) -> keras.optimizers.Optimizer:
+        """The optimizer build_optimizer returned (a LossScaleOptimizer around it with precision fp16)."""
+        return self._backend.optimizer
 
-    def _load_datasets(self) -> int:
-        self._train_data = ArrayData(self.train_dataset(), "train_dataset()")
-        eval_data = self.eval_dataset()
-        self._eval_data = ArrayData(eval_data, "eval_dataset()") if eval_data is not None else None
-        return len(self._train_data)
-
-    def _build(self, peak_lr: float) -> None:
-        c = self.config
-        if c.precision == "fp16" and not self._on_gpu:
-            raise ConfigError("config field 'precision': 'fp16' needs a GPU (loss scaling); use 'bf16' on "
-                              "CPU")
-        if c.precision == "fp16" and c.grad_clip_norm is not None:
-            raise ConfigError("config field 'grad_clip_norm': not supported with precision 'fp16' in the "
-                              "TensorFlow binding (gradients are clipped after the allreduce, before "
-                              "unscaling); use precision 'bf16' or no clipping")
-        if c.precision in _POLICIES:  # fp32 keeps the user's own policy and floatx (a float64 model)
-            keras.mixed_precision.set_global_policy(_POLICIES[c.precision])
-        keras.utils.set_random_seed(c.seed)  # the same initial weights on every rank (rank 0's are sent)
-        self.model = self.build_model()
-        if not self.model.built:
-            raise TypeError("build_model() must return a built model: start it with keras.Input(shape) or "
-                            "call model.build(input_shape)")
-        optimizer = self.build_optimizer(peak_lr)
-        if c.precision == "fp16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(self.model.trainable_variables)  # Keras makes its variables lazily: make them now
-        self.optimizer = optimizer
-        self.state_io = KerasState(self.model, self.optimizer)
-        self.seed_everything(c.seed * 1_000_003 + self.rank)  # dropout etc. differ between ranks
-        self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
-        self._compiled = _CompiledSteps(self)
-        self.micro_batch: MicroBatch | None = None
-        self._batches: Iterator[Any] | None = None
-        self._batches_at: tuple[int, int] | None = None
-
-    def _broadcast_model_and_optimizer(self) -> None:
-        broadcast_variables([*model_weights(self.model), *self.optimizer.variables])
-
-    def set_lr(self, lr: float) -> None:
-        try:
-            self.optimizer.learning_rate.assign(lr)
-        except AttributeError:
-            raise ConfigError("build_optimizer must give the optimizer a number as learning_rate, not a "
-                              "schedule: hvdazure applies warmup and the config's schedule") from None
-
-    def _step_batches(self, micro_batches: list[MicroBatch]) -> Iterator[Any]:
-        """This rank's batches of the current step (None for an empty micro-batch), from the epoch's batches
-        (ArrayData.batches), made afresh when training is not where the previous step left it (epoch,
-        resume)."""
-        s = self.state
-        if self._batches is None or self._batches_at != (s.epoch, s.step_in_epoch):
-            self._batches = self._train_data.batches(
-                mb for step in self.plan.epoch(s.epoch, s.samples_in_epoch) for mb in step)
-        for micro_batch in micro_batches:
-            yield None if micro_batch.is_empty else next(self._batches)
-        self._batches_at = (s.epoch, s.step_in_epoch + 1)
-
-    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator,
-                  stop_vote: float | None) -> float:
-        with_vote, vote = stop_vote is not None, _float64(stop_vote or 0.0)
-        steps = self._compiled
-        batches = list(self._step_batches(micro_batches))
-        if len(micro_batches) == 1 and batches[0] is not None:  # forward, backward and update in one call
-            self.micro_batch = micro_batches[0]
-            metrics, votes = steps.train(batches[0], self._weight(micro_batches[0]), vote, with_vote)
-            meter.add(metrics, len(micro_batches[0].indices))
-        else:
-            total = None
-            for micro_batch, batch in zip(micro_batches, batches, strict=True):
-                if batch is None:  # no forward pass; this rank's zeros still join the allreduce
-                    continue
-                self.micro_batch = micro_batch
-                gradients, metrics = steps.gradients(batch, self._weight(micro_batch))
-                total = gradients if total is None else [
-                    a + g for a, g in zip(total, gradients, strict=True)]
-                meter.add(metrics, len(micro_batch.indices))
-            if total is None:
-                total = [tf.zeros_like(v) for v in self.model.trainable_variables]
-            votes = steps.apply(total, vote, with_vote)
-        return float(votes) if with_vote else 0.0
-
-    def _weight(self, micro_batch: MicroBatch) -> tf.Tensor:
-        return _float64(micro_batch.loss_weight(self._ranks_averaged))
-
-    def _evaluate(self, meter: MetricAccumulator) -> bool:
-        if self._eval_data is None:
-            return False
-        mine = eval_range(len(self._eval_data), self.world_size, self.rank)
-        size = self.config.batch_size
-        for start in range(mine.start, mine.stop, size):  # a rank with no samples runs nothing
-            indices = range(start, min(start + size, mine.stop))
-            metrics = self._compiled.evaluate(self._eval_data.take(indices))
-            meter.add(metrics, len(indices))
-        return True
-
-    def _metric_to_float64(self, value: Any) -> Any:
-        # On the host a metric is read as a Python float: the same float64 arithmetic as TensorFlow's, without
-        # an eager cast, multiply and add per metric and step (~0.1 ms). On a GPU reading it would wait.
-        return tf.cast(value, tf.float64) if self._on_gpu else float(value)
-
-    def framework_versions(self) -> dict[str, str]:
-        return {"tensorflow": tf.__version__, "keras": keras.__version__, "horovod": horovod.__version__}
-
-
-class _CompiledSteps:
-    """The trainer's tf.functions, each traced once: batches of every size share one signature."""
-
-    def __init__(self, trainer: TensorFlowTrainer) -> None:
-        self.trainer = trainer
-        c = trainer.config
-        self._allreduce_options = allreduce_options(c.reduce_op, c.compression, c.gradient_predivide_factor)
-        self._batch = trainer._train_data.signature()
-        batch = tf.nest.flatten(self._batch)
-        scalar = tf.TensorSpec((), tf.float64)
-        gradients = [tf.TensorSpec(v.shape, v.dtype) for v in trainer.model.trainable_variables]
-        self._gradients = _FlatFunction(self._gradients_of_flat, [*batch, scalar])
-        self._train = {with_vote: _FlatFunction(self._train_flat(with_vote), [*batch, scalar, scalar])
-                       for with_vote in (False, True)}
-        self._apply = {with_vote: _FlatFunction(self._apply_flat(with_vote), [*gradients, scalar])
-                       for with_vote in (False, True)}
-        if trainer._eval_data is not None:
-            self._eval_batch = trainer._eval_data.signature()
-            self._evaluate = _FlatFunction(self._evaluate_flat, tf.nest.flatten(self._eval_batch))
-
-    # --- what the trainer calls (nested batches and gradient lists; flattened for the compiled calls) -----
-    def train(self, batch: Any, weight: tf.Tensor, vote: tf.Tensor,
-              with_vote: bool) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-        """One micro-batch's forward, backward and update in one call; its metrics and the summed votes."""
-        return self._train[with_vote](*tf.nest.flatten(batch), weight, vote)
-
-    def gradients(self, batch: Any, weight: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
-        return self._gradients(*tf.nest.flatten(batch), weight)
-
-    def apply(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool) -> tf.Tensor:
-        return self._apply[with_vote](*gradients, vote)
-
-    def evaluate(self, batch: Any) -> dict[str, tf.Tensor]:
-        return self._evaluate(*tf.nest.flatten(batch))
-
-    # --- the compiled bodies, on flat arguments ---------------------------------------------------------
-    def _gradients_of_flat(self, *args: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
-        return self._gradients_of(tf.nest.pack_sequence_as(self._batch, args[:-1]), args[-1])
-
-    def _train_flat(self, with_vote: bool) -> Callable[..., tuple[dict[str, tf.Tensor], tf.Tensor]]:
-        def train(*args: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-            batch, weight, vote = tf.nest.pack_sequence_as(self._batch, args[:-2]), args[-2], args[-1]
-            gradients, metrics = self._gradients_of(batch, weight)
-            return metrics, self._update(gradients, vote, with_vote)
-        return train
-
-    def _apply_flat(self, with_vote: bool) -> Callable[..., tf.Tensor]:
-        return lambda *args: self._update(list(args[:-1]), args[-1], with_vote)
-
-    def _evaluate_flat(self, *args: tf.Tensor) -> dict[str, tf.Tensor]:
-        t = self.trainer
-        metrics = t.validation_step(t.model, tf.nest.pack_sequence_as(self._eval_batch, args))
-        if not isinstance(metrics, Mapping):
-            raise TypeError(f"validation_step must return a dict of metrics, got {type(metrics).__name__}")
-        return {k: tf.cast(tf.reduce_mean(v), tf.float64) for k, v in metrics.items()}
-
-    def _loss_and_metrics(self, batch: Any, weight: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        t = self.trainer
-        loss, metrics = _loss_and_metrics(t.training_step(t.model, batch))
-        weighted = loss * tf.cast(weight, loss.dtype)
-        if isinstance(t.optimizer, keras.optimizers.LossScaleOptimizer):
-            weighted = t.optimizer.scale_loss(weighted)
-        return weighted, {"loss": tf.cast(loss, tf.float64), **metrics}
-
-    def _gradients_of(self, batch: Any, weight: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
-        variables = self.trainer.model.trainable_variables
-        with tf.GradientTape() as tape:
-            weighted, metrics = self._loss_and_metrics(batch, weight)
-        gradients = tape.gradient(weighted, variables)
-        return dense_gradients(gradients, variables), metrics
-
-    def _update(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool) -> tf.Tensor:
-        """The step's one grouped allreduce of the gradients (and the stop vote beside it), clipping of
-        the global norm, and the update.
-
-        Horovod pairs the ranks' collectives by name, and names an unnamed one after its input tensors and
-        name scope: a rank with samples runs this inside the fused train step, a rank without (the short
-        last step of an epoch) inside `apply`, so the names are fixed and free of name scopes, or the two
-        would wait for each other forever."""
-        t = self.trainer
-        votes = hvd.allreduce(tf.reshape(vote, [1]), op=hvd.Sum, name="hvdazure.stop_vote",
-                              ignore_name_scope=True)[0] if with_vote else vote
-        gradients = allreduce_gradients(gradients, self._allreduce_options)
-        if t.config.grad_clip_norm is not None:
-            gradients, _ = tf.clip_by_global_norm(gradients, t.config.grad_clip_norm)
-        t.optimizer.apply_gradients(zip(gradients, t.model.trainable_variables, strict=True))
-        return votes
-
-
-class _FlatFunction:
-    """A tf.function of flat tensor arguments, traced on its first call and then called through its concrete
-    function: TensorFlow's dispatch of a polymorphic function (binding nested arguments, finding the trace)
-    costs about three times as much (~0.4 against ~0.13 ms a call on this project's 2-core machine)."""
-
-    def __init__(self, function: Callable[..., Any], signature: list[tf.TensorSpec]) -> None:
-        self._function = tf.function(function, input_signature=signature)
-        self._concrete: Any = None
-
-    def __call__(self, *tensors: Any) -> Any:
-        if self._concrete is None:
-            self._concrete = self._function.get_concrete_function()
-        return self._concrete(*tensors)
-
-
-@functools.lru_cache(maxsize=64)
-def _float64(value: float) -> tf.Tensor:
-    """A float64 scalar tensor, made once per value: the loss weights and stop votes of a run are few."""
-    return tf.constant(value, tf.float64)
-
-
-def _loss_and_metrics(output: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-    """Split training_step's output into the loss to differentiate (per-sample losses averaged) and the
-    metrics to report (as float64)."""
-    if isinstance(output, Mapping):
-        if "loss" not in output:
-            raise TypeError(f"training_step returned a dict without 'loss': {sorted(output)}")
-        metrics = {k: tf.cast(tf.reduce_mean(tf.stop_gradient(v)), tf.float64)
-                   for k, v in output.items() if k != "loss"}
-        return tf.reduce_mean(output["loss"]), metrics
-    if isinstance(output, tf.Tensor | np.ndarray | float):
-        return tf.reduce_mean(output), {}
-    raise TypeError("training_step must return a loss tensor or a dict with 'loss', got "
-                    f"{type(output).__name__}")
-
+    def _create_backend(self) -> TensorFlowBackend:
+        return TensorFlowBackend(self)

@@ -1,4 +1,4 @@
-"""The core's collectives (core/binding.py) on `horovod.torch`."""
+"""The core's collectives (core/backend.py) on `horovod.torch`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvdazure.core.binding import Collectives, split_rows
+from hvdazure.core.backend import Collectives, split_rows
 
 
 class TorchCollectives(Collectives):

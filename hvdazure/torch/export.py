@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from hvdazure.core.checkpoint import exported_file
-from hvdazure.torch.state import MODEL_FILE
+from hvdazure.core.checkpoint_store import exported_file
+from hvdazure.torch.checkpoint_content import MODEL_FILE
 
 
 def load_weights(checkpoint: str, which: str = "latest", map_location: str | torch.device = "cpu",

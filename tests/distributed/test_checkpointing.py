@@ -12,7 +12,7 @@ import time
 import pytest
 from harness import WORKERS, processes_running, read_reports, run_job
 
-from hvdazure.core.checkpoint import CheckpointManager
+from hvdazure.core.checkpoint_store import CheckpointManager
 
 JOB = "torch_job.py"
 # 37 samples, batch 4 on 2 ranks: 5 steps per epoch with an uneven last step; checkpoints every 3 steps

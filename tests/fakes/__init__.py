@@ -1,1 +1,1 @@
-"""Test doubles of hvdazure's own pieces (never of Horovod): see thread_binding.py."""
+"""Test doubles of hvdazure's own pieces (never of Horovod): see fake_backend.py."""

@@ -2,7 +2,7 @@
 
 import os
 
-from hvdazure.core.checkpointing import default_checkpoint_dir
+from hvdazure.core.trainer_checkpoints import default_checkpoint_dir
 
 
 def test_no_checkpoint_dir_means_no_checkpoints_outside_azure_ml(monkeypatch):

@@ -1,4 +1,4 @@
-"""hvdazure.core.checkpoint: atomic, verified checkpoints on local paths and fsspec URLs, and their retention.
+"""hvdazure.core.checkpoint_store: atomic, verified checkpoints on local paths and fsspec URLs; retention.
 
 Every storage test runs twice: on a local directory and on a memory:// URL (fsspec's in-process object store).
 """
@@ -23,7 +23,12 @@ import fsspec
 import pytest
 import xxhash
 
-from hvdazure.core.checkpoint import FORMAT_VERSION, CheckpointError, CheckpointManager, pointer_directory
+from hvdazure.core.checkpoint_store import (
+    FORMAT_VERSION,
+    CheckpointError,
+    CheckpointManager,
+    pointer_directory,
+)
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -415,7 +420,7 @@ def test_invalid_constructor_arguments_raise_value_error_naming_the_argument(
 
 
 def test_importing_the_checkpoint_module_loads_no_framework_and_not_fsspec() -> None:
-    probe = ("import json, sys\nimport hvdazure.core.checkpoint\n"
+    probe = ("import json, sys\nimport hvdazure.core.checkpoint_store\n"
              "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
              "{'torch', 'tensorflow', 'keras', 'horovod', 'azure', 'fsspec'})))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

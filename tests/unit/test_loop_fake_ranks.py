@@ -1,6 +1,6 @@
 """The real training loop (core/trainer.py), callbacks and checkpoints, on 1..8 ranks simulated by threads.
 
-The binding is a test double (tests/fakes/thread_binding.py): linear regression in float64 with exact SGD.
+The backend is a test double (tests/fakes/fake_backend.py): linear regression in float64 with exact SGD.
 Its parameters are compared with `reference_sgd`, single-process SGD written from the documented policy
 alone (step t takes the next global batch of the epoch's permutation; the gradient is the exact mean over
 the step's samples), so sharding, loss weights, gradient averaging, LR and resume bookkeeping are all
@@ -22,22 +22,22 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
-from fakes.thread_binding import (
+from fakes.fake_backend import (
     CollectiveMismatch,
     CollectiveTimeout,
+    FakeTrainer,
     LinearProblem,
-    ThreadRanksTrainer,
     ThreadWorld,
     initial_weights,
 )
 
 from hvdazure.core.callbacks import Callback
-from hvdazure.core.checkpoint import CheckpointManager
+from hvdazure.core.checkpoint_store import CheckpointManager
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.sharding import epoch_permutation
 from hvdazure.core.trainer import Trainer
 
-Trainers = list[ThreadRanksTrainer]
+Trainers = list[FakeTrainer]
 
 
 # --- helpers ----------------------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ def make_config(**fields: object) -> TrainConfig:
 
 def build(world_size: int, problem: LinearProblem, config: TrainConfig,
           callbacks: Callable[[int], Sequence[Callback]] = lambda rank: (), momentum: float = 0.0,
-          trainer_class: type[ThreadRanksTrainer] = ThreadRanksTrainer) -> tuple[ThreadWorld, Trainers]:
+          trainer_class: type[FakeTrainer] = FakeTrainer) -> tuple[ThreadWorld, Trainers]:
     world = ThreadWorld(world_size)
     return world, [trainer_class(world, rank, problem, config, callbacks(rank), momentum)
                    for rank in range(world_size)]
@@ -145,7 +145,7 @@ def shape_config(world_size: int, grad_accum_steps: int) -> TrainConfig:
 
 
 @functools.cache
-def trained_shape(world_size: int, grad_accum_steps: int, num_samples: int) -> tuple[ThreadRanksTrainer, ...]:
+def trained_shape(world_size: int, grad_accum_steps: int, num_samples: int) -> tuple[FakeTrainer, ...]:
     """The trainers of one run per shape, shared by the tests that read them (each run takes milliseconds,
     but there are 72 of them)."""
     config = shape_config(world_size, grad_accum_steps)
@@ -320,7 +320,7 @@ def test_early_stopping_stops_every_rank_after_patience_evaluations_without_impr
     assert_same_on_every_rank(trainers)
 
 
-class ParityMetrics(ThreadRanksTrainer):
+class ParityMetrics(FakeTrainer):
     """Even ranks report `even_index`, odd ranks `odd_index`: the mean sample index of the micro-batch."""
 
     def training_metrics(self, indices: list[int]) -> dict[str, float]:

@@ -204,8 +204,8 @@ def test_running_mean_survives_a_round_trip_and_reads_the_older_single_count_for
     running = RunningMean()
     running.add(_reduced({"loss": 2.0}, 5))
     restored = RunningMean()
-    restored.load_dict(running.to_dict())
+    restored.load_state_dict(running.state_dict())
     assert restored.means() == {"loss": 2.0}
     older = RunningMean()
-    older.load_dict({"sums": {"loss": 10.0}, "count": 5})
+    older.load_state_dict({"sums": {"loss": 10.0}, "count": 5})
     assert older.means() == {"loss": 2.0}

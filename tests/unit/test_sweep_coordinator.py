@@ -1,10 +1,10 @@
 """The sweep's coordinator (a real Optuna study in a journal file, no MPI) and its per-trial callback on the
-real training loop (the thread-ranks test double of a binding, tests/fakes/thread_binding.py)."""
+real training loop (the thread-ranks test double of a backend, tests/fakes/fake_backend.py)."""
 
 import math
 
 import pytest
-from fakes.thread_binding import LinearProblem, ThreadRanksTrainer, ThreadWorld
+from fakes.fake_backend import FakeTrainer, LinearProblem, ThreadWorld
 
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.run_context import RunContext, active
@@ -121,7 +121,7 @@ def test_a_trial_outcome_names_the_rank_that_failed_not_the_one_released_by_horo
 def train_one_rank(config: TrainConfig, reporter: TrialReporter, changes=None):
     context = RunContext(config_overrides=changes or {}, callbacks=[reporter])
     with active(context):
-        trainer = ThreadRanksTrainer(ThreadWorld(1), 0, LinearProblem.make(40, num_eval=10), config)
+        trainer = FakeTrainer(ThreadWorld(1), 0, LinearProblem.make(40, num_eval=10), config)
     trainer.world.run([trainer.fit])
     return trainer
 

@@ -1,5 +1,6 @@
-"""hvdazure.torch.state: what a checkpoint holds of a PyTorch model and optimizer, copied for a background
-write into buffers reused from one save to the next, saved without the zip's CRC32 and loaded back."""
+"""hvdazure.torch.checkpoint_content: what a checkpoint holds of a PyTorch model and optimizer, copied for a
+background write into buffers reused from one save to the next, saved without the zip's CRC32 and loaded
+back."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import zipfile
 import pytest
 import torch
 
-from hvdazure.torch.state import (
+from hvdazure.torch.checkpoint_content import (
     MODEL_FILE,
     OPTIMIZER_FILE,
     StagingBuffers,
-    TorchState,
+    TorchCheckpointContent,
     load_mapped,
     save_without_zip_crc,
 )
@@ -47,7 +48,7 @@ def _assert_same(a: object, b: object) -> None:
 
 def test_a_copied_state_keeps_the_values_of_the_save_while_training_changes_the_model() -> None:
     model, optimizer = _trained()
-    state = TorchState(model, optimizer, None, torch.device("cpu"))
+    state = TorchCheckpointContent(model, optimizer, None, torch.device("cpu"))
     before = _written(state.save_files(copy=False))
     before_model, before_optimizer = _load(before[MODEL_FILE]), _load(before[OPTIMIZER_FILE])
 
@@ -101,7 +102,8 @@ def test_files_are_saved_without_the_zip_crc_and_torch_setting_is_left_as_it_was
 
 def test_load_files_puts_the_saved_state_into_the_model_and_optimizer_in_place(tmp_path) -> None:
     model, optimizer = _trained()
-    files = _written(TorchState(model, optimizer, None, torch.device("cpu")).save_files(copy=False))
+    content = TorchCheckpointContent(model, optimizer, None, torch.device("cpu"))
+    files = _written(content.save_files(copy=False))
     paths = {}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
@@ -113,7 +115,7 @@ def test_load_files_puts_the_saved_state_into_the_model_and_optimizer_in_place(t
             parameter.add_(1.0)
     pointer = other[0].weight.data_ptr()
 
-    TorchState(other, other_optimizer, None, torch.device("cpu")).load_files(paths)
+    TorchCheckpointContent(other, other_optimizer, None, torch.device("cpu")).load_files(paths)
     (tmp_path / MODEL_FILE).unlink()  # the model's file was mapped: nothing may still read from it
 
     assert other[0].weight.data_ptr() == pointer

@@ -14,12 +14,12 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdazure.core.checkpoint import CheckpointError, CheckpointManager
+from hvdazure.core.checkpoint_store import CheckpointError, CheckpointManager
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.lr import LRSchedule
+from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights
 from hvdazure.tensorflow.collectives import TensorFlowCollectives
 from hvdazure.tensorflow.keras.training import DataParallelStep
-from hvdazure.tensorflow.state import KerasState, broadcast_variables, model_weights
 
 
 class BroadcastInitialState(keras.callbacks.Callback):
@@ -160,5 +160,7 @@ class Checkpoint(keras.callbacks.Callback):
         manifest = {"framework": "tensorflow", "source": "keras_fit", "epoch": epochs_done,
                     "world_size": hvd.size(), "metrics": metrics,
                     "config": {"monitor": self.monitor, "monitor_mode": self.mode}}
-        files = KerasState(self.model, optimizer).save_files(copy=False)  # written before training goes on
+        # written before training goes on: no copy
+        files = KerasCheckpointContent(self.model, optimizer).save_files(copy=False)
+        assert self._manager is not None  # rank 0's
         self._manager.save(int(optimizer.iterations), files, manifest)

@@ -27,7 +27,7 @@ from _report import report_rank
 from torch.utils.data import Dataset
 
 from hvdazure import Callback, TrainConfig
-from hvdazure.core.checkpoint import CheckpointError
+from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.torch import TorchTrainer
 
 

@@ -1,10 +1,11 @@
-"""A test double of a *binding* (what hvdazure.torch is): ranks as threads of one process, no Horovod.
+"""A test double of a framework *backend* (what hvdazure.torch's TorchBackend is): ranks as threads of one
+process, no Horovod.
 
-ThreadRanksTrainer implements every abstract method of hvdazure.core.trainer.Trainer for a linear
-regression in NumPy (float64, exact SGD), so the real loop runs unchanged on 1..N simulated ranks in
-milliseconds: `Trainer.fit`, the shard plan, LR schedule, metric reduction, stop votes, callbacks, and
-the real checkpoint code writing real checkpoints. It stands in for a binding, not for Horovod: its
-collectives only have to look, from the loop's side, like the real binding's.
+FakeBackend implements hvdazure.core.backend.Backend for a linear regression in NumPy (float64, exact SGD),
+and FakeTrainer is the user's class on it (as TorchTrainer is on TorchBackend), so the real loop runs
+unchanged on 1..N simulated ranks in milliseconds: `Trainer.fit`, the shard plan, LR schedule, metric
+reduction, stop votes, callbacks, and the real checkpoint code writing real checkpoints. It stands in for a
+backend, not for Horovod: its collectives only have to look, from the loop's side, like the real ones.
 
 ThreadWorld runs one thread per rank. A collective is an exchange keyed by call order: each rank's n-th
 collective meets the other ranks' n-th. What would hang or garble a real job fails the test at once, with
@@ -14,7 +15,7 @@ exception on one rank aborts the world (the other ranks' waits raise WorldAborte
 a peer is gone) and `ThreadWorld.run` re-raises it in the calling thread.
 
 Signal handlers are installed only in the main thread (core/stop_signals.py): on rank threads they are
-not, and `ThreadRanksTrainer.receive_signal` plays the handler's part.
+not, and `FakeTrainer.receive_signal` plays the handler's part.
 """
 
 from __future__ import annotations
@@ -31,12 +32,12 @@ from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
-from hvdazure.core.binding import Collectives, FrameworkState
+from hvdazure.core.backend import Backend, Collectives, FrameworkCheckpointContent, RankStep
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.sharding import MicroBatch, eval_range
+from hvdazure.core.sharding import ShardPlan, eval_range
 from hvdazure.core.trainer import Trainer
 
 T = TypeVar("T")
@@ -301,27 +302,22 @@ class StepRecord:
     random_draw: float  # one draw from this rank's framework RNG: shows the stream across a resume
 
 
-# --- the binding ------------------------------------------------------------------------------------------
-class ThreadRanksTrainer(Trainer):
-    """One rank of a ThreadWorld, training a LinearProblem with SGD (optionally with momentum).
+# --- the user's trainer and its backend -------------------------------------------------------------------
+class FakeTrainer(Trainer):
+    """One rank of a ThreadWorld, training a LinearProblem with SGD (optionally with momentum) on a
+    FakeBackend.
 
     What it ran is kept for the tests: `steps` (a StepRecord per optimizer step), `weights`, `velocity`,
-    `forward_passes`. Override `training_metrics` to report more metrics than the loss."""
+    `forward_passes`. Override `training_metrics` (a hook, as training_step is) to report more metrics
+    than the loss."""
 
-    framework_name = "numpy-threads"
-    comm: ThreadCollectives
+    _backend: FakeBackend
 
     def __init__(self, world: ThreadWorld, rank: int, problem: LinearProblem, config: TrainConfig,
                  callbacks: Sequence[Callback] = (), momentum: float = 0.0) -> None:
-        super().__init__(config, callbacks)
         self.world, self.problem, self.momentum = world, problem, momentum
         self._world_rank = rank
-        self.steps: list[StepRecord] = []
-        self.forward_passes = 0
-        self.lr = 0.0
-        self.weights = np.zeros(problem.dim)
-        self.velocity = np.zeros(problem.dim)
-        self.rng = np.random.default_rng()
+        super().__init__(config, callbacks)
 
     def training_metrics(self, indices: list[int]) -> dict[str, float]:
         """Metrics besides the loss for one micro-batch (means over `indices`); none by default."""
@@ -331,78 +327,112 @@ class ThreadRanksTrainer(Trainer):
         """What a real rank's SIGTERM/SIGINT handler does (Trainer._stop_signals_caught)."""
         self._signal = self._signal or signum
 
-    # --- running the model ---------------------------------------------------------------------------------
-    def _init_distributed(self) -> ThreadCollectives:
-        return ThreadCollectives(self.world, self._world_rank)
+    @property
+    def steps(self) -> list[StepRecord]:
+        return self._backend.steps
 
-    def _shutdown_distributed(self) -> None:
+    @property
+    def weights(self) -> np.ndarray:
+        return self._backend.weights
+
+    @property
+    def velocity(self) -> np.ndarray:
+        return self._backend.velocity
+
+    @property
+    def forward_passes(self) -> int:
+        return self._backend.forward_passes
+
+    def _create_backend(self) -> FakeBackend:
+        return FakeBackend(self)
+
+
+class FakeBackend(Backend):
+    """Linear regression with SGD on the rank threads of the trainer's ThreadWorld."""
+
+    framework_name = "numpy-threads"
+
+    def __init__(self, hooks: FakeTrainer) -> None:
+        self.hooks = hooks
+        self.problem, self.momentum = hooks.problem, hooks.momentum
+        self.steps: list[StepRecord] = []
+        self.forward_passes = 0
+        self.lr = 0.0
+        self.weights = np.zeros(self.problem.dim)
+        self.velocity = np.zeros(self.problem.dim)
+        self.rng = np.random.default_rng()
+
+    # --- running the model ---------------------------------------------------------------------------------
+    def start(self, comm: Any) -> FakeCollectives:
+        self.collectives = FakeCollectives(self.hooks.world, self.hooks._world_rank)
+        return self.collectives
+
+    def shutdown(self) -> None:
         pass
 
-    def _load_datasets(self) -> int:
+    def load_datasets(self) -> int:
         return self.problem.num_samples
 
-    def _build(self, peak_lr: float) -> None:
+    def build(self, peak_lr: float) -> FakeCheckpointContent:
         self.lr = peak_lr
-        self.weights = initial_weights(self.problem.dim, self.config.seed, self.rank)
+        self.weights = initial_weights(self.problem.dim, self.hooks.config.seed, self.collectives.rank)
         self.velocity = np.zeros(self.problem.dim)
-        self.state_io = ThreadState(self)
-        self.seed_everything(self.config.seed * 1_000_003 + self.rank)
+        return FakeCheckpointContent(self)
 
-    def _broadcast_model_and_optimizer(self) -> None:
-        weights, velocity = self._exchange("broadcast", "model_and_optimizer",
-                                           (self.weights.copy(), self.velocity.copy()))[0]
+    def broadcast_model_and_optimizer(self) -> None:
+        weights, velocity = self.collectives.exchange("broadcast", "model_and_optimizer",
+                                                      (self.weights.copy(), self.velocity.copy()))[0]
         self.weights, self.velocity = weights.copy(), velocity.copy()
 
     def set_lr(self, lr: float) -> None:
         self.lr = lr
 
-    def _run_step(self, micro_batches: list[MicroBatch], meter: MetricAccumulator,
-                  stop_vote: float | None) -> float:
-        votes = None if stop_vote is None else self.comm.allreduce_sum_async([stop_vote], "stop_vote")
+    def epoch_batches(self, shard_plan: ShardPlan, epoch: int, start_sample: int) -> Iterator[Any]:
+        """The batches are the micro-batches' sample indices: the model reads the problem's arrays."""
+        steps = shard_plan.epoch(epoch, start_sample)
+        return (mb.indices for step in steps for mb in step if not mb.is_empty)
+
+    def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:
+        votes = None if stop_vote is None else self.collectives.allreduce_sum_async([stop_vote], "stop_vote")
         gradient = np.zeros(self.problem.dim)
         weights: list[float | None] = []
-        for micro_batch in micro_batches:
-            if micro_batch.is_empty:  # no forward pass; this rank still joins the gradient average
+        state = self.hooks.state
+        for micro_batch, batch, weight in step:
+            if batch is None:  # no forward pass; this rank still joins the gradient average
                 weights.append(None)
                 continue
+            assert batch == micro_batch.indices, "the step's batches are not its micro-batches"
             self.forward_passes += 1
-            loss, micro_gradient = self.problem.loss_and_gradient(self.weights, micro_batch.indices)
-            weight = micro_batch.loss_weight(self.world_size)
+            loss, micro_gradient = self.problem.loss_and_gradient(self.weights, batch)
             gradient += weight * micro_gradient
             weights.append(weight)
-            meter.add({"loss": loss, **self.training_metrics(micro_batch.indices)}, len(micro_batch.indices))
+            meter.add({"loss": loss, **self.hooks.training_metrics(batch)}, len(batch))
         averaged = self._allreduce_average(gradient, "gradients")
         self.velocity = self.momentum * self.velocity + averaged
         self.weights = self.weights - self.lr * self.velocity
-        self.steps.append(StepRecord(self.state.epoch, self.state.step, self.lr,
-                                     [mb.indices for mb in micro_batches], weights, float(self.rng.random())))
+        self.steps.append(StepRecord(state.epoch, state.step, self.lr,
+                                     [mb.indices for mb in step.micro_batches], weights,
+                                     float(self.rng.random())))
         return votes()[0] if votes is not None else 0.0
 
-    def _evaluate(self, meter: MetricAccumulator) -> bool:
+    def evaluate(self, meter: MetricAccumulator) -> bool:
         if self.problem.eval_y is None:
             return False
-        mine = eval_range(len(self.problem.eval_y), self.world_size, self.rank)
-        for start in range(mine.start, mine.stop, self.config.batch_size):
-            batch = range(start, min(start + self.config.batch_size, mine.stop))
+        c = self.hooks.config
+        mine = eval_range(len(self.problem.eval_y), self.collectives.size, self.collectives.rank)
+        for start in range(mine.start, mine.stop, c.batch_size):
+            batch = range(start, min(start + c.batch_size, mine.stop))
             losses = self.problem.sample_losses(self.weights, batch, eval_set=True)
             meter.add({"loss": float(np.mean(losses))}, len(batch))
         return True
 
-    def seed_everything(self, seed: int) -> None:
-        # Python's and NumPy's global RNGs belong to the whole process, shared by every rank thread: the
-        # fake's "framework" RNG is the only per-rank one.
-        self.state_io.seed(seed)
-
-    def _exchange(self, kind: str, name: str, payload: Any) -> list[Any]:
-        return self.comm.exchange(kind, name, payload)
-
     def _allreduce_average(self, values: np.ndarray, name: str) -> np.ndarray:
         """As Horovod's Average: the sum over ranks (in rank order), divided by the world size."""
-        rows = self._exchange("allreduce_average", name, values.copy())
-        return np.sum(rows, axis=0) / self.world_size
+        rows = self.collectives.exchange("allreduce_average", name, values.copy())
+        return np.sum(rows, axis=0) / self.collectives.size
 
 
-class ThreadCollectives(Collectives):
+class FakeCollectives(Collectives):
     """The core's collectives between the rank threads of a ThreadWorld."""
 
     def __init__(self, world: ThreadWorld, rank: int) -> None:
@@ -434,20 +464,20 @@ class ThreadCollectives(Collectives):
         return self.exchange("allgather_bytes", "bytes", bytes(data))
 
 
-class ThreadState(FrameworkState):
+class FakeCheckpointContent(FrameworkCheckpointContent):
     """The fake's model (weights), optimizer (velocity) and per-rank RNG in checkpoints."""
 
-    def __init__(self, trainer: ThreadRanksTrainer) -> None:
-        self.trainer = trainer
+    def __init__(self, backend: FakeBackend) -> None:
+        self.backend = backend
 
     def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:
-        t = self.trainer
+        t = self.backend
         weights, velocity = (t.weights.copy(), t.velocity.copy()) if copy else (t.weights, t.velocity)
         return {"model.npy": lambda file: np.save(file, weights, allow_pickle=False),
                 "optimizer.npy": lambda file: np.save(file, velocity, allow_pickle=False)}
 
     def load_files(self, paths: dict[str, str]) -> None:
-        t = self.trainer
+        t = self.backend
         loaded = {name: np.load(paths[name], allow_pickle=False) for name in ("model.npy", "optimizer.npy")}
         for name, array in loaded.items():
             if array.shape != t.weights.shape or array.dtype != np.float64:
@@ -455,21 +485,21 @@ class ThreadState(FrameworkState):
                                  f"{t.weights.shape}")
         t.weights, t.velocity = loaded["model.npy"], loaded["optimizer.npy"]
 
-    def save_extra(self) -> dict[str, Any]:
-        return {"momentum": self.trainer.momentum}
+    def state_dict(self) -> dict[str, Any]:
+        return {"momentum": self.backend.momentum}
 
-    def load_extra(self, state: dict[str, Any]) -> None:
-        if state["momentum"] != self.trainer.momentum:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["momentum"] != self.backend.momentum:
             raise ValueError(f"checkpoint of momentum {state['momentum']}, trainer of "
-                             f"{self.trainer.momentum}")
+                             f"{self.backend.momentum}")
 
     def save_rng(self) -> dict[str, Any]:
-        return self.trainer.rng.bit_generator.state
+        return self.backend.rng.bit_generator.state
 
     def load_rng(self, state: dict[str, Any]) -> None:
-        self.trainer.rng = np.random.default_rng()
-        self.trainer.rng.bit_generator.state = state
+        self.backend.rng = np.random.default_rng()
+        self.backend.rng.bit_generator.state = state
 
     def seed(self, seed: int) -> None:
-        self.trainer.rng = np.random.default_rng(seed)
+        self.backend.rng = np.random.default_rng(seed)
 

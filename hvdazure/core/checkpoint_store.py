@@ -88,7 +88,7 @@ class Checkpoint:
 
     @property
     def step(self) -> int:
-        return self.manifest["step"]
+        return int(self.manifest["step"])
 
 
 def checkpoint_name(step: int) -> str:
@@ -202,7 +202,7 @@ class CheckpointManager:
                     if _STEP_NAME.fullmatch(name) and _step_and_version(name)[0] == step]
         return f"{checkpoint_name(step)}-v{max(versions) + 1}" if versions else checkpoint_name(step)
 
-    def _write(self, path: str, write: Callable[[BinaryIO], None]) -> dict[str, Any]:
+    def _write(self, path: str, write: Callable[[BinaryIO], object]) -> dict[str, Any]:
         with self._fs.open(path, "wb") as raw:
             out = _HashingWriter(raw, _new_hash(self.hash))
             write(out)  # type: ignore[arg-type]
@@ -391,7 +391,7 @@ class CheckpointManager:
 
     def _read_latest(self) -> str | None:
         try:
-            return self._fs.cat_file(self._path(LATEST)).decode(errors="replace").strip()
+            return str(self._fs.cat_file(self._path(LATEST)).decode(errors="replace").strip())
         except FileNotFoundError:
             return None
 
@@ -596,7 +596,7 @@ def _read_manifest(fs: Any, root: str, url: str) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {url}: no {MANIFEST} (not a checkpoint, or its save was "
                               "interrupted)") from None
     try:
-        manifest = json.loads(raw)
+        manifest: dict[str, Any] = json.loads(raw)
     except ValueError as exc:
         raise CheckpointError(f"checkpoint {url}: {MANIFEST} is not valid JSON ({exc})") from None
     if problem := _manifest_problem(manifest):
@@ -651,7 +651,8 @@ def _check_file_name(name: str) -> None:
 def _url_to_fs(url: str) -> tuple[Any, str]:
     import fsspec  # here, not at the top: `import hvdazure` stays fast
 
-    return fsspec.core.url_to_fs(url)
+    fs, root = fsspec.core.url_to_fs(url)
+    return fs, root
 
 
 def _is_local(fs: Any) -> bool:

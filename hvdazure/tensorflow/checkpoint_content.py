@@ -17,8 +17,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.binding import FrameworkState
-from hvdazure.core.checkpoint import CheckpointError, exported_file
+from hvdazure.core.backend import FrameworkCheckpointContent
+from hvdazure.core.checkpoint_store import CheckpointError, exported_file
 
 MODEL_FILE = "model.npz"
 OPTIMIZER_FILE = "optimizer.npz"
@@ -52,10 +52,10 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0) -> None:
 
 
 def _writer(variables: Sequence[Any], copy: bool) -> Callable[[BinaryIO], None]:
-    arrays = {f"{i:05d}": np.array(v.numpy(), copy=True) if copy else np.asarray(v.numpy())
-              for i, v in enumerate(variables)}
-    paths = np.array([v.path for v in variables], dtype=np.str_)
-    return lambda file: np.savez(file, **arrays, **{_PATHS_KEY: paths})
+    arrays: dict[str, Any] = {f"{i:05d}": np.array(v.numpy(), copy=True) if copy else np.asarray(v.numpy())
+                              for i, v in enumerate(variables)}
+    arrays[_PATHS_KEY] = np.array([v.path for v in variables], dtype=np.str_)
+    return lambda file: np.savez(file, **arrays)
 
 
 def _load(path: str, variables: Sequence[Any], what: str) -> None:
@@ -75,7 +75,7 @@ def _load(path: str, variables: Sequence[Any], what: str) -> None:
         variable.assign(array)
 
 
-class KerasState(FrameworkState):
+class KerasCheckpointContent(FrameworkCheckpointContent):
     """What a checkpoint holds of a Keras model and optimizer, and of this rank's RNG streams."""
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
@@ -89,10 +89,10 @@ class KerasState(FrameworkState):
         _load(paths[MODEL_FILE], model_weights(self.model), MODEL_FILE)
         _load(paths[OPTIMIZER_FILE], self.optimizer.variables, OPTIMIZER_FILE)
 
-    def save_extra(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {}  # the loss scale of mixed_float16 is an optimizer variable, in optimizer.npz
 
-    def load_extra(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
     def save_rng(self) -> dict[str, Any]:

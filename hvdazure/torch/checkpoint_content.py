@@ -10,13 +10,13 @@ from typing import Any, BinaryIO
 
 import torch
 
-from hvdazure.core.binding import FrameworkState
+from hvdazure.core.backend import FrameworkCheckpointContent
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
 
 
-class TorchState(FrameworkState):
+class TorchCheckpointContent(FrameworkCheckpointContent):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler | None, device: torch.device) -> None:
         self.model, self.optimizer, self.scaler, self.device = model, optimizer, scaler, device
@@ -38,10 +38,10 @@ class TorchState(FrameworkState):
         self.optimizer.load_state_dict(torch.load(paths[OPTIMIZER_FILE], map_location=self.device,
                                                   weights_only=True))
 
-    def save_extra(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"grad_scaler": self.scaler.state_dict() if self.scaler is not None else None}
 
-    def load_extra(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.scaler is not None and state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
 

@@ -1,0 +1,172 @@
+"""What a framework binding gives the core Trainer: one `Backend` object, its only way to the framework.
+
+As Horovod puts a thin adapter per framework over one core (horovod/torch/mpi_ops.py), a binding here is a
+`Backend` (hvdazure.torch's TorchBackend, hvdazure.tensorflow's TensorFlowBackend) that the core Trainer
+holds, and two small interfaces it hands out:
+
+- `Collectives`: talking to other ranks. The same verbs for every Horovod binding; only the tensor types
+  differ. The loop reduces metrics with them, the checkpoint code shares outcomes and RNG states.
+- `FrameworkCheckpointContent`: what a checkpoint holds of the framework (model and optimizer files, extra
+  JSON state such as a loss scaler, RNG streams), as save/load pairs. The checkpoint code is its only user.
+
+The user's class (TorchTrainer, TensorFlowTrainer) keeps the user's hooks (build_model, training_step, ...)
+and only creates its backend, which calls them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from hvdazure.core.metrics import MetricAccumulator
+from hvdazure.core.sharding import MicroBatch, ShardPlan
+
+
+class Collectives(ABC):
+    """Collectives over all ranks of the job; every rank calls each one at the same point."""
+
+    def __init__(self, rank: int, size: int, local_rank: int) -> None:
+        self.rank, self.size, self.local_rank = rank, size, local_rank
+
+    @abstractmethod
+    def allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
+        """Every rank's `values` (floats or framework scalars; the lengths may differ), as float64, on
+        every rank, in rank order; one collective."""
+
+    @abstractmethod
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        """Rank 0's `data` (None elsewhere), on every rank."""
+
+    @abstractmethod
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's `data`, in rank order, on every rank."""
+
+
+def split_rows(joined: Sequence[float]) -> list[list[float]]:
+    """The rows of an allgather of rows each sent with its length in front (so rows of any lengths travel
+    in one collective), in rank order."""
+    rows, at = [], 0
+    while at < len(joined):
+        length = int(joined[at])
+        rows.append([float(v) for v in joined[at + 1 : at + 1 + length]])
+        at += 1 + length
+    return rows
+
+
+class FrameworkCheckpointContent(ABC):
+    """What a checkpoint holds of one rank's framework: model and optimizer files, extra state, RNGs.
+
+    `state_dict` / `load_state_dict` are the extra JSON state, so that this object is one of the named
+    stateful pieces a trainer's checkpoint saves (core/trainer_checkpoints.py)."""
+
+    @abstractmethod
+    def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:
+        """Writers of the tensor files of a checkpoint (model, optimizer), called on rank 0. With `copy`,
+        the state is copied when this is called: training goes on while a background thread writes the
+        files. Without, the writers read the live state: the caller trains no further until they are done
+        (a blocking save needs no copy, in time or memory)."""
+
+    @abstractmethod
+    def load_files(self, paths: dict[str, str]) -> None:
+        """Load the tensor files of a checkpoint into model and optimizer, on rank 0. `paths` maps each file
+        of the checkpoint (those save_files wrote among them) to a local file already verified against
+        the manifest; the files last only for the call. Raise on a state the model cannot take."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready framework state beyond model and optimizer (e.g. the AMP loss scaler)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what state_dict returned."""
+
+    @abstractmethod
+    def save_rng(self) -> dict[str, Any]:
+        """This rank's framework RNG states, JSON-ready (Python's and NumPy's are the core's)."""
+
+    @abstractmethod
+    def load_rng(self, state: dict[str, Any]) -> None:
+        """Restore what save_rng returned, on the same rank."""
+
+    @abstractmethod
+    def seed(self, seed: int) -> None:
+        """Seed the framework's RNGs on this rank (Python's and NumPy's are the core's)."""
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """This rank's part of one optimizer step: its micro-batches, their batches (loaded as they are
+    iterated, in order; None for an empty micro-batch, which gets no forward pass) and each one's loss
+    weight (its share of the step's samples, see MicroBatch.loss_weight)."""
+
+    micro_batches: list[MicroBatch]
+    batches: Iterator[Any]
+    loss_weights: list[float]
+
+    def __iter__(self) -> Iterator[tuple[MicroBatch, Any, float]]:
+        return zip(self.micro_batches, self.batches, self.loss_weights, strict=True)
+
+
+class Backend(ABC):
+    """A framework's operations, in the order the Trainer calls them: start, load_datasets, build,
+    broadcast_model_and_optimizer, then run_step / evaluate / set_lr per step, and shutdown."""
+
+    framework_name = "none"  # recorded in checkpoints: a resume refuses another framework's
+    micro_batch: MicroBatch | None = None  # the one being trained on (training_step may read it)
+
+    @abstractmethod
+    def start(self, comm: Any) -> Collectives:
+        """Start Horovod on the mpi4py communicator `comm`'s ranks (None: all; pin devices, share the
+        cores); return the collectives over its ranks."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Shut Horovod down (a program running several trainings starts it afresh for each)."""
+
+    @abstractmethod
+    def load_datasets(self) -> int:
+        """Build the datasets; return the number of training samples."""
+
+    @abstractmethod
+    def build(self, peak_lr: float) -> FrameworkCheckpointContent:
+        """Build model and optimizer (with the scaled LR), the same initial weights on every rank; return
+        what a checkpoint holds of them. The core seeds each rank's RNGs after this (core/seeds.py)."""
+
+    @abstractmethod
+    def broadcast_model_and_optimizer(self) -> None:
+        """Make every rank's model and optimizer equal to rank 0's."""
+
+    @abstractmethod
+    def epoch_batches(self, shard_plan: ShardPlan, epoch: int, start_sample: int) -> Iterator[Any]:
+        """This rank's batches of its non-empty micro-batches of `epoch` from sample position
+        `start_sample` on, in plan order, ready for the step (on the device)."""
+
+    @abstractmethod
+    def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:
+        """Forward/backward over this rank's micro-batches, one optimizer step; add metrics to `meter`.
+
+        `stop_vote` (1.0: this rank got a stop signal; None: no vote this run) is summed over ranks in the
+        same step, without a blocking collective of its own (asynchronously, or inside the compiled step);
+        return the sum (0.0 without a vote)."""
+
+    @abstractmethod
+    def evaluate(self, meter: MetricAccumulator) -> bool:
+        """Add this rank's evaluation metrics to `meter`; False if there is no evaluation dataset."""
+
+    @abstractmethod
+    def set_lr(self, lr: float) -> None:
+        """Set the optimizer's learning rate."""
+
+    def metric_to_float64(self, value: Any) -> Any:
+        """A metric value as float64, on its device (no synchronisation); see MetricAccumulator."""
+        return float(value)
+
+    def min_samples_per_micro_batch(self) -> tuple[int, str]:
+        """The fewest samples a training micro-batch may hold, and why (e.g. BatchNorm layers need 2)."""
+        return 1, ""
+
+    def framework_versions(self) -> dict[str, str]:
+        """Versions recorded in each checkpoint's manifest, beside hvdazure's and Python's."""
+        return {}

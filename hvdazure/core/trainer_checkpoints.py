@@ -1,0 +1,355 @@
+"""A running Trainer's checkpoints: which named stateful pieces go into them, when they are written, and how a
+run resumes. The storage itself is core/checkpoint_store.py's.
+
+The trainer hands over `CheckpointPieces` (torchtitan's Stateful parts): its train state, the epoch's
+running means, the callbacks' states and the framework's extra state, each saved under its name in
+trainer_state.json; the framework's model and optimizer files; this rank's RNG streams (rng.json holds
+every rank's); and the manifest's description of the run. What a resume means for the run (the data
+position at another world size, the RNG streams, the LR rescale) is the trainer's: it gets a `ResumePoint`.
+
+Rank 0 alone touches storage (CheckpointManager); every collective sits outside the rank-0-only code. A
+save is entered by all ranks at the same step: they gather their RNG states, rank 0 writes, and the
+outcome (the checkpoint's name, or the error) is broadcast, so a failing save is an error on every rank
+rather than a hang. A resume is decided, read, verified, loaded and applied by rank 0 before it tells the
+other ranks anything; it then broadcasts the small JSON state (or the error, which every rank raises), and
+the trainer broadcasts the model and optimizer from rank 0: other ranks never need access to the files
+(multi-node without shared storage), and none is left waiting in a collective when rank 0 cannot resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from copy import deepcopy
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+
+from hvdazure.core.backend import Collectives, FrameworkCheckpointContent
+from hvdazure.core.callbacks import Callback
+from hvdazure.core.checkpoint_store import (
+    MANIFEST,
+    Checkpoint,
+    CheckpointError,
+    CheckpointManager,
+    pointer_directory,
+)
+from hvdazure.core.cluster import detect_environment
+from hvdazure.core.config import TrainConfig
+from hvdazure.core.rank_logging import logger
+
+if TYPE_CHECKING:
+    from hvdazure.core.trainer import Trainer
+
+STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng.json"
+# What a resume reads of the manifest (the trainer's ResumePoint uses them)
+_MANIFEST_KEYS = ("world_size", "global_batch_size", "scaled_lr")
+
+
+def default_checkpoint_dir(checkpoint_dir: str | None) -> str | None:
+    """The configured directory, else the detected environment's own (None: no checkpoints)."""
+    return checkpoint_dir if checkpoint_dir is not None else detect_environment().default_checkpoint_dir()
+
+
+class Stateful(Protocol):
+    """A piece of a checkpoint: its JSON-ready state, and how to take it back."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class CallbackStates:
+    """The callbacks whose state a checkpoint keeps, by a key stable across runs (class name and index)."""
+
+    def __init__(self, callbacks: Callable[[], Sequence[Callback]]) -> None:
+        self._callbacks = callbacks
+
+    def keyed(self) -> dict[str, Callback]:
+        keyed: dict[str, Callback] = {}
+        for callback in self._callbacks():
+            if not callback.main_only:
+                name = type(callback).__name__
+                keyed[f"{name}#{sum(k.startswith(name + '#') for k in keyed)}"] = callback
+        return keyed
+
+    def state_dict(self) -> dict[str, Any]:
+        return {key: callback.state_dict() for key, callback in self.keyed().items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        callbacks = self.keyed()
+        for key, saved in state.items():
+            if key in callbacks:
+                callbacks[key].load_state_dict(saved)
+
+
+@dataclass(frozen=True)
+class CheckpointPieces:
+    """What a trainer's checkpoint saves and a resume loads."""
+
+    stateful: Mapping[str, Stateful]  # trainer_state.json: each piece's state_dict under its name
+    framework: FrameworkCheckpointContent  # the model and optimizer files (rank 0)
+    rng: Stateful  # this rank's RNG streams; rng.json holds every rank's, in rank order
+    manifest: Callable[[str], dict[str, Any]]  # the run at this step, given the save's reason
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """What a resume found and restored: the checkpoint, its manifest, and every rank's saved RNG states
+    (which the trainer restores, or not: at another world size none belongs to a rank)."""
+
+    name: str
+    url: str
+    step: int
+    manifest: dict[str, Any]
+    rngs: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    """How rank 0's latest write ended: the checkpoint's name, or the error; both None when none ran."""
+
+    name: str | None = None
+    error: str | None = None
+
+
+class TrainerCheckpoints:
+    """Saving and resuming one Trainer's checkpoints. Created on every rank; storage is used on rank 0."""
+
+    def __init__(self, directory: str, pieces: CheckpointPieces, collectives: Collectives,
+                 config: TrainConfig, framework_name: str) -> None:
+        c = config
+        self.directory, self.pieces, self.collectives = directory, pieces, collectives
+        self.is_main = collectives.rank == 0
+        self.framework_name = framework_name
+        self.manager = CheckpointManager(directory, keep_last=c.keep_last, keep_best=c.keep_best,
+                                         monitor=c.monitor, mode=c.monitor_mode,
+                                         hash=c.checkpoint_hash) if self.is_main else None
+        self.last_saved_step: int | None = None
+        self._pending: threading.Thread | None = None  # rank 0's write in progress
+        self._durable = threading.Event()  # rank 0: the pending write's checkpoint is complete, or it failed
+        self._outcome = WriteOutcome()  # rank 0: how the last write ended
+
+    # --- saving ------------------------------------------------------------------------------------------
+    def save(self, reason: str, step: int, wait: bool = True) -> str | None:
+        """Checkpoint optimizer step `step`; called by all ranks together. Rank 0 writes it in a background
+        thread; when `wait` is False, from a copy in memory while training goes on (the outcome is
+        collected, on every rank, at the next save or `finish_pending`: one write at a time, so a save due
+        while the previous one is still being written waits for it); when True, from the live state,
+        waited for until the checkpoint is durable and `latest` names it (the deletion of older ones by
+        retention goes on in the background). Returns the name once written."""
+        self.finish_pending()
+        mine = json.dumps(self.pieces.rng.state_dict()).encode()
+        rngs = [json.loads(b) for b in self.collectives.allgather_bytes(mine)]
+        if self.is_main:
+            try:
+                files, manifest = self._snapshot(reason, rngs, copy=not wait)
+                self._durable.clear()
+                self._pending = threading.Thread(target=self._write, args=(step, files, manifest, reason),
+                                                 name="hvdazure-checkpoint", daemon=True)
+                self._pending.start()
+            except Exception as exc:  # reported on every rank by finish_pending, never a hang
+                self._outcome = WriteOutcome(error=f"saving a checkpoint to {self.directory} failed: {exc}")
+        self.last_saved_step = step
+        if not wait:
+            return None
+        if self.is_main and self._pending is not None:
+            self._durable.wait()
+        return self._share_outcome()
+
+    def finish_pending(self) -> str | None:
+        """Wait for rank 0's write in progress (if any), retention included, and share its outcome; every
+        rank calls this at the same point. Raises CheckpointError on every rank if the write failed."""
+        if self.is_main:
+            self._join()
+        return self._share_outcome()
+
+    def _share_outcome(self) -> str | None:
+        """Broadcast rank 0's outcome of the last write: its checkpoint's name, or its error raised here on
+        every rank."""
+        mine = json.dumps(asdict(self._outcome)).encode() if self.is_main else None
+        outcome = WriteOutcome(**json.loads(self.collectives.broadcast_bytes(mine)))
+        self._outcome = WriteOutcome()
+        if outcome.error is not None:
+            raise CheckpointError(outcome.error)
+        return outcome.name
+
+    def save_emergency(self, reason: str, step: int) -> str | None:
+        """Rank 0 alone, no collectives (peers may be gone): best effort after an error in the loop."""
+        if not self.is_main:
+            return None
+        self._join()
+        if self.last_saved_step == step and self._outcome.error is None:
+            return None
+        try:
+            files, manifest = self._snapshot(reason, [self.pieces.rng.state_dict()], copy=False)
+            self._write(step, files, manifest, reason)
+        except Exception as exc:
+            logger.error(f"could not save a checkpoint after the error: {exc}")
+        return self._outcome.name
+
+    def _join(self) -> None:
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+
+    def _snapshot(self, reason: str, rngs: list[dict[str, Any]],
+                  copy: bool) -> tuple[dict[str, Callable[[BinaryIO], None]], dict[str, Any]]:
+        """Everything a checkpoint holds; model and optimizer copied now if `copy` (training goes on while
+        they are written), the small JSON state always."""
+        state = {name: piece.state_dict() for name, piece in self.pieces.stateful.items()}
+        files = {**self.pieces.framework.save_files(copy), STATE_FILE: _json_writer(deepcopy(state)),
+                 RNG_FILE: _json_writer(rngs)}
+        return files, deepcopy(self.pieces.manifest(reason))
+
+    def _write(self, step: int, files: dict[str, Callable[[BinaryIO], None]], manifest: dict[str, Any],
+               reason: str) -> None:
+        """Rank 0's storage work (no collectives): its outcome is kept for finish_pending, and set (with
+        `_durable`) as soon as the checkpoint is durable, before retention deletes older ones."""
+        assert self.manager is not None
+
+        def durable(checkpoint: Checkpoint) -> None:
+            logger.info(f"saved checkpoint {checkpoint.name} ({reason})")
+            self._outcome = WriteOutcome(name=checkpoint.name)
+            self._durable.set()
+
+        try:
+            self.manager.save(step, files, manifest, on_durable=durable)
+        except Exception as exc:
+            if not self._durable.is_set():  # after that, the checkpoint is safe (retention only warns)
+                self._outcome = WriteOutcome(error=f"saving a checkpoint to {self.directory} failed: {exc}")
+        finally:
+            self._durable.set()
+
+    # --- resuming ---------------------------------------------------------------------------------------
+    def resume(self, which: str, restore: Callable[[ResumePoint], str]) -> ResumePoint | None:
+        """Restore the checkpoint `which` on every rank: "auto" (the newest valid one in the checkpoint
+        directory; None if there is none), a checkpoint's path, or a `latest` pointer file's path (the
+        newest valid checkpoint of its directory). Each rank loads the named pieces, then `restore` (the
+        trainer's: what the resume means for the run; returns the log line). Any failure is one
+        CheckpointError, raised on every rank. The caller broadcasts model and optimizer from rank 0.
+        """
+        found = self._resume_on_main(which, restore) if self.is_main else None
+        mine = json.dumps(found).encode() if self.is_main else None
+        found = json.loads(self.collectives.broadcast_bytes(mine))
+        if "error" in found:
+            raise CheckpointError(found["error"])
+        if found["point"] is None:
+            logger.info(f"no checkpoint to resume from in {self.directory}; starting from scratch")
+            return None
+        point, message, error = ResumePoint(**found["point"]), found.get("message", ""), None
+        if not self.is_main:
+            try:
+                message = self._load(point, found["state"], restore)
+            except Exception as exc:  # a value only this rank uses (its RNG state): still an error everywhere
+                error = f"cannot resume from {point.url} on rank {self.collectives.rank}: {_one_line(exc)}"
+        errors = [json.loads(b) for b in self.collectives.allgather_bytes(json.dumps(error).encode())]
+        if first := next((e for e in errors if e), None):
+            raise CheckpointError(first)  # every rank applied the state, or every rank raises
+        self.last_saved_step = point.step
+        logger.info(message)
+        return point
+
+    def _resume_on_main(self, which: str, restore: Callable[[ResumePoint], str]) -> dict[str, Any]:
+        """Rank 0: choose, read and verify the checkpoint, load it into model and optimizer, and apply the
+        pieces, all before the other ranks hear of it. Returns what they need to apply it too, or
+        {"error": one line naming the checkpoint and the problem}: any failure, not only an invalid
+        checkpoint (storage, a missing key, a model of another shape), or they would wait in a collective
+        for a rank 0 that is gone, or that lives on after the error (a notebook)."""
+        where = self.directory if which == "auto" else which
+        try:
+            with self._open(which) as (checkpoint, paths):
+                if checkpoint is None:
+                    return {"point": None}
+                where = checkpoint.url
+                point, state = self._read(checkpoint, paths)
+                self.pieces.framework.load_files(paths)  # the framework's load: model, optimizer
+                message = self._load(point, state, restore)
+                return {"point": asdict(point), "state": state, "message": message}
+        except CheckpointError as exc:
+            return {"error": str(exc)}
+        except Exception as exc:  # storage (permissions, authentication), a model of other layer sizes, ...
+            return {"error": f"cannot resume from {where}: {_one_line(exc)}"}
+
+    @contextlib.contextmanager
+    def _open(self, which: str) -> Iterator[tuple[Checkpoint | None, dict[str, str]]]:
+        """The checkpoint `which` names and its verified local files; (None, {}) when "auto" finds none."""
+        assert self.manager is not None
+        pointed = pointer_directory(which) if which != "auto" else None
+        if which == "auto" or pointed is not None:
+            manager = self.manager if pointed is None else CheckpointManager(pointed)
+            if which == "auto":
+                manager.cleanup_temporaries()  # leftovers of a writer killed mid-save
+            with manager.open_latest_valid() as (checkpoint, paths, warnings):
+                for warning in warnings:
+                    logger.warning(warning)
+                if checkpoint is None and pointed is not None:
+                    raise CheckpointError(f"no valid checkpoint in {pointed} (named by {which})")
+                yield checkpoint, paths
+            return
+        checkpoint = self.manager.open(which, verify=False)  # local_files verifies each file as it reads it
+        with self.manager.local_files(checkpoint) as paths:
+            yield checkpoint, paths
+
+    def _read(self, checkpoint: Checkpoint, paths: dict[str, str]) -> tuple[ResumePoint, dict[str, Any]]:
+        """The resume point and the pieces' saved states; CheckpointError naming what is missing (a
+        checkpoint of another framework, or written by another version of hvdazure)."""
+        where, manifest = checkpoint.url, checkpoint.manifest
+        framework = manifest.get("framework")
+        if framework != self.framework_name:
+            raise CheckpointError(f"checkpoint {where} was written by {framework!r}, not by "
+                                  f"{self.framework_name!r}")
+        if missing := [name for name in (STATE_FILE, RNG_FILE) if name not in paths]:
+            raise CheckpointError(f"checkpoint {where} holds no {missing[0]}")
+        state, rngs = _read_json(paths[STATE_FILE]), _read_json(paths[RNG_FILE])
+        needed = ((MANIFEST, manifest, _MANIFEST_KEYS), (STATE_FILE, state, tuple(self.pieces.stateful)))
+        for source, data, keys in needed:
+            if missing := [key for key in keys if not isinstance(data, dict) or key not in data]:
+                raise CheckpointError(f"checkpoint {where}: {source} has no {missing[0]!r}, needed to resume")
+        return ResumePoint(checkpoint.name, where, checkpoint.step, manifest, rngs), state
+
+    def _load(self, point: ResumePoint, state: dict[str, Any], restore: Callable[[ResumePoint], str]) -> str:
+        """Load the named pieces on this rank, then the trainer's `restore`; returns its log line."""
+        for name, piece in self.pieces.stateful.items():
+            piece.load_state_dict(state[name])
+        return restore(point)
+
+
+def _json_writer(data: Any) -> Callable[[BinaryIO], None]:
+    def write(file: BinaryIO) -> None:
+        file.write(json.dumps(data).encode())
+
+    return write
+
+
+def _read_json(path: str) -> Any:
+    with open(path, "rb") as file:
+        return json.load(file)
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: its type and its message's lines joined (torch's load_state_dict errors
+    span several lines)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class CheckpointCallback(Callback):
+    """Saves every `every_steps` optimizer steps and/or every `every_epochs` epochs."""
+
+    def __init__(self, checkpoints: TrainerCheckpoints, every_steps: int | None,
+                 every_epochs: int | None) -> None:
+        self.checkpoints, self.every_steps, self.every_epochs = checkpoints, every_steps, every_epochs
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        if self.every_steps and trainer.state.step % self.every_steps == 0:
+            trainer.save_checkpoint("every_steps", wait=not trainer.config.checkpoint_async)
+
+    def on_epoch_end(self, trainer: Trainer) -> None:
+        completed = trainer.state.history[-1]["epoch"] + 1
+        already = self.checkpoints.last_saved_step == trainer.state.step  # e.g. by every_steps, this step
+        if self.every_epochs and completed % self.every_epochs == 0 and trainer.state.samples_in_epoch == 0 \
+                and not already:
+            trainer.save_checkpoint("every_epochs", wait=not trainer.config.checkpoint_async)

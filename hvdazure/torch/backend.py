@@ -1,0 +1,201 @@
+"""TorchBackend: the framework's side of core/trainer.py's loop, on PyTorch and Horovod.
+
+What Horovod's examples make users write by hand, done here: hvd.init and device pinning, thread limits on
+CPU, DistributedOptimizer (compression, accumulation, op, predivide), broadcast of parameters and optimizer
+state from rank 0, sharded and re-seeded data per epoch, exact loss weighting for uneven last steps,
+gradient clipping after the allreduce, and autocast mixed precision (bf16; fp16 with GradScaler on CUDA).
+The user's hooks (build_model, training_step, ...) are the TorchTrainer's (torch/trainer.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import horovod
+import horovod.torch as hvd
+import torch
+
+from hvdazure.core.backend import Backend, RankStep
+from hvdazure.core.config import ConfigError, TrainConfig
+from hvdazure.core.metrics import MetricAccumulator
+from hvdazure.core.sharding import ShardPlan
+from hvdazure.torch.checkpoint_content import TorchCheckpointContent
+from hvdazure.torch.collectives import TorchCollectives
+from hvdazure.torch.data import eval_batches, make_loader, to_device, train_loader
+
+if TYPE_CHECKING:
+    from hvdazure.torch.trainer import TorchTrainer
+
+_OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
+_COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+_AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TorchBackend(Backend):
+    """Runs a TorchTrainer's hooks on Horovod. `collate`: the user's, or None for the default (which
+    data.make_loader may do faster, batch-wise)."""
+
+    framework_name = "torch"
+
+    def __init__(self, hooks: TorchTrainer, collate: Callable[[list[Any]], Any] | None) -> None:
+        self.hooks, self.collate = hooks, collate
+        self.model: torch.nn.Module
+        self.optimizer: torch.optim.Optimizer  # Horovod's DistributedOptimizer around the user's
+        self.scaler: torch.amp.GradScaler | None = None
+        self.device = torch.device("cpu")
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.hooks.config
+
+    def start(self, comm: Any) -> TorchCollectives:
+        hvd.init(comm=comm)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(hvd.local_rank())
+            self.device = torch.device("cuda", hvd.local_rank())
+        else:
+            self.device = torch.device("cpu")
+            if "OMP_NUM_THREADS" not in os.environ:  # ranks on one node share its cores
+                torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // hvd.local_size()))
+        self.collectives = TorchCollectives(self.device)
+        return self.collectives
+
+    def shutdown(self) -> None:
+        hvd.shutdown()
+
+    def load_datasets(self) -> int:
+        self._train_data = self.hooks.train_dataset()
+        self._eval_data = self.hooks.eval_dataset()
+        return len(self._train_data)
+
+    def build(self, peak_lr: float) -> TorchCheckpointContent:
+        c = self.config
+        if c.precision == "fp16" and self.device.type != "cuda":
+            raise ConfigError("config field 'precision': 'fp16' needs CUDA (GradScaler); use 'bf16' on CPU")
+        torch.manual_seed(c.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
+        self.model = self.hooks.build_model().to(self.device)
+        optimizer = self.hooks.build_optimizer(self.model.parameters(), peak_lr)
+        # Per-group LR multipliers the user set survive warmup/schedule updates.
+        self._lr_factors = [group["lr"] / peak_lr for group in optimizer.param_groups]
+        self.optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=self.model.named_parameters(),
+            compression=_COMPRESSION[c.compression], backward_passes_per_step=c.grad_accum_steps,
+            op=_OPS[c.reduce_op], gradient_predivide_factor=c.gradient_predivide_factor)
+        self.scaler = torch.amp.GradScaler("cuda") if c.precision == "fp16" else None
+        return TorchCheckpointContent(self.model, self.optimizer, self.scaler, self.device)
+
+    def broadcast_model_and_optimizer(self) -> None:
+        if hvd.broadcast_object(bool(self.optimizer.state), root_rank=0, name="hvdazure.has_state"):
+            # Horovod's broadcast_optimizer_state initialises an empty state with a zero-gradient step, which
+            # can move parameters (weight decay): the parameter broadcast after it puts them back.
+            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        else:
+            # A fresh optimizer has no state to send, only its settings; skipping Horovod's zero-gradient
+            # step keeps the first real step exact (Adam's step count, decoupled weight decay).
+            settings = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+            for group, chosen in zip(self.optimizer.param_groups, hvd.broadcast_object(
+                    settings, root_rank=0, name="hvdazure.optimizer_settings"), strict=True):
+                group.update(chosen)
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+
+    def set_lr(self, lr: float) -> None:
+        for group, factor in zip(self.optimizer.param_groups, self._lr_factors, strict=True):
+            group["lr"] = lr * factor
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        precision = self.config.precision
+        if precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=_AMP_DTYPES[precision])
+
+    def epoch_batches(self, shard_plan: ShardPlan, epoch: int, start_sample: int) -> Iterator[Any]:
+        loader = train_loader(self._train_data, shard_plan, epoch, start_sample, self.collate,
+                              self.config.num_workers, pin_memory=self.device.type == "cuda")
+        return (to_device(batch, self.device) for batch in loader)
+
+    def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:
+        votes = None if stop_vote is None else self.collectives.allreduce_sum_async([stop_vote], "stop_vote")
+        if not self.model.training:  # after an evaluation (a recursive call; not needed every step)
+            self.model.train()
+        for micro_batch, batch, weight in step:
+            if batch is None:
+                # Nothing to train on: no forward pass (BatchNorm statistics and gradients stay untouched);
+                # the optimizer step's synchronize() still allreduces zeros for this rank's gradients.
+                continue
+            self.micro_batch = micro_batch
+            with self._autocast():
+                loss, metrics = _loss_and_metrics(self.hooks.training_step(self.model, batch))
+            scaled = loss if weight == 1.0 else loss * weight  # exactly 1.0 for a full step, no accumulation
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            meter.add({"loss": loss.detach(), **metrics}, len(micro_batch.indices))
+        self._optimizer_step()
+        return votes()[0] if votes is not None else 0.0
+
+    def _optimizer_step(self) -> None:
+        opt, clip = self.optimizer, self.config.grad_clip_norm
+        if clip is None and self.scaler is None:
+            opt.step()
+        else:
+            opt.synchronize()  # gradients are averaged across ranks before they are unscaled or clipped
+            if self.scaler is not None:
+                self.scaler.unscale_(opt)
+            if clip is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            with opt.skip_synchronize():
+                if self.scaler is not None:
+                    self.scaler.step(opt)
+                else:
+                    opt.step()
+            if self.scaler is not None:
+                self.scaler.update()
+        opt.zero_grad()
+
+    def evaluate(self, meter: MetricAccumulator) -> bool:
+        if self._eval_data is None:
+            return False
+        # A rank with no evaluation samples (fewer samples than ranks) runs nothing and reports no metric.
+        c, collectives = self.config, self.collectives
+        batches = eval_batches(len(self._eval_data), c.batch_size, collectives.size, collectives.rank)
+        loader = make_loader(self._eval_data, batches, self.collate, c.num_workers)
+        self.model.eval()
+        with torch.no_grad(), self._autocast():
+            for indices, batch in zip(batches, loader, strict=True):
+                metrics = self.hooks.validation_step(self.model, to_device(batch, self.device))
+                if not isinstance(metrics, Mapping):
+                    raise TypeError("validation_step must return a dict of metrics, got "
+                                    f"{type(metrics).__name__}")
+                meter.add(dict(metrics), len(indices))
+        return True
+
+    def metric_to_float64(self, value: Any) -> Any:
+        # On the CPU a metric is read as a Python float: the same float64 arithmetic as torch's, without a
+        # cast, multiply and add dispatched per metric and step. On a GPU reading it would wait for the step.
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return value.detach().to(torch.float64)
+        return float(value)
+
+    def min_samples_per_micro_batch(self) -> tuple[int, str]:
+        # BatchNorm1d on (batch, features) inputs raises on a batch of 1 in training; 2d/3d layers have
+        # spatial positions to average over and train on one sample.
+        for name, module in self.model.named_modules():
+            if isinstance(module, torch.nn.BatchNorm1d):
+                return 2, f"the model's BatchNorm1d layer {name!r} cannot train on 1 sample"
+        return 1, ""
+
+    def framework_versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__, "horovod": horovod.__version__}
+
+
+def _loss_and_metrics(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Split training_step's output into the loss to differentiate and the metrics to report."""
+    if isinstance(output, torch.Tensor):
+        return output, {}
+    if isinstance(output, Mapping) and "loss" in output:
+        metrics = {k: v.detach() if isinstance(v, torch.Tensor) else v
+                   for k, v in output.items() if k != "loss"}
+        return output["loss"], metrics
+    raise TypeError("training_step must return a loss tensor or a dict with 'loss', got "
+                    f"{type(output).__name__}")
