@@ -15,14 +15,24 @@ gradient allreduce (with zeros), so every rank runs the same number of steps and
 and each cell's `loss_weight` (its share of the step's samples) makes the averaged gradient the exact mean
 over the step.
 
+Which samples of a step go to which cell is the order's choice (the `SampleOrder` a plan is given). The
+default, `UniformOrder`, is the permutation above with cells in (micro-batch, rank) order: random access is
+cheap for data in memory or on local disk. Sharded data on object storage uses core/shard_order.py's
+order instead, which groups a step's samples by where they are stored so that each rank reads few shards;
+the cell sizes and loss weights are the same for every order, and the gradient is a sum over the step,
+so the assignment inside a step changes nothing but float rounding.
+
 Evaluation is split into contiguous, nearly equal ranges per rank with no padding; metrics are summed with
 their sample counts and divided once, so the result equals the single-process one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,6 +40,49 @@ import numpy as np
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
     """The order of the whole dataset in `epoch`: a function of (seed, epoch) only."""
     return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
+def fingerprint(description: dict[str, Any]) -> str:
+    """A short, stable hash of what an order depends on, for a checkpoint to record and compare."""
+    text = json.dumps(description, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class SampleOrder(Protocol):
+    """The order of the samples in an epoch, and how a step's samples are arranged for reading."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        """Every sample once, as global sample indices: a function of (seed, epoch) and the order's own
+        parameters, never of the world size."""
+        ...
+
+    def group_for_reading(self, samples: np.ndarray, seed: int) -> np.ndarray | None:
+        """A step's samples rearranged so that samples read together are adjacent (each rank then takes
+        one stretch of it); None keeps the cells at consecutive positions in (micro-batch, rank) order."""
+        ...
+
+    def fingerprint(self, seed: int) -> str:
+        """A hash of everything the order depends on: a resume across a change of it must be refused."""
+        ...
+
+
+@dataclass(frozen=True)
+class UniformOrder:
+    """One uniform permutation per epoch (`epoch_permutation`): for data in memory or random-access."""
+
+    num_samples: int
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        return epoch_permutation(self.num_samples, seed, epoch)
+
+    def group_for_reading(self, samples: np.ndarray, seed: int) -> np.ndarray | None:
+        return None
+
+    def fingerprint(self, seed: int) -> str:
+        return fingerprint({"order": "uniform/1", "num_samples": self.num_samples, "seed": seed})
 
 
 @dataclass(frozen=True)
@@ -62,6 +115,7 @@ class ShardPlan:
     rank: int
     grad_accum_steps: int = 1
     seed: int = 0
+    order: SampleOrder | None = field(default=None, repr=False)  # None: UniformOrder(num_samples)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "world_size", "grad_accum_steps"):
@@ -71,6 +125,19 @@ class ShardPlan:
             raise ValueError(f"the training dataset is empty (num_samples={self.num_samples})")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is not in 0..{self.world_size - 1}")
+        if self.order is not None and self.order.num_samples != self.num_samples:
+            raise ValueError(f"the sample order covers {self.order.num_samples} samples but the dataset "
+                             f"has num_samples={self.num_samples}")
+
+    @property
+    def sample_order(self) -> SampleOrder:
+        """The order this plan follows: the one it was given, else the uniform permutation."""
+        return self.order if self.order is not None else UniformOrder(self.num_samples)
+
+    def order_fingerprint(self) -> str:
+        """What a checkpoint records to refuse a resume across a change of the order (or its seed); the
+        world size and batch size are not in it, since a resume may change them."""
+        return self.sample_order.fingerprint(self.seed)
 
     @property
     def global_batch_size(self) -> int:
@@ -85,7 +152,7 @@ class ShardPlan:
         """This rank's micro-batches for optimizer step `step` of `epoch` (a run that never changed size)."""
         if not 0 <= step < self.steps_per_epoch:
             raise ValueError(f"step {step} is not in 0..{self.steps_per_epoch - 1}")
-        order = epoch_permutation(self.num_samples, self.seed, epoch)
+        order = self.sample_order.epoch_order(self.seed, epoch)
         return self._micro_batches(order, step * self.global_batch_size)
 
     def epoch(self, epoch: int, start_sample: int = 0) -> Iterator[list[MicroBatch]]:
@@ -94,7 +161,7 @@ class ShardPlan:
         batch when the world size changed: each remaining sample is still used exactly once."""
         if not 0 <= start_sample <= self.num_samples:
             raise ValueError(f"start_sample {start_sample} is not in 0..{self.num_samples}")
-        order = epoch_permutation(self.num_samples, self.seed, epoch)
+        order = self.sample_order.epoch_order(self.seed, epoch)
         for start in range(start_sample, self.num_samples, self.global_batch_size):
             yield self._micro_batches(order, start)
 
@@ -125,13 +192,34 @@ class ShardPlan:
 
     def _micro_batches(self, order: np.ndarray, start: int) -> list[MicroBatch]:
         chunk = order[start : start + self.global_batch_size]
-        used = self._cells_used(len(chunk))
-        batches = []
-        for k in range(self.grad_accum_steps):
-            cell = k * self.world_size + self.rank
-            begin, end = _piece(len(chunk), used, cell) if cell < used else (0, 0)
-            batches.append(MicroBatch(chunk[begin:end].tolist(), len(chunk)))
-        return batches
+        grouped = self.sample_order.group_for_reading(chunk, self.seed)
+        if grouped is None:
+            return [MicroBatch(chunk[begin:end].tolist(), len(chunk))
+                    for begin, end in self._cell_bounds(len(chunk))]
+        return [MicroBatch(cell.tolist(), len(chunk)) for cell in self._rank_stretch(grouped)]
+
+    def _cell_bounds(self, step_samples: int) -> list[tuple[int, int]]:
+        """This rank's cells as positions in the step, cells laid out in (micro-batch, rank) order."""
+        used = self._cells_used(step_samples)
+        cells = (k * self.world_size + self.rank for k in range(self.grad_accum_steps))
+        return [_piece(step_samples, used, cell) if cell < used else (0, 0) for cell in cells]
+
+    def _rank_stretch(self, grouped: np.ndarray) -> list[np.ndarray]:
+        """This rank's cells when the step is grouped for reading: ranks take consecutive stretches of it
+        (rank 0 first), so a rank reads what lies together; within its stretch, micro-batches are dealt
+        out in turn, so each mixes all of it. The cell sizes are those of `_cell_bounds`."""
+        used = self._cells_used(len(grouped))
+
+        def size(rank: int, k: int) -> int:
+            cell = k * self.world_size + rank
+            begin, end = _piece(len(grouped), used, cell) if cell < used else (0, 0)
+            return end - begin
+
+        begin = sum(size(r, k) for r in range(self.rank) for k in range(self.grad_accum_steps))
+        sizes = [size(self.rank, k) for k in range(self.grad_accum_steps)]
+        mine = grouped[begin : begin + sum(sizes)]
+        dealt = sum(1 for n in sizes if n)  # non-empty cells come first and larger first, as k::dealt gives
+        return [mine[k::dealt] if k < dealt else mine[:0] for k in range(self.grad_accum_steps)]
 
 
 def _piece(total: int, parts: int, index: int) -> tuple[int, int]:
