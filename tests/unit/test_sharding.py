@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
-from hvdazure.core.sharding import MicroBatch, ShardPlan, epoch_permutation, eval_range
+from hvdazure.core.sharding import MicroBatch, ShardPlan, UniformOrder, epoch_permutation, eval_range
 
 # (num_samples, batch_size, world_size, grad_accum_steps): full and partial last steps, steps with more
 # cells than samples (empty cells), and a dataset smaller than one micro-batch.
@@ -263,3 +264,61 @@ def test_a_batch_without_samples_is_rejected(batch_size: int, grad_accum_steps: 
 def test_eval_range_rejects_a_rank_outside_the_world(rank: int) -> None:
     with pytest.raises(ValueError, match=f"rank {rank}"):
         eval_range(10, world_size=2, rank=rank)
+
+
+def test_the_default_order_is_the_uniform_permutation_bit_for_bit() -> None:
+    for case in GRID:
+        explicit = [ShardPlan(*case[:2], case[2], rank, case[3], 5, order=UniformOrder(case[0]))
+                    for rank in range(case[2])]
+        assert _steps(explicit, epoch=2) == _steps(_plans(*case, seed=5), epoch=2), case
+        assert UniformOrder(case[0]).epoch_order(5, 2).tolist() == epoch_permutation(case[0], 5, 2).tolist()
+
+
+class _SortedOrder:
+    """An order that groups a step by sorting it: shows where ShardPlan puts a grouped step's samples."""
+
+    def __init__(self, num_samples: int) -> None:
+        self.num_samples = num_samples
+
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        return epoch_permutation(self.num_samples, seed, epoch)
+
+    def group_for_reading(self, samples: np.ndarray, seed: int) -> np.ndarray | None:
+        return np.sort(samples)
+
+    def fingerprint(self, seed: int) -> str:
+        return "sorted"
+
+
+def test_a_grouped_step_gives_each_rank_one_stretch_dealt_in_turn_to_its_micro_batches() -> None:
+    # global batch 12 = 2 per micro-batch x 3 ranks x 2 micro-batches: rank r takes the r-th 4 of the
+    # sorted step, and its micro-batches take every other one of them
+    order = _SortedOrder(12)
+    plans = [ShardPlan(12, 2, 3, rank, 2, order=order) for rank in range(3)]
+    step = sorted(epoch_permutation(12, 0, 0).tolist())
+    assert [[mb.indices for mb in plan.step(0, 0)] for plan in plans] == [
+        [[step[0], step[2]], [step[1], step[3]]], [[step[4], step[6]], [step[5], step[7]]],
+        [[step[8], step[10]], [step[9], step[11]]]]
+
+
+def test_a_grouped_step_keeps_the_uniform_plans_cell_sizes_and_loss_weights() -> None:
+    for case in GRID:
+        grouped = [ShardPlan(*case[:2], case[2], rank, case[3], order=_SortedOrder(case[0]))
+                   for rank in range(case[2])]
+        sizes = [[(len(cell.indices), cell.step_samples) for cell in step] for step in _steps(grouped)]
+        assert sizes == [[(len(cell.indices), cell.step_samples) for cell in step]
+                         for step in _steps(_plans(*case))], case
+        used = [i for step in _steps(grouped) for cell in step for i in cell.indices]
+        assert sorted(used) == list(range(case[0])), case
+
+
+def test_a_plan_whose_order_covers_another_dataset_size_is_rejected() -> None:
+    with pytest.raises(ValueError, match="covers 11 samples but the dataset has num_samples=10"):
+        ShardPlan(num_samples=10, batch_size=4, world_size=1, rank=0, order=UniformOrder(11))
+
+
+def test_the_order_fingerprint_names_the_order_and_seed_not_the_world_or_batch() -> None:
+    prints = {ShardPlan(40, b, w, 0, a, seed=3).order_fingerprint() for b, w, a in [(4, 1, 1), (2, 8, 3)]}
+    assert prints == {UniformOrder(40).fingerprint(seed=3)}
+    assert UniformOrder(40).fingerprint(seed=3) != UniformOrder(40).fingerprint(seed=4)
+    assert UniformOrder(40).fingerprint(seed=3) != UniformOrder(41).fingerprint(seed=3)
