@@ -3,7 +3,7 @@
 The ideal is the dataset's shards / world size (each shard read by one rank). Counted from the plans alone
 (no data is read), for world sizes 1..8, so it runs in seconds on one core:
 
-    PYTHONPATH=. python benchmarks/shard_order_locality.py [--output results/shard_order_locality.json]
+    PYTHONPATH=. python benchmarks/shard_order_locality.py [--json PATH] [--shards 256 --lanes 32]
 
 Also reported: the distinct shards a rank needs in one step, and the same across a 3-epoch run (what a
 node cache that keeps a rank's shards between epochs would have to hold).
@@ -12,6 +12,7 @@ node cache that keeps a rank's shards between epochs would have to hold).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,8 @@ from common import write_result
 
 from hvdazure.core.shard_order import DEFAULT_LANES, ShardOrder
 from hvdazure.core.sharding import SampleOrder, ShardPlan, UniformOrder
+
+RESULT = Path(__file__).resolve().parent / "results" / "shard_order_locality.json"
 
 
 def _touched(order: ShardOrder, plan: ShardPlan, epochs: int) -> dict[str, float]:
@@ -55,12 +58,13 @@ def measure(shard_sizes: tuple[int, ...], batch_size: int, lanes: int, epochs: i
     return rows
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank, no accumulation")
     parser.add_argument("--lanes", type=int, default=DEFAULT_LANES)
-    parser.add_argument("--output", type=Path, default=Path("results/shard_order_locality.json"))
+    parser.add_argument("--json", type=Path, default=RESULT,
+                        help="where the result goes (default: %(default)s)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     shard_sizes = tuple(int(n) for n in rng.integers(300, 700, args.shards))  # uneven, ~500 samples
@@ -74,9 +78,11 @@ def main() -> None:
         print(f"{row['world_size']:>5} {row['ideal']:>6.1f} | {s['mean']:>6.1f} / {s['max']:>4} "
               f"{s['per_step']:>6.1f} {s['max_over_3_epochs']:>8} | {u['mean']:>6.1f} / {u['max']:>4} "
               f"{u['per_step']:>6.1f}")
-    write_result(args.output, {"shards": args.shards, "samples": sum(shard_sizes),
-                               "batch_size": args.batch_size, "lanes": args.lanes, "rows": rows})
+    write_result(args.json, {"benchmark": "shard_order_locality", "command": " ".join(sys.argv),
+                             "shards": args.shards, "samples": sum(shard_sizes),
+                             "batch_size": args.batch_size, "lanes": args.lanes, "rows": rows})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -110,6 +110,8 @@ class ShardOrder:
         return shards, samples - self._starts[shards]
 
     def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        """Every sample once: one from each lane in turn (the lanes in this epoch's order), each lane's
+        shards in this epoch's order and shuffled within windows."""
         layout = self._layout(seed)
         rng = np.random.default_rng([seed, epoch, _EPOCH_STREAM])
         sizes = [sum(end - begin for begin, end in pieces) for pieces in layout.pieces]
@@ -120,12 +122,14 @@ class ShardOrder:
         return flat[flat >= 0]
 
     def group_for_reading(self, samples: np.ndarray, seed: int) -> np.ndarray:
+        """A step's samples by lane, then shard (stable), so that each rank's stretch covers few lanes."""
         layout = self._layout(seed)
         lanes = layout.piece_lanes[np.searchsorted(layout.piece_starts, samples, side="right") - 1]
         shards, _ = self.locate(samples)
         return samples[np.lexsort((np.arange(len(samples)), shards, lanes))]
 
     def fingerprint(self, seed: int) -> str:
+        """A hash of the algorithm's version, the seed, lanes, window and every shard's size."""
         sizes = np.asarray(self.shard_sizes, dtype="<i8").tobytes()
         return fingerprint({"order": "shards/1", "seed": seed, "lanes": self.lanes,
                             "window": self.window_samples, "num_shards": len(self.shard_sizes),
