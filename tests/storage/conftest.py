@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+
 from storage.azurite import Azurite, azurite, blob_url, shorten_sdk_backoff, use_connection_string
 from storage.fault_proxy import FaultProxy
 
