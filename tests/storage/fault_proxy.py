@@ -10,8 +10,8 @@ What it can do to the traffic:
   for `times` matching requests in a row: an HTTP status without forwarding (`"status"`: 503, 429, 500),
   the connection dropped before forwarding (`"drop"`) or after forwarding, so the server did the work but
   the client never hears of it (`"drop_after"`), a response body cut short with the connection closed
-  (`"truncate"`), or a callback run before forwarding (`"call"`: the crash-injection tests kill the writer
-  there, between two of its requests);
+  (`"truncate"`), or a callback run before forwarding (`"call"`), which drops the request instead if it
+  returns False (the crash-injection tests kill the writer there, between two of its requests);
 - `requests`: every request seen, in order (method, path, status sent, fault applied), for assertions.
 
 Written on the standard library (socketserver + http.client) rather than a package: the faults are a
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FAULTS = ("status", "drop", "drop_after", "truncate", "call")
+_ERROR_CODES = {503: "ServerBusy", 500: "InternalError", 429: "TooManyRequests"}  # x-ms-error-code
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
 
 
@@ -48,7 +49,7 @@ class Fault:
     path: str | None = None  # a regular expression searched for in the request target; None: any
     status: int = 503
     keep_bytes: int = 0  # "truncate": how many bytes of the body are sent before the connection closes
-    callback: Callable[[Request], None] | None = None  # "call"
+    callback: Callable[[Request], bool | None] | None = None  # "call"; False: drop the request
     seen: int = 0  # matching requests so far
     applied: int = 0  # how often it was applied
 
@@ -73,7 +74,8 @@ class Request:
 class FaultProxy:
     """The proxy: `with FaultProxy(("127.0.0.1", azurite_port)) as proxy: ... proxy.port ...`."""
 
-    def __init__(self, upstream: tuple[str, int], latency: float = 0.0, bandwidth: float | None = None) -> None:
+    def __init__(self, upstream: tuple[str, int], latency: float = 0.0,
+                 bandwidth: float | None = None) -> None:
         self.upstream = upstream
         self.latency, self.bandwidth = latency, bandwidth
         self.requests: list[Request] = []
@@ -110,7 +112,7 @@ class FaultProxy:
 
     def inject(self, kind: str, nth: int = 1, times: int = 1, method: str | None = None,
                path: str | None = None, status: int = 503, keep_bytes: int = 0,
-               callback: Callable[[Request], None] | None = None) -> Fault:
+               callback: Callable[[Request], bool | None] | None = None) -> Fault:
         """Add a fault (see the module's docstring); matching requests are counted from now on."""
         if kind not in FAULTS:
             raise ValueError(f"fault must be one of {', '.join(FAULTS)}, got {kind!r}")
@@ -161,14 +163,16 @@ class FaultProxy:
         request.fault = fault.kind if fault else None
         if fault and fault.kind == "call":
             assert fault.callback is not None
-            fault.callback(request)
+            if fault.callback(request) is False:
+                _abort(client)
+                return False
         if fault and fault.kind == "drop":
             _abort(client)
             return False
         if fault and fault.kind == "status":
             error = (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>Injected{fault.status}</Code>'
                      f"<Message>injected by the fault proxy</Message></Error>").encode()
-            code = {503: "ServerBusy", 500: "InternalError", 429: "TooManyRequests"}.get(fault.status, "Injected")
+            code = _ERROR_CODES.get(fault.status, "Injected")
             request.status = fault.status
             self._send(client, fault.status, [("Content-Type", "application/xml"), ("x-ms-error-code", code),
                                               ("Content-Length", str(len(error)))], error, request.method)

@@ -8,8 +8,10 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
+
 from storage.fault_proxy import FaultProxy, Request
 
 
@@ -17,7 +19,7 @@ class _Upstream(BaseHTTPRequestHandler):
     """GET /bytes/N: N bytes; PUT: stores the body, answers its length. Records what reached it."""
 
     protocol_version = "HTTP/1.1"
-    received: list[tuple[str, str, bytes]] = []
+    received: ClassVar[list[tuple[str, str, bytes]]] = []
 
     def do_GET(self) -> None:
         self.received.append(("GET", self.path, b""))
@@ -161,6 +163,14 @@ def test_call_runs_the_callback_before_the_request_is_forwarded(proxy: FaultProx
         _get(proxy, f"/bytes/{n}")
 
     assert seen == [("/bytes/2", 1)]
+
+
+def test_a_callback_returning_false_drops_the_request(proxy: FaultProxy) -> None:
+    proxy.inject("call", callback=lambda request: False)
+
+    with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+        _get(proxy, "/bytes/3")
+    assert _Upstream.received == []
 
 
 def test_latency_delays_every_request(proxy: FaultProxy) -> None:
