@@ -21,7 +21,7 @@ import pytest
 
 from hvdazure.core import object_store
 from hvdazure.core.checkpoint import CheckpointError, CheckpointManager, StorageError, pointer_directory
-from storage.azurite import ACCOUNT_KEY, Azurite, use_connection_string
+from storage.azurite import ACCOUNT, ACCOUNT_KEY, Azurite, use_connection_string
 from storage.conftest import ProxiedBlob
 from storage.fault_proxy import Request
 
@@ -393,3 +393,22 @@ def test_no_credential_is_printed_logged_or_written_into_a_checkpoint(
     seen = "\n".join([out, err, caplog.text, str(error.value), str(read_error.value)])
     assert ACCOUNT_KEY not in seen and ACCOUNT_KEY.encode() not in stored
     assert "AccountKey=Eby8" not in seen
+
+
+def test_a_sas_token_in_the_connection_string_is_enough_and_stays_out_of_the_manifest(
+        azurite: Azurite, blob_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+    sas = generate_account_sas(ACCOUNT, ACCOUNT_KEY, ResourceTypes(container=True, object=True),
+                               AccountSasPermissions(read=True, write=True, delete=True, list=True),
+                               expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+    use_connection_string(monkeypatch, f"BlobEndpoint={azurite.endpoint()};SharedAccessSignature={sas}")
+    run = f"{blob_url}/run1"
+    checkpoint = CheckpointManager(run).save(1, {"model.bin": lambda f: f.write(b"w" * 100)},
+                                             {"config": {"where": f"{azurite.endpoint()}?{sas}"}})
+
+    assert CheckpointManager(run).read_files(checkpoint) == {"model.bin": b"w" * 100}
+    stored = _cat(f"{run}/step-00000001/manifest.json").decode()
+    assert "sig=" in sas and sas not in stored and f"{azurite.endpoint()}?<redacted>" in stored
