@@ -141,7 +141,8 @@ def store_save_load(url: str, mb: int, repeats: int) -> dict[str, list[float]]:
     state = TorchCheckpointContent(model, optimizer, None, torch.device("cpu"))
     root = f"{url.rstrip('/')}/hvdazure-bench-{uuid.uuid4().hex[:12]}"
     manager = CheckpointManager(f"{root}/managed", keep_last=1)
-    fs, floor_path = fsspec.core.url_to_fs(f"{root}/floor.bin")
+    fs, folder = fsspec.core.url_to_fs(root)
+    floor_path = f"{folder}/floor.bin"
     buffer = io.BytesIO()
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
     floor_bytes = buffer.getvalue()
@@ -170,7 +171,7 @@ def store_save_load(url: str, mb: int, repeats: int) -> dict[str, list[float]]:
                 if repeat >= 0:
                     times[name].append(seconds)
     finally:
-        fs.rm(fs._strip_protocol(root), recursive=True)
+        fs.rm(folder, recursive=True)
     times["hvdazure save + retention"] = times["hvdazure save"]
     times["hvdazure save"] = durable[1:]
     return times

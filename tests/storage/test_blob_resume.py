@@ -21,8 +21,8 @@ from pathlib import Path
 
 import fsspec
 import pytest
-
 from distributed.harness import JobRun, kill_tree, processes_running, run_job
+
 from storage.azurite import ACCOUNT_KEY, Azurite, forget_filesystems
 from storage.conftest import ProxiedBlob
 
@@ -185,8 +185,8 @@ def test_a_permanent_storage_error_is_one_line_on_every_rank_and_a_non_zero_exit
         azurite: Azurite, blob_url: str, tmp_path: Path, controller: str) -> None:
     what, resume, problem = PERMANENT[controller]
     if what == "a wrong key":
-        run, env = f"{blob_url}/run1", {"AZURE_STORAGE_CONNECTION_STRING": azurite.connection_string().replace(
-            ACCOUNT_KEY, "A" * 86 + "==")}
+        wrong = azurite.connection_string().replace(ACCOUNT_KEY, "A" * 86 + "==")
+        run, env = f"{blob_url}/run1", {"AZURE_STORAGE_CONNECTION_STRING": wrong}
     else:
         run, env = "abfs://no-such-container/run1", {}
 
