@@ -6,10 +6,11 @@
 # Idempotent and cheap when nothing changed: a stamp of the pins is kept in the venv, and the Horovod and
 # mpi4py wheels are cached outside the repo ($HVDAZURE_CACHE, default ~/.cache/hvdazure), keyed by
 # everything their builds depend on, so a fresh clone on the same machine reuses them instead of compiling
-# again (Horovod: 10-20 minutes, mpi4py: about 2 on 2 cores).
+# again (Horovod: 10-20 minutes, mpi4py: about 2 on 2 cores). Azurite (the Blob emulator the abfs://
+# checkpoint tests use, from npm) is kept there too, by version.
 #
 #   HVDAZURE_VENV   where the venv goes (default: <repo>/.venv)
-#   HVDAZURE_CACHE  where built Horovod and mpi4py wheels are kept (default: ~/.cache/hvdazure)
+#   HVDAZURE_CACHE  where built Horovod and mpi4py wheels and Azurite are kept (default: ~/.cache/hvdazure)
 #   PYTHON          the interpreter to create the venv with (default: python$PYTHON_VERSION, else python3)
 #   HVDAZURE_TORCH_INDEX  the index to install PyTorch from: a URL, or "pypi" (or empty) for pip's default.
 #                   Unset: PyTorch's CPU index where there is no NVIDIA GPU (see scripts/torch_index.py)
@@ -57,6 +58,17 @@ if ((${#missing[@]})); then
 fi
 
 mpi_id=$(mpirun --version 2>/dev/null | head -n1)  # part of the cache keys of the wheels built against MPI
+
+# --- 1b. Azurite, the Blob emulator the abfs:// checkpoint tests run against (tests/storage/), cached outside
+# the repo next to the wheels, keyed by AZURITE_VERSION. Checked on every run, before the stamp: a second
+# is all it costs once cached. Without Node.js it is skipped with a message, and so are those tests.
+azurite_status=0
+azurite_bin=$(bash scripts/install_azurite.sh) || azurite_status=$?
+if ((azurite_status == 0)); then
+  say "Azurite $AZURITE_VERSION: $azurite_bin"
+elif ((azurite_status != 3)); then
+  die "installing Azurite $AZURITE_VERSION failed (above)"
+fi
 
 # --- 2. the venv and pinned Python packages --------------------------------------------------------------
 python_bin=${PYTHON:-$(command -v "python${PYTHON_VERSION}" || command -v python3)}

@@ -2,6 +2,7 @@
 training stall of async and blocking checkpoints, and rank 0's peak memory during a save and a resume.
 
     hvdazure bench checkpoint -np 2 [--quick] [--json OUT.json] [--plot OUT.png]
+    hvdazure bench checkpoint --url abfs://CONTAINER/PATH [--quick] [--json OUT.json]
 
 Save and load (rank 0, as saving is; a ~100 MB model + optimizer; --quick: 4 MB): a blocking checkpoint's
 save of model and optimizer (temporary folder, hashed while written, fsync, rename, `latest`) against
@@ -21,6 +22,10 @@ step (checkpoints touch a few steps of every ten, so the median is an unaffected
 blocks, large on a shared VM, cancels), per checkpoint; the block without checkpoints gives the method's
 noise. The async stall over the blocking one, per round, against the target <= 0.10. 8 rounds (--quick:
 1). Run it with -np 1 and -np 2: the stall depends on what the ranks share.
+On a store (--url): rank 0's save and load to and from that URL (a folder of its own under it, deleted
+afterwards) against writing and reading the bytes of torch.save of the same state there with fsspec (the
+store's floor), measured in the same run, rotated as above; no stall or memory figures (they do not depend
+on where checkpoints go). The credentials come from the environment, as for checkpoint_dir.
 Memory: fresh single-rank processes that build the trainer and then do nothing, an async save, a blocking
 save or a resume, rotated (3 rounds; --quick: 1); each one's peak RSS minus the baseline's of its
 round, over the checkpoint's size, against the target <= 1.2.
@@ -129,31 +134,73 @@ def _line(text: str, figure: dict) -> str:
     return line + (f", target <= {figure['target']}: {figure['verdict']}" if "target" in figure else "")
 
 
+def check_url(url: str) -> None:
+    """A BenchError, in one line, unless `url` is a URL of a store fsspec can reach (with a container or
+    bucket where the store has them)."""
+    import fsspec
+
+    protocol, _, path = url.partition("://")
+    if not protocol or not path.strip("/") or protocol in ("file", "local"):
+        raise BenchError(f"--url must be a URL of a store, such as abfs://CONTAINER/PATH, got {url!r}")
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise BenchError(f"--url {url}: fsspec knows no protocol {protocol!r}") from None
+    except ImportError as exc:
+        raise BenchError(f"--url {url}: {protocol}:// needs a package not installed here ({exc})") from None
+
+
+def summarize_store(result: dict) -> dict:
+    """Save and load on a store, each over the store's floor (the same bytes with fsspec), per repeat."""
+    t = result["save_load_s"]
+    return {"median_s": {name: statistics.median(values) for name, values in t.items()},
+            "save_vs_floor": _ratio(t["hvdazure save"], t["write (fsspec)"]),
+            "save_with_retention_vs_floor": _ratio(t["hvdazure save + retention"], t["write (fsspec)"]),
+            "load_vs_floor": _ratio(t["hvdazure load"], t["read (fsspec)"])}
+
+
 class Checkpoint(RankBenchmark):
     """One job of -np ranks (save and load on rank 0, training blocks on every rank), then the memory
-    probes."""
+    probes; with --url, save and load on that store only."""
 
     name = "checkpoint"
 
+    def check(self, options: Options) -> None:
+        if options.get("url") is not None:
+            check_url(options["url"])
+
     def measure(self, options: Options) -> Result | None:
         """On every rank: save and load on rank 0, then the training blocks; rank 0 returns the figures."""
-        from hvdazure.bench.checkpoint_torch import measure_ranks
+        from hvdazure.bench.checkpoint_torch import measure_ranks, measure_store
 
         p = schedule(options["quick"])
+        if options.get("url") is not None:
+            return measure_store(options["url"], p["mb"], p["repeats"])
         return measure_ranks(p["mb"], p["repeats"], p["pairs"], p["steps"], p["every"], progress=progress)
 
     def run(self, options: Options, jobs: Jobs) -> Result:
-        """The job of -np ranks, then the memory probes (fresh single-rank processes); the summary of both."""
+        """The job of -np ranks, then the memory probes (fresh single-rank processes); the summary of both.
+        With --url: the job, and the summary of its save and load."""
         p = schedule(options["quick"])
         result = jobs.run_ranks(self.name, options, options["np"])
+        if options.get("url") is not None:
+            return {**p, **result, "summary": summarize_store(result)}
         progress("checkpoint: memory probes")
         peak = memory(p["mb"], p["memory_rounds"], jobs.timeout_s)
         return {**p, **result, "memory": peak, "summary": summarize(result, p)}
 
     def table(self, result: Result) -> str:
         s = result["summary"]
-        lines = [f"checkpoint: a {result['mb']} MB model (+ optimizer), {result['repeats']} rotated repeats"]
+        lines = [f"checkpoint: a {result['mb']} MB model (+ optimizer), {result['repeats']} rotated repeats"
+                 + (f", on {result['url']}" if result.get("url") else "")]
         lines += [f"  {name:<28}{value:>9.3f} s (median)" for name, value in s["median_s"].items()]
+        if result.get("url"):
+            return "\n".join([*lines, _line("hvdazure save / write (fsspec) (the store's floor)",
+                                              s["save_vs_floor"]),
+                               _line("hvdazure save + retention / write (fsspec)",
+                                     s["save_with_retention_vs_floor"]),
+                               _line("hvdazure load / read (fsspec) (the store's floor)",
+                                     s["load_vs_floor"])])
         lines += [_line("hvdazure save / torch.save + fsync", s["save_vs_torch_save_fsync"]),
                   _line("hvdazure save / torch.save (not durable)", s["save_vs_torch_save"]),
                   _line("hvdazure save / write + fsync (the disk's floor)", s["save_vs_floor"]),
@@ -192,6 +239,15 @@ class Checkpoint(RankBenchmark):
         plt = pyplot()
 
         s = result["summary"]
+        if result.get("url"):
+            fig, left = plt.subplots(1, 1, figsize=(6, 4))
+            names = list(result["save_load_s"])
+            left.boxplot([result["save_load_s"][n] for n in names])
+            left.set_xticks(range(1, len(names) + 1), names, rotation=20)
+            left.set_ylabel("seconds")
+            left.set_title(f"save and load on {result['url']}, {result['mb']} MB")
+            save_figure(fig, path)
+            return
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
         names = list(result["save_load_s"])
         left.boxplot([result["save_load_s"][n] for n in names])

@@ -118,6 +118,73 @@ def save_load(mb: int, repeats: int, root: Path) -> dict[str, list[float]]:
     return times
 
 
+def store_save_load(url: str, mb: int, repeats: int) -> dict[str, list[float]]:
+    """The same state saved and loaded the trainer's way to and from the store at `url` (a folder of its
+    own under it, deleted afterwards), against the store's floor: as many bytes written and read back with
+    fsspec, in the same run, the variants' order rotated after one unrecorded round:
+
+    - "hvdazure save": a blocking checkpoint's save until `latest` names it (every file uploaded, hashed
+      while written, the manifest, then `latest`); "hvdazure save + retention" with the deletion of the
+      checkpoint it replaces;
+    - "write (fsspec)": the bytes of torch.save of the same state, one fs.pipe_file: the store's floor;
+    - "hvdazure load": a resume's load (the newest valid checkpoint, every byte verified, loaded into the
+      model and optimizer);
+    - "read (fsspec)": the same bytes back with one fs.cat_file.
+    """
+    import io
+    import uuid
+
+    import fsspec
+
+    model = big_model(mb)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = TorchCheckpointContent(model, optimizer, None, torch.device("cpu"))
+    root = f"{url.rstrip('/')}/hvdazure-bench-{uuid.uuid4().hex[:12]}"
+    manager = CheckpointManager(f"{root}/managed", keep_last=1)
+    fs, folder = fsspec.core.url_to_fs(root)
+    floor_path = f"{folder}/floor.bin"
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    floor_bytes = buffer.getvalue()
+    step = itertools.count(1)
+    durable: list[float] = []
+
+    def managed_save() -> None:
+        start = time.perf_counter()
+        manager.save(next(step), state.save_files(copy=False), {},
+                     on_durable=lambda _: durable.append(time.perf_counter() - start))
+
+    def managed_load() -> None:
+        with manager.open_latest_valid() as (_, paths, _):
+            state.load_files(paths)
+
+    variants = {"write (fsspec)": lambda: fs.pipe_file(floor_path, floor_bytes),
+                "hvdazure save": managed_save, "read (fsspec)": lambda: fs.cat_file(floor_path),
+                "hvdazure load": managed_load}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    try:
+        for repeat in range(-1, repeats):
+            shift = max(repeat, 0) % len(names)
+            for name in names[shift:] + names[:shift]:
+                seconds = timed(variants[name])
+                if repeat >= 0:
+                    times[name].append(seconds)
+    finally:
+        fs.rm(folder, recursive=True)
+    times["hvdazure save + retention"] = times["hvdazure save"]
+    times["hvdazure save"] = durable[1:]
+    return times
+
+
+def measure_store(url: str, mb: int, repeats: int) -> dict | None:
+    """Rank 0 times save and load on the store at `url` while the others wait; rank 0's figures."""
+    hvd.init()
+    times = store_save_load(url, mb, repeats) if hvd.rank() == 0 else None
+    hvd.barrier()
+    return {"world_size": hvd.size(), "url": url, "save_load_s": times} if hvd.rank() == 0 else None
+
+
 class BlockClock(Callback):
     """Each step's time in a block, from the end of the step before (a periodic checkpoint included in its
     step's), after the first step and up to the last (the trainer's final checkpoint, blocking in every

@@ -31,6 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=("cnn", "resnet50"), default="cnn",
                         help="throughput: the model (default: cnn, a small CPU-sized CNN; resnet50 for GPUs, "
                              "needs torchvision (PyTorch) or keras.applications (TensorFlow))")
+    parser.add_argument("--url", metavar="URL",
+                        help="checkpoint: save and load to this store (an fsspec URL such as "
+                             "abfs://CONTAINER/PATH) against writing and reading the same bytes there with "
+                             "fsspec (the store's floor), instead of the local figures")
     parser.add_argument("--timeout", type=float, default=3600.0, metavar="S",
                         help="stop a job of the benchmark after S seconds (default: 3600)")
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -41,4 +45,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def as_options(args: argparse.Namespace) -> Options:
     """What the ranks need from the parsed arguments (JSON-serialisable)."""
     return {"np": args.np, "controller": args.controller, "quick": args.quick, "op": args.op,
-            "framework": args.framework, "model": args.model}
+            "framework": args.framework, "model": args.model, "url": args.url}

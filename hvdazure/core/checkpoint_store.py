@@ -8,20 +8,33 @@ the files and the manifest. The layout of a checkpoint directory:
         manifest.json           the binding's metadata + format_version, step, created, files (hash, bytes)
     step-00000120-v2/           the same step saved again (a run resumed from an earlier checkpoint)
     latest                      the name of the newest checkpoint ("step-00000120")
-    .tmp-step-00000130-<uuid>/  a save in progress, or left by a writer that was killed (cleanup_temporaries)
+    .tmp-step-00000130-<uuid>/  a local save in progress, or left by a writer that was killed
+                                (cleanup_temporaries)
 
-A save writes every file into a temporary directory, then manifest.json, fsyncs them (on local disks),
-renames the directory into place under a name no directory has, and only then replaces `latest` (a
-temporary file renamed over it); retention deletes older checkpoints last. Nothing that `latest` names is
-ever moved or replaced: saving a step that already has a checkpoint writes a new version beside it
-(step-00000120-v2) and deletes the old one only after `latest` names the new one, so a crash at any point
-leaves `latest` naming a complete checkpoint of that step. On a local filesystem the rename is atomic: a
-checkpoint directory is complete or absent. Object stores (abfs:// on Azure, through adlfs) have no directory
-rename: fsspec copies object by object, in no guaranteed order, then deletes the source, so a copy
-interrupted half-way can leave a directory with a manifest and missing or partial files. That is why nothing
-trusts a directory for existing: manifest.json records the hash and size of every file, verification
-checks them all, `latest_valid` skips (with a warning naming it) a checkpoint that is truncated, corrupt or
-half-written, falling back to the previous one, and retention counts only checkpoints that verify.
+Each save goes under a name no checkpoint directory has, and nothing that `latest` names is ever moved or
+replaced: saving a step that already has a checkpoint writes a new version beside it (step-00000120-v2)
+and deletes the old one only after `latest` names the new one, so a crash at any point leaves `latest`
+naming a complete checkpoint of that step. How a save is made atomic depends on the storage:
+
+- On a local filesystem, every file goes into a temporary directory, then manifest.json; they are fsynced,
+  the directory is renamed into place (atomic: a checkpoint directory is complete or absent), and only
+  then is `latest` replaced (a temporary file renamed over it).
+- On an object store (abfs:// on Azure Blob, through adlfs; any fsspec URL that is not a local path) there
+  are no directories, no rename of a prefix, and a "directory" exists only while an object's name starts
+  with it. Each file is uploaded straight to its place (step-00000120/model.pt), one after the other, and
+  manifest.json is uploaded last, under its final name: it is the commit record, and one upload of a blob
+  is atomic (it is there in full or not at all). Then `latest` is uploaded over the old pointer. A writer
+  killed half-way leaves files without a manifest, which no reader takes for a checkpoint and the next
+  retention deletes; its name stays taken while anything is left under it.
+
+Retention deletes older checkpoints last, each manifest first, so that a deletion interrupted half-way
+leaves no manifest over missing files. Still, nothing trusts a checkpoint for existing: manifest.json
+records the hash and size of every file, verification checks them all, `latest_valid` skips (with a
+warning naming it) a checkpoint that is truncated, corrupt or half-written, falling back to the previous
+one, and retention counts only checkpoints that verify. On object stores, each storage operation is
+retried on transient errors (throttling, 5xx, dropped connections, truncated bodies) with bounded backoff,
+and fails for good with one line naming the URL (hvdazure.core.object_store); no credential is written
+into a manifest or a message.
 
 A resume reads each file once, through the hash: on a local disk in place (then loaded from there), from
 other storage into a local temporary file, so rank 0 never holds a checkpoint's bytes in memory beside the
@@ -37,7 +50,7 @@ refuses it with a clear message instead of misreading it.
 
 Metadata is JSON only, never pickle, so reading a manifest cannot run code. All storage goes through fsspec
 (imported on first use, so `import hvdazure` stays fast): local paths, file://, memory:// and abfs:// share
-one code path.
+one code path: the manager looks only at whether the filesystem is local.
 """
 
 from __future__ import annotations
@@ -56,9 +69,13 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
+from hvdazure.core.object_store import StorageError, redact, retrying
 from hvdazure.core.rank_logging import logger
+
+__all__ = ["FORMAT_VERSION", "HASHES", "LATEST", "MANIFEST", "Checkpoint", "CheckpointError",
+           "CheckpointManager", "StorageError", "checkpoint_name", "exported_file", "pointer_directory"]
 
 # The format_version a manifest is written as, by its files' hash: SHA-256 records are what every hvdazure
 # reads (version 1); xxh3_128 ones are version 2, which an older hvdazure refuses with a clear message.
@@ -72,6 +89,7 @@ _TMP_PREFIX = ".tmp-"
 _STEP_NAME = re.compile(r"step-(\d+)(?:-v(\d+))?")  # step number, and version when the step was re-saved
 _RESERVED_KEYS = ("format_version", "step", "created", "files")  # the manager writes these itself
 _CHUNK = 4 << 20  # read size when verifying: large enough that the hash and the copy run at memory speed
+_T = TypeVar("_T")
 
 
 class CheckpointError(RuntimeError):
@@ -119,7 +137,7 @@ def pointer_directory(path: str) -> str | None:
     if base != LATEST:
         return None
     fs, root = _url_to_fs(stripped)
-    return (head or ".") if fs.isfile(root) else None
+    return (head or ".") if _call(fs, f"looking for {stripped}", lambda: fs.isfile(root)) else None
 
 
 class CheckpointManager:
@@ -171,21 +189,23 @@ class CheckpointManager:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"the manifest of {name} is not JSON: {exc}") from None
 
-        tmp = self._path(f"{_TMP_PREFIX}{name}-{uuid.uuid4().hex}")
-        self._fs.makedirs(tmp, exist_ok=True)
+        # Local: a temporary directory renamed into place. Object stores: in place, the manifest last.
+        target = self._path(f"{_TMP_PREFIX}{name}-{uuid.uuid4().hex}") if self._local else self._path(name)
+        if self._local:
+            self._fs.makedirs(target, exist_ok=True)
         try:
-            records = {file_name: self._write(posixpath.join(tmp, file_name), write)
+            records = {file_name: self._write(posixpath.join(target, file_name), write)
                        for file_name, write in files.items()}
             full = {**manifest, "format_version": _FORMAT_BY_HASH[self.hash], "step": step,
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": records}
+            full = json.loads(redact(json.dumps(full)))  # a credential that made its way in stays out
             text = json.dumps(full, indent=2).encode()
-            self._write(posixpath.join(tmp, MANIFEST), lambda f: f.write(text))
+            self._write(posixpath.join(target, MANIFEST), _bytes_writer(text))
             if self._local:
-                _fsync(tmp)
-            self._move_into_place(tmp, name)
+                _fsync(target)
+                self._move_into_place(target, name)
         except BaseException:
-            self._delete(tmp)
-            self._delete(self._path(name))  # an object store's interrupted copy; nothing else has this name
+            self._delete_checkpoint(target)  # nothing else has this name
             raise
         self._write_latest(name)
         checkpoint = Checkpoint(name, self._url(name), full)
@@ -203,9 +223,22 @@ class CheckpointManager:
         return f"{checkpoint_name(step)}-v{max(versions) + 1}" if versions else checkpoint_name(step)
 
     def _write(self, path: str, write: Callable[[BinaryIO], object]) -> dict[str, Any]:
+        """Write one file through `write`, hashing it; on an object store, again (calling `write` again)
+        after a transient error."""
+        try:
+            return self._call(f"writing {self._url_of(path)}", lambda: self._write_once(path, write))
+        except _CallbackFailed as failed:  # the caller's error, not the storage's: raised as it was
+            raise failed.error from None
+
+    def _write_once(self, path: str, write: Callable[[BinaryIO], object]) -> dict[str, Any]:
         with self._fs.open(path, "wb") as raw:
             out = _HashingWriter(raw, _new_hash(self.hash))
-            write(out)  # type: ignore[arg-type]
+            try:
+                write(out)  # type: ignore[arg-type]
+            except Exception as exc:
+                if out.storage_failed:
+                    raise
+                raise _CallbackFailed(exc) from exc
             raw.flush()
             if self._local:
                 os.fsync(raw.fileno())
@@ -217,8 +250,11 @@ class CheckpointManager:
             _fsync(self._root)
 
     def _write_latest(self, name: str) -> None:
+        if not self._local:  # one upload replaces the pointer whole: readers see the old or the new
+            self._write(self._path(LATEST), _bytes_writer(f"{name}\n".encode()))
+            return
         tmp = self._path(f"{_TMP_PREFIX}{LATEST}-{uuid.uuid4().hex}")
-        self._write(tmp, lambda f: f.write(f"{name}\n".encode()))
+        self._write(tmp, _bytes_writer(f"{name}\n".encode()))
         self._fs.mv(tmp, self._path(LATEST))
         if self._local:
             _fsync(self._root)
@@ -248,7 +284,7 @@ class CheckpointManager:
             logger.warning(f"checkpoint retention in {self.directory} skipped: {exc}")
             return
         for name in doomed:
-            self._delete(self._path(name))
+            self._delete_checkpoint(self._path(name))
 
     def _first_valid_per_step(self, ranked: list[Checkpoint], count: int) -> list[Checkpoint]:
         """The first `count` checkpoints of `ranked` that verify, at most one per step."""
@@ -274,8 +310,9 @@ class CheckpointManager:
         return True
 
     def _check_sizes(self, checkpoint: Checkpoint) -> None:
-        listing = {posixpath.basename(entry["name"].rstrip("/")): entry
-                   for entry in self._fs.ls(self._path(checkpoint.name), detail=True)}
+        path = self._path(checkpoint.name)
+        entries = self._call(f"listing {checkpoint.url}", lambda: self._fs.ls(path, detail=True))
+        listing = {posixpath.basename(entry["name"].rstrip("/")): entry for entry in entries}
         for file_name in checkpoint.manifest["files"]:
             entry = listing.get(file_name)
             if entry is None or entry["type"] != "file":
@@ -380,7 +417,8 @@ class CheckpointManager:
 
     def _entries(self) -> list[tuple[str, str]]:
         try:
-            listing = self._fs.ls(self._root, detail=True)
+            listing = self._call(f"listing {redact(self.directory)}",
+                                 lambda: self._fs.ls(self._root, detail=True))
         except FileNotFoundError:
             return []
         return [(posixpath.basename(entry["name"].rstrip("/")), entry["type"]) for entry in listing]
@@ -390,10 +428,12 @@ class CheckpointManager:
         return Checkpoint(name, url, _read_manifest(self._fs, self._path(name), url))
 
     def _read_latest(self) -> str | None:
+        path = self._path(LATEST)
         try:
-            return str(self._fs.cat_file(self._path(LATEST)).decode(errors="replace").strip())
+            data = self._call(f"reading {self._url(LATEST)}", lambda: self._fs.cat_file(path))
         except FileNotFoundError:
             return None
+        return bytes(data).decode(errors="replace").strip()
 
     def _by_metric(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
         """Checkpoints that have the monitored metric, best first; on a tie the newer one first."""
@@ -469,20 +509,35 @@ class CheckpointManager:
         return [name for name, _ in self._entries()
                 if name.startswith(_TMP_PREFIX) and self._delete(self._path(name))]
 
+    def _delete_checkpoint(self, path: str) -> bool:
+        """Delete a checkpoint directory, its manifest first: interrupted, it leaves no manifest over
+        missing files (and on an object store, no name reused while anything is left under it)."""
+        return self._delete(posixpath.join(path, MANIFEST)) and self._delete(path)
+
     def _delete(self, path: str) -> bool:
-        try:
+        def delete() -> None:
             if self._fs.exists(path):
                 self._fs.rm(path, recursive=True)
+
+        try:
+            self._call(f"deleting {self._url_of(path)}", delete)
             return True
         except Exception as exc:  # storage errors differ by backend; a leftover is only wasted space
-            logger.warning(f"could not delete {path} from {self.directory}: {exc}")
+            logger.warning(f"could not delete {path} from {redact(self.directory)}: {exc}")
             return False
+
+    def _call(self, what: str, call: Callable[[], _T]) -> _T:
+        return _call(self._fs, what, call)
 
     def _path(self, name: str) -> str:
         return posixpath.join(self._root, name)
 
     def _url(self, name: str) -> str:
         return f"{self.directory}/{name}"
+
+    def _url_of(self, path: str) -> str:
+        """The URL of a storage path under the directory, for messages."""
+        return redact(self._url(posixpath.relpath(path, self._root)) if path.startswith(self._root) else path)
 
 
 @contextlib.contextmanager
@@ -510,6 +565,22 @@ def exported_file(checkpoint: str, which: str, file_name: str) -> Iterator[str]:
 _PARALLEL_HASH_BYTES = 1 << 20
 
 
+def _bytes_writer(data: bytes) -> Callable[[BinaryIO], None]:
+    """A file callback that writes `data`."""
+    def write(file: BinaryIO) -> None:
+        file.write(data)
+
+    return write
+
+
+class _CallbackFailed(Exception):
+    """A file callback's own exception, carried past the storage retries (which are not for it)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _HashingWriter(io.RawIOBase):
     """The binary stream a file callback writes to: passes bytes on to storage, hashing them on the way."""
 
@@ -518,6 +589,7 @@ class _HashingWriter(io.RawIOBase):
         self._raw = raw
         self.digest = digest
         self.bytes = 0
+        self.storage_failed = False  # a write to storage raised (not the callback's own code)
 
     def writable(self) -> bool:
         return True
@@ -525,17 +597,24 @@ class _HashingWriter(io.RawIOBase):
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         if view.nbytes < _PARALLEL_HASH_BYTES:
-            self._raw.write(view)
+            self._store(view)
             self.digest.update(view)
         else:  # hash while the bytes are written: both release the GIL, and the buffer does not change
             hashing = threading.Thread(target=self.digest.update, args=(view,))
             hashing.start()
             try:
-                self._raw.write(view)
+                self._store(view)
             finally:
                 hashing.join()
         self.bytes += view.nbytes
         return view.nbytes
+
+    def _store(self, view: memoryview) -> None:
+        try:
+            self._raw.write(view)
+        except BaseException:
+            self.storage_failed = True
+            raise
 
     def tell(self) -> int:
         return self.bytes
@@ -546,6 +625,17 @@ def _stream_verified(fs: Any, root: str, checkpoint: Checkpoint, file_name: str,
     """Read one file of `checkpoint` through its recorded hash (into `sink`, if given) and check it against
     the manifest. A file that is not there is a CheckpointError; any other failure to open or read it is the
     storage's error, raised as it is: the checkpoint may be fine, and resume must not pass it over."""
+    def attempt() -> None:
+        if sink is not None:  # an earlier attempt's bytes are not kept
+            sink.seek(0)
+            sink.truncate()
+        _stream_verified_once(fs, root, checkpoint, file_name, sink)
+
+    _call(fs, f"reading {checkpoint.url}/{file_name}", attempt)
+
+
+def _stream_verified_once(fs: Any, root: str, checkpoint: Checkpoint, file_name: str,
+                          sink: BinaryIO | None) -> None:
     path = posixpath.join(root, file_name)
     algorithm, recorded = _recorded_hash(checkpoint.manifest["files"][file_name])
     try:
@@ -590,8 +680,9 @@ def _identity(checkpoint: Checkpoint) -> tuple[str, str]:
 
 
 def _read_manifest(fs: Any, root: str, url: str) -> dict[str, Any]:
+    path = posixpath.join(root, MANIFEST)
     try:
-        raw = fs.cat_file(posixpath.join(root, MANIFEST))
+        raw = _call(fs, f"reading {url}/{MANIFEST}", lambda: fs.cat_file(path))
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {url}: no {MANIFEST} (not a checkpoint, or its save was "
                               "interrupted)") from None
@@ -653,6 +744,22 @@ def _url_to_fs(url: str) -> tuple[Any, str]:
 
     fs, root = fsspec.core.url_to_fs(url)
     return fs, root
+
+
+def _call(fs: Any, what: str, call: Callable[[], _T]) -> _T:
+    """call(): on a local filesystem as it is; on other storage retried on transient errors, and failing
+    with one StorageError line otherwise (FileNotFoundError and CheckpointError pass unchanged).
+
+    Each attempt forgets the listings fsspec keeps (adlfs's dircache): another process may have written or
+    deleted checkpoints since, and a stale listing would hide the checkpoint `latest` names."""
+    if _is_local(fs):
+        return call()
+
+    def fresh() -> _T:
+        fs.invalidate_cache()
+        return call()
+
+    return retrying(what, fresh, passes=(CheckpointError, _CallbackFailed))
 
 
 def _is_local(fs: Any) -> bool:

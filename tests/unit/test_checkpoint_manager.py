@@ -1,6 +1,8 @@
 """hvdazure.core.checkpoint_store: atomic, verified checkpoints on local paths and fsspec URLs; retention.
 
-Every storage test runs twice: on a local directory and on a memory:// URL (fsspec's in-process object store).
+Every storage test runs three times: on a local directory, on a memory:// URL (fsspec's in-process store,
+which has directories), and on abfs:// in a container of Azurite, a real flat-namespace Blob endpoint
+(tests/storage/azurite.py; skipped, saying why, only where Node.js cannot be had).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import fsspec
 import pytest
 import xxhash
+from storage.azurite import azurite, blob_url  # noqa: F401  (fixtures, for the "blob" storage)
 
 from hvdazure.core.checkpoint_store import (
     FORMAT_VERSION,
@@ -31,10 +34,13 @@ from hvdazure.core.checkpoint_store import (
 )
 
 
-@pytest.fixture(params=["local", "memory"])
+@pytest.fixture(params=["local", "memory", "blob"])
 def root(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
     if request.param == "local":
         yield str(tmp_path / "checkpoints")
+        return
+    if request.param == "blob":
+        yield f"{request.getfixturevalue('blob_url')}/checkpoints"
         return
     url = f"memory://ckpt-{uuid.uuid4().hex}"
     yield url
