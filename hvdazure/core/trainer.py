@@ -187,6 +187,8 @@ class Trainer(ABC):
         pieces = self._build()
         if checkpoint_dir is not None:
             self._checkpoints = self._trainer_checkpoints(checkpoint_dir, pieces)
+            if c.resume != "auto":  # resume=auto lists the same directory, sharing its errors likewise
+                self._checkpoints.check_storage()
         self.callbacks = [cb for cb in self._default_callbacks() + self._user_callbacks
                           if self.is_main or not cb.main_only]
         if c.resume is not None:

@@ -37,6 +37,8 @@ from hvdazure.core.checkpoint_store import (
 )
 from hvdazure.core.cluster import detect_environment
 from hvdazure.core.config import TrainConfig
+from hvdazure.core.errors import exception_line
+from hvdazure.core.object_store import StorageError
 from hvdazure.core.rank_logging import logger
 
 if TYPE_CHECKING:
@@ -131,6 +133,25 @@ class TrainerCheckpoints:
         self._pending: threading.Thread | None = None  # rank 0's write in progress
         self._durable = threading.Event()  # rank 0: the pending write's checkpoint is complete, or it failed
         self._outcome = WriteOutcome()  # rank 0: how the last write ended
+
+    def check_storage(self) -> None:
+        """Fail before training, on every rank, if rank 0 cannot list the checkpoint directory (a missing
+        container, a wrong key, no permission), rather than at the first save, an epoch later. One
+        broadcast; a directory that does not exist yet is fine (the first save makes it)."""
+        error = None
+        if self.manager is not None:
+            try:
+                self.manager.checkpoints()
+            except FileNotFoundError:
+                pass
+            except StorageError as exc:  # already one line naming the operation, the URL and the cause
+                error = str(exc)
+            except Exception as exc:
+                error = f"checkpoint_dir {self.directory} cannot be used: {exception_line(exc)}"
+        mine = json.dumps(error).encode() if self.is_main else None
+        shared = json.loads(self.collectives.broadcast_bytes(mine))
+        if shared:
+            raise CheckpointError(shared)
 
     # --- saving ------------------------------------------------------------------------------------------
     def save(self, reason: str, step: int, wait: bool = True) -> str | None:
@@ -244,7 +265,8 @@ class TrainerCheckpoints:
             try:
                 message = self._load(point, found["state"], restore)
             except Exception as exc:  # a value only this rank uses (its RNG state): still an error everywhere
-                error = f"cannot resume from {point.url} on rank {self.collectives.rank}: {_one_line(exc)}"
+                rank = self.collectives.rank
+                error = f"cannot resume from {point.url} on rank {rank}: {exception_line(exc)}"
         errors = [json.loads(b) for b in self.collectives.allgather_bytes(json.dumps(error).encode())]
         if first := next((e for e in errors if e), None):
             raise CheckpointError(first)  # every rank applied the state, or every rank raises
@@ -271,7 +293,7 @@ class TrainerCheckpoints:
         except CheckpointError as exc:
             return {"error": str(exc)}
         except Exception as exc:  # storage (permissions, authentication), a model of other layer sizes, ...
-            return {"error": f"cannot resume from {where}: {_one_line(exc)}"}
+            return {"error": f"cannot resume from {where}: {exception_line(exc)}"}
 
     @contextlib.contextmanager
     def _open(self, which: str) -> Iterator[tuple[Checkpoint | None, dict[str, str]]]:
@@ -327,13 +349,6 @@ def _json_writer(data: Any) -> Callable[[BinaryIO], None]:
 def _read_json(path: str) -> Any:
     with open(path, "rb") as file:
         return json.load(file)
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as one line: its type and its message's lines joined (torch's load_state_dict errors
-    span several lines)."""
-    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class CheckpointCallback(Callback):
