@@ -27,7 +27,7 @@ setup(
     install_requires=[
         "pyyaml>=6", "numpy>=1.24", "tqdm>=4.60", "packaging>=21", "psutil>=5.9", "cloudpickle>=2",
         "fsspec>=2023.1",  # checkpoint storage (hvdazure/core/checkpoint_store.py), local paths included
-        "xxhash>=3.0",  # checkpoint integrity: xxh3_128, ~25 GB/s where SHA-256 does ~1 (core/checkpoint_store.py)
+        "xxhash>=3.0",  # checkpoint integrity: xxh3_128, ~25 GB/s where SHA-256 does ~1 (checkpoint_store)
     ],
     extras_require={
         "torch": ["torch>=2.1"],
