@@ -39,6 +39,8 @@ setup(
         # the legacy SDK v1 path (hvdazure submit --sdk v1); azureml-core is out of support since 2026-06-30
         "azure-v1": ["azureml-core>=1.61", "azureml-train-core>=1.61", "azure-identity>=1.15",
                      "pathspec>=0.11"],  # azureml-train-core: HyperDriveConfig (hvdazure submit sweep)
+        # hvdazure.data: Parquet shards (pyarrow); TFRecord framing checksums (CRC32C, google-crc32c)
+        "data": ["pyarrow>=14", "google-crc32c>=1.5"],
         "tensorboard": ["tensorboard>=2.14"],
         "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=2", "alembic>=1.12"],
         # hvdazure sweep; mpi4py must be built from source against Horovod's MPI (scripts/setup_env.sh)
