@@ -24,7 +24,7 @@ import tensorflow as tf
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.sharding import ShardPlan, eval_range
+from hvdazure.core.sharding import SampleOrder, ShardPlan, UniformOrder, eval_range
 from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights
 from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
 from hvdazure.tensorflow.data import ArrayData
@@ -58,11 +58,11 @@ class TensorFlowBackend(Backend):
     def shutdown(self) -> None:
         hvd.shutdown()
 
-    def load_datasets(self) -> int:
+    def load_datasets(self) -> SampleOrder:
         self._train_data = ArrayData(self.hooks.train_dataset(), "train_dataset()")
         eval_data = self.hooks.eval_dataset()
         self._eval_data = ArrayData(eval_data, "eval_dataset()") if eval_data is not None else None
-        return len(self._train_data)
+        return UniformOrder(len(self._train_data))
 
     def build(self, peak_lr: float) -> KerasCheckpointContent:
         c = self.config

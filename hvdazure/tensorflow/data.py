@@ -3,7 +3,8 @@
 Accepted: a NumPy array or tensor, a tuple/list/dict of them (the same first dimension), or a finite
 `tf.data.Dataset` of such elements, which is read once into memory. Random access is what makes the core's
 policy exact (the same sample set per step at any world size, each sample once per epoch); a streaming
-pipeline of unknown length cannot offer it, so it is refused with the way round in the message.
+pipeline of unknown length cannot offer it, so it is refused with the ways round in the message (data
+bigger than memory: hvdazure.data.ShardedDataset).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from hvdazure.core.backend import DataError
 from hvdazure.core.sharding import MicroBatch
 
 # Training batches larger than this are prefetched in a tf.data pipeline; smaller ones are gathered directly.
@@ -72,11 +74,13 @@ def _read_dataset(dataset: tf.data.Dataset, what: str) -> Any:
     cardinality = int(dataset.cardinality())
     if cardinality < 0:
         kind = "infinite" if cardinality == tf.data.INFINITE_CARDINALITY else "of unknown length"
-        raise ValueError(
+        raise DataError(
             f"{what} is a tf.data.Dataset {kind}: hvdazure needs random access to give each rank its exact "
-            "share (each sample once per epoch at any world size). Return arrays, or a finite, unbatched "
-            "dataset (e.g. dataset.apply(tf.data.experimental.assert_cardinality(n))), which is read "
-            "into memory once")
+            "share (each sample once per epoch at any world size). For data that fits in memory, return "
+            "arrays or a finite, unbatched dataset (e.g. dataset.apply(tf.data.experimental."
+            "assert_cardinality(n))), which is read into memory once; for data that does not, write it "
+            "into shards (`hvdazure data pack FOLDER OUT`, or hvdazure.data.write_shards; TFRecord files "
+            "are shards already: `hvdazure data index DIR`) and return hvdazure.data.ShardedDataset(source)")
     elements = list(dataset.as_numpy_iterator())
     if not elements:
         raise ValueError(f"{what} is an empty tf.data.Dataset")

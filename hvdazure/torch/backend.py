@@ -21,10 +21,10 @@ import torch
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.sharding import ShardPlan
+from hvdazure.core.sharding import SampleOrder, ShardPlan, UniformOrder
 from hvdazure.torch.checkpoint_content import TorchCheckpointContent
 from hvdazure.torch.collectives import TorchCollectives
-from hvdazure.torch.data import eval_batches, make_loader, to_device, train_loader
+from hvdazure.torch.data import eval_batches, make_loader, random_access, to_device, train_loader
 
 if TYPE_CHECKING:
     from hvdazure.torch.trainer import TorchTrainer
@@ -66,10 +66,11 @@ class TorchBackend(Backend):
     def shutdown(self) -> None:
         hvd.shutdown()
 
-    def load_datasets(self) -> int:
-        self._train_data = self.hooks.train_dataset()
-        self._eval_data = self.hooks.eval_dataset()
-        return len(self._train_data)
+    def load_datasets(self) -> SampleOrder:
+        self._train_data = random_access(self.hooks.train_dataset(), "train_dataset()")
+        eval_data = self.hooks.eval_dataset()
+        self._eval_data = random_access(eval_data, "eval_dataset()") if eval_data is not None else None
+        return UniformOrder(len(self._train_data))
 
     def build(self, peak_lr: float) -> TorchCheckpointContent:
         c = self.config

@@ -6,9 +6,26 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset, default_collate
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, default_collate
 
+from hvdazure.core.backend import DataError
 from hvdazure.core.sharding import ShardPlan, eval_range
+
+# Where a refused dataset is pointed (the TensorFlow binding says the same of a tf.data stream)
+SHARDED_INSTEAD = ("return a map-style Dataset (with __len__ and __getitem__), or write the data into shards "
+                   "(`hvdazure data pack FOLDER OUT`, or hvdazure.data.write_shards from Python) and return "
+                   "hvdazure.data.ShardedDataset(source)")
+
+
+def random_access(dataset: Any, what: str) -> Any:
+    """`dataset` if each rank can read its exact share of it (a map-style Dataset); else a DataError in one
+    line saying what to return instead. An IterableDataset is a stream: it cannot give the same samples per
+    step at any world size, each once per epoch."""
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise DataError(f"{what} returned a {type(dataset).__name__}, a stream without random access (no "
+                        "len() or indexing): hvdazure gives each rank its exact share of a dataset it can "
+                        f"index (each sample once per epoch at any world size); {SHARDED_INSTEAD}")
+    return dataset
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
