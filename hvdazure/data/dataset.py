@@ -50,6 +50,10 @@ class ShardedDataset:
     `cache`, `cache_dir`, `cache_limit`, `storage_options`: how shards are fetched (hvdazure.data.cache).
     `prefetch_shards`: at most this many shards downloaded ahead of this rank's reading."""
 
+    _shards: Shards | None  # this process's cache (or local files), opened on first use
+    _readers: OrderedDict[int, ShardReader]  # this process's open readers, least recently used first
+    _pid: int | None  # the process they belong to
+
     def __init__(self, source: str, decode: Callable[[Any], Any] | None = None, *,
                  batch_decode: Callable[[list[Any]], Any] | None = None,
                  lanes: int = DEFAULT_LANES, window: int | None = None,
@@ -64,7 +68,7 @@ class ShardedDataset:
         self.prefetch_shards, self.storage_options = prefetch_shards, dict(storage_options or {})
         self.index: ShardIndex = resolve_source(source, self.storage_options).load_index(self.storage_options)
         self._order = ShardOrder(tuple(entry.num_samples for entry in self.index.shards), lanes, window)
-        self._fingerprint = self.index.fingerprint()
+        self._fingerprint: str = self.index.fingerprint()
         self._decoders: dict[str, Callable[[Any], Any]] = {}
         self._reset_process_state()
 
@@ -134,9 +138,9 @@ class ShardedDataset:
     # --- reading ---------------------------------------------------------------------------------------
     def _reset_process_state(self) -> None:
         """This process's cache and readers: none yet (opened on first use)."""
-        self._shards: Shards | None = None
-        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
-        self._pid: int | None = os.getpid()
+        self._shards = None
+        self._readers = OrderedDict()
+        self._pid = os.getpid()
 
     def _shards_here(self) -> Shards:
         """This process's view of the shards; a forked child drops its parent's (threads, locks and file
