@@ -426,7 +426,9 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                     "throughput: samples/s through TorchTrainer and TensorFlowTrainer on 1 and N ranks, "
                     "weak-scaling efficiency, and N independent processes as the ceiling. checkpoint: save "
                     "and load against bare torch.save/load, the stall of async and blocking checkpoints, "
-                    "resume memory. launch: hvdazure run against the bare launcher.",
+                    "resume memory. launch: hvdazure run against the bare launcher. data: a sharded dataset "
+                    "read along the ranks' plans against a raw read of the same bytes, cold and warm cache, "
+                    "data wait, bytes fetched, memory.",
         epilog="examples:\n  hvdazure bench allreduce -np 2 --mpi --json ar.json --plot ar.png\n"
                "  hvdazure bench overhead -np 2 --framework torch\n  hvdazure bench throughput -np 2 --quick",
         formatter_class=argparse.RawDescriptionHelpFormatter,

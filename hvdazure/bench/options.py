@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", metavar="URL",
                         help="checkpoint: save and load to this store (an fsspec URL such as "
                              "abfs://CONTAINER/PATH) against writing and reading the same bytes there with "
-                             "fsspec (the store's floor), instead of the local figures")
+                             "fsspec (the store's floor), instead of the local figures; data: write and "
+                             "read the dataset there instead of a local folder")
     parser.add_argument("--timeout", type=float, default=3600.0, metavar="S",
                         help="stop a job of the benchmark after S seconds (default: 3600)")
     parser.add_argument("-v", "--verbose", action="store_true",

@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "throughput": "hvdazure.bench.throughput:Throughput",
     "checkpoint": "hvdazure.bench.checkpoint:Checkpoint",
     "launch": "hvdazure.bench.launch:Launch",
+    "data": "hvdazure.bench.data:Data",
 }
 NAMES = tuple(BENCHMARKS)
 
