@@ -60,7 +60,10 @@ def scan(fileobj: BinaryIO, size: int, name: str) -> np.ndarray:
         try:
             member = archive.next()
         except (tarfile.TarError, OSError) as exc:
-            raise ValueError(f"{name}: tar member {len(offsets)} unreadable ({exc})") from None
+            if "unexpected end of data" in str(exc):  # a member's data runs past the end of the file
+                raise ValueError(f"{name}: truncated: a member after byte {archive.offset} ends past the "
+                                 f"end of the file ({size} bytes)") from None
+            raise ValueError(f"{name}: unreadable tar header at byte {archive.offset} ({exc})") from None
         if member is None:
             break
         if member.offset_data + member.size > size:
