@@ -113,10 +113,12 @@ def pack_folder(folder: str, output: str, format: str = "tar", shard_size: str |
     an order shuffled with a fixed seed (`shuffle=False`: class by class), so that a shard holds many
     classes and the same folder gives the same shards."""
     files = _FolderSamples(folder, shuffle)
-    index = write_shards(files, output, format, shard_size, samples_per_shard=samples_per_shard,
-                         prefix=prefix, storage_options=storage_options, progress=progress)
-    _Output(output, storage_options).put(CLASSES_NAME, json.dumps(files.classes, indent=1).encode())
-    return index
+    format_module(format)  # an unknown format: refused before anything is written
+    target = _Output(output, storage_options)
+    target.check_no_shards()
+    target.put(CLASSES_NAME, json.dumps(files.classes, indent=1).encode())  # before the index, the commit
+    return write_shards(files, output, format, shard_size, samples_per_shard=samples_per_shard,
+                        prefix=prefix, storage_options=storage_options, progress=progress)
 
 
 class _FolderSamples:
@@ -259,6 +261,7 @@ class _Output:
             path = f"{self.root}/{name}"
             retrying_storage(f"writing {self.base}/{name}", lambda: self.fs.pipe_file(path, data))
             return
+        os.makedirs(self.base, exist_ok=True)
         tmp = os.path.join(self.base, f".{name}.tmp-{uuid.uuid4().hex}")
         with open(tmp, "wb") as file:
             file.write(data)
