@@ -218,14 +218,15 @@ def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
 def _packed_varints(data: bytes) -> np.ndarray:
     """Packed varints as int64 (two's complement, as protobuf encodes a negative int64), vectorised."""
     if len(data) <= 16:  # a label, a shape: NumPy's overhead would dominate
-        values, pos, view = [], 0, memoryview(data)
+        numbers: list[int] = []
+        pos, view = 0, memoryview(data)
         while pos < len(data):
             try:
-                value, pos = _varint(view, pos)
+                number, pos = _varint(view, pos)
             except IndexError:
                 raise ValueError("a packed int64 list cut inside a varint") from None
-            values.append(value)
-        return np.array(values, dtype=np.uint64).view(np.int64)
+            numbers.append(number)
+        return np.array(numbers, dtype=np.uint64).view(np.int64)
     raw = np.frombuffer(data, dtype=np.uint8)
     if raw.max() < 0x80:  # every value in one byte: 0..127
         return raw.astype(np.int64)
