@@ -40,12 +40,15 @@ import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hvdazure.core.object_store import retrying
 from hvdazure.core.rank_logging import logger
 from hvdazure.data.sizes import parse_size
 from hvdazure.data.source import is_fuse_mounted, is_local, normalize_etag, shard_version
+
+if TYPE_CHECKING:
+    from hvdazure.data.index import ShardEntry, ShardIndex
 
 __all__ = ["CacheStats", "LocalShards", "ShardCache", "ShardError", "Shards", "open_shards"]
 
@@ -57,24 +60,6 @@ _REINDEX = "run 'hvdazure data index' again"
 
 class ShardError(RuntimeError):
     """A shard is missing, truncated or changed since indexing; the one-line message names its URL."""
-
-
-class ShardEntry(Protocol):
-    """What the cache reads of an index entry (hvdazure.data.index.ShardEntry has it)."""
-
-    @property
-    def path(self) -> str: ...
-    @property
-    def bytes(self) -> int: ...
-    @property
-    def version(self) -> str: ...
-
-
-class ShardIndex(Protocol):
-    """What open_shards reads of an index (hvdazure.data.index.ShardIndex has it)."""
-
-    @property
-    def base(self) -> str: ...
 
 
 class Shards(Protocol):

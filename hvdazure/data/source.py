@@ -23,14 +23,11 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hvdazure.core.object_store import retrying
+from hvdazure.data.index import INDEX_NAME, ShardIndex, load_index
 
-if TYPE_CHECKING:
-    from hvdazure.data.index import ShardIndex
-
-INDEX_FILE = "hvdazure-index.json"  # the name hvdazure.data.index.INDEX_NAME gives it
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _MOUNTINFO = "/proc/self/mountinfo"
 
@@ -59,8 +56,6 @@ class Source:
 
     def load_index(self, storage_options: dict[str, Any] | None = None) -> ShardIndex:
         """The index, narrowed to the glob's shards for a glob source; MissingIndexError if there is none."""
-        from hvdazure.data.index import load_index  # here: `import hvdazure.data.source` stays light
-
         self.check_index()
         index = load_index(self.index_url, storage_options)
         return index.select(self.pattern) if self.pattern is not None else index
@@ -79,7 +74,7 @@ def resolve_source(source: str, storage_options: dict[str, Any] | None = None) -
     if pattern is None and location.endswith(".json"):
         index_url, directory = location, _parent(location)
     else:
-        index_url = _join(directory, INDEX_FILE)
+        index_url = _join(directory, INDEX_NAME)
     fs, _ = fsspec.core.url_to_fs(index_url, **(storage_options or {}))
     local = is_local(fs)
     if local and not os.path.exists(directory):

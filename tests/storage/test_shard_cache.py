@@ -15,17 +15,18 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fsspec
+import numpy as np
 import pytest
 
 from hvdazure.core import object_store
 from hvdazure.core.object_store import StorageError
 from hvdazure.data import cache as cache_module
 from hvdazure.data.cache import ShardCache, ShardError, open_shards
+from hvdazure.data.index import ShardEntry, ShardIndex
 from hvdazure.data.source import MissingIndexError, resolve_source, shard_version
 from storage.azurite import shorten_sdk_backoff
 from storage.conftest import ProxiedBlob
@@ -45,33 +46,25 @@ def _short_retries_and_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_module, "_CHUNK", CHUNK)
 
 
-@dataclass(frozen=True)
-class Entry:
-    """What the cache reads of an index entry (hvdazure.data.index.ShardEntry has more)."""
-
-    path: str
-    bytes: int
-    version: str
-
-
-@dataclass(frozen=True)
-class Index:
-    base: str
-
-
 def _shard_bytes(number: int, size: int = SHARD_BYTES) -> bytes:
     return (f"shard {number} ".encode() * (size // 8 + 1))[:size]
 
 
-def _upload(base: str, name: str, data: bytes) -> Entry:
-    """Put a shard into storage and index it as the index builder does: its size and ETag now."""
+def _upload(base: str, name: str, data: bytes) -> ShardEntry:
+    """Put a shard into storage and index it as the index builder does: its size and ETag now. The cache
+    never parses a shard: plain bytes do, as one sample of a tar."""
     fs, root = fsspec.core.url_to_fs(base)
     fs.pipe_file(f"{root}/{name}", data)
     size, version = shard_version(fs, f"{root}/{name}")
-    return Entry(name, size, version)
+    return ShardEntry(name, "tar", 1, size, version, offsets=np.zeros(1, dtype=np.int64))
 
 
-def _shards(base: str, count: int, size: int = SHARD_BYTES) -> list[Entry]:
+def _as_json(entries: list[ShardEntry]) -> str:
+    """Entries for a child process, which rebuilds them with ShardEntry(**entry)."""
+    return json.dumps([entry.as_dict() for entry in entries])
+
+
+def _shards(base: str, count: int, size: int = SHARD_BYTES) -> list[ShardEntry]:
     return [_upload(base, f"train/shard-{n:05d}.tar", _shard_bytes(n, size)) for n in range(count)]
 
 
@@ -102,7 +95,7 @@ def _wait_until(condition: Any, timeout: float = 20.0) -> None:
 def test_a_shard_is_downloaded_once_in_chunks_verified_and_then_read_from_the_cache(
         proxied_blob: ProxiedBlob, tmp_path: Path) -> None:
     entry = _shards(proxied_blob.url, 1)[0]
-    shards = open_shards(Index(proxied_blob.url), cache_dir=str(tmp_path))
+    shards = open_shards(ShardIndex(proxied_blob.url, ()), cache_dir=str(tmp_path))
     assert isinstance(shards, ShardCache)
     proxied_blob.proxy.requests.clear()
 
@@ -203,8 +196,9 @@ def test_a_shard_replaced_while_it_downloads_is_not_taken(proxied_blob: ProxiedB
 _DOWNLOADER = textwrap.dedent("""
     import json, sys
     from hvdazure.data import cache
+    from hvdazure.data.index import ShardEntry
     cache._CHUNK = int(sys.argv[3])
-    entry = type("Entry", (), json.loads(sys.argv[4]))()
+    [entry] = [ShardEntry(**e) for e in json.loads(sys.argv[4])]
     print(cache.ShardCache(sys.argv[1], sys.argv[2]).local_path(entry))
 """)
 
@@ -212,7 +206,7 @@ _DOWNLOADER = textwrap.dedent("""
 def test_a_download_killed_half_way_is_never_taken_and_its_temporary_is_cleaned(
         proxied_blob: ProxiedBlob, tmp_path: Path) -> None:
     entry = _shards(proxied_blob.url, 1)[0]
-    process = _python(_DOWNLOADER, proxied_blob.url, str(tmp_path), str(CHUNK), json.dumps(entry.__dict__))
+    process = _python(_DOWNLOADER, proxied_blob.url, str(tmp_path), str(CHUNK), _as_json([entry]))
 
     def kill(request: Request) -> bool:  # on its third chunk: two are on disk under the temporary name
         process.send_signal(signal.SIGKILL)
@@ -237,8 +231,9 @@ def test_a_download_killed_half_way_is_never_taken_and_its_temporary_is_cleaned(
 _READER = textwrap.dedent("""
     import json, os, random, sys, time
     from hvdazure.data import cache
+    from hvdazure.data.index import ShardEntry
     cache._CHUNK = int(sys.argv[3])
-    go, entries = sys.argv[4], [type("Entry", (), e)() for e in json.loads(sys.argv[5])]
+    go, entries = sys.argv[4], [ShardEntry(**e) for e in json.loads(sys.argv[5])]
     random.Random(os.getpid()).shuffle(entries)
     shards = cache.ShardCache(sys.argv[1], sys.argv[2])
     shards.prefetch(entries[: len(entries) // 2])
@@ -257,7 +252,7 @@ def test_several_processes_on_one_node_download_each_shard_once(proxied_blob: Pr
     proxied_blob.proxy.requests.clear()
     go, cache_dir = tmp_path / "go", tmp_path / "cache"
     processes = [_python(_READER, proxied_blob.url, str(cache_dir), str(CHUNK), str(go),
-                         json.dumps([e.__dict__ for e in entries])) for _ in range(4)]
+                         _as_json(entries)) for _ in range(4)]
     go.touch()
     results = []
     for process in processes:
