@@ -6,6 +6,7 @@ killed downloads never taken for complete, eviction under a limit, read-ahead in
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -13,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 from pathlib import Path
@@ -26,7 +28,7 @@ from hvdazure.core import object_store
 from hvdazure.core.object_store import StorageError
 from hvdazure.data import cache as cache_module
 from hvdazure.data.cache import ShardCache, ShardError, open_shards
-from hvdazure.data.index import ShardEntry, ShardIndex
+from hvdazure.data.index import ShardEntry, ShardIndex, build_index
 from hvdazure.data.source import MissingIndexError, resolve_source, shard_version
 from storage.azurite import shorten_sdk_backoff
 from storage.conftest import ProxiedBlob
@@ -367,3 +369,29 @@ def test_an_az_url_and_a_glob_of_blobs_resolve_to_the_index_in_its_directory(blo
     assert (source.index_url, source.base, source.pattern) == (
         f"az://{container}/train/hvdazure-index.json", f"az://{container}/train", "shard-*.tar")
     source.check_index()
+
+
+def _tar(samples: int) -> bytes:
+    """A WebDataset tar of `samples` samples (key.txt members)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key in range(samples):
+            data = f"sample {key}".encode()
+            member = tarfile.TarInfo(f"{key:04d}.txt")
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_an_index_built_by_hvdazure_data_index_is_read_through_the_cache(blob_url: str,
+                                                                         tmp_path: Path) -> None:
+    fs, root = fsspec.core.url_to_fs(blob_url)
+    for number in range(2):
+        fs.pipe_file(f"{root}/train/shard-{number}.tar", _tar(3))
+    build_index(f"{blob_url}/train", progress=False)
+
+    index = resolve_source(f"{blob_url}/train/shard-1*").load_index()
+    shards = open_shards(index, cache_dir=str(tmp_path))
+
+    assert [entry.path for entry in index.shards] == ["shard-1.tar"]
+    assert Path(shards.local_path(index.shards[0])).read_bytes() == _tar(3)
