@@ -3,8 +3,11 @@ into the cache from a FUSE mount (Azure ML's mount mode), and where a source str
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -61,6 +64,44 @@ def test_a_local_shard_changed_since_indexing_is_one_line_naming_it(tmp_path: Pa
     with pytest.raises(ShardError, match=message) as error:
         LocalShards(str(tmp_path)).local_path(entry)
     assert str(error.value).startswith(f"shard {tmp_path / 'shard-0.tar'} ") and "\n" not in str(error.value)
+
+
+def test_an_index_of_etags_read_from_a_local_copy_is_checked_by_size(tmp_path: Path) -> None:
+    # Indexed on Blob, then downloaded (an Azure ML input in download mode): no mtime to compare with.
+    local = _shard(tmp_path, "shard-0.tar", b"x" * 100)
+    indexed_on_blob = ShardEntry(local.path, "tar", 1, 100, '"0x8DC1A2B3C4D5E6F"', offsets=local.offsets)
+    shards = LocalShards(str(tmp_path))
+
+    assert shards.local_path(indexed_on_blob) == str(tmp_path / "shard-0.tar")
+    (tmp_path / "shard-0.tar").write_bytes(b"x" * 99)
+    with pytest.raises(ShardError, match="has 99 bytes, the index says 100"):
+        LocalShards(str(tmp_path)).local_path(indexed_on_blob)
+
+
+def _read_in_forked_child(cache: ShardCache, entries: list[ShardEntry], results: Any) -> None:
+    paths = [cache.local_path(entry) for entry in entries]
+    results.put((paths, cache.stats.downloads, len(cache._threads)))
+
+
+def test_a_forked_copy_of_a_cache_starts_afresh_and_reads_through_the_same_files(tmp_path: Path) -> None:
+    # What a DataLoader worker started by fork gets: the parent's object, its prefetch thread not running.
+    entries = [_shard(tmp_path / "data", f"shard-{n}.tar", bytes([n]) * 100) for n in range(2)]
+    cache = ShardCache(str(tmp_path / "data"), str(tmp_path / "cache"))
+    cache.prefetch(entries[:1])
+    deadline = time.monotonic() + 10
+    while not cache.is_cached(entries[0]):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_read_in_forked_child, args=(cache, entries, results))
+    child.start()
+    paths, downloads, threads = results.get(timeout=30)
+    child.join(30)
+    cache.close()
+
+    assert child.exitcode == 0 and paths == [cache.local_path(entry) for entry in entries]
+    assert (downloads, threads) == (1, 0)  # only the shard the parent had not fetched
 
 
 def test_cache_true_copies_even_local_shards_into_the_cache(tmp_path: Path) -> None:
