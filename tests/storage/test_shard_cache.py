@@ -7,15 +7,13 @@ killed downloads never taken for complete, eviction under a limit, read-ahead in
 from __future__ import annotations
 
 import io
-import json
+import multiprocessing
 import os
 import pickle
+import random
 import re
 import signal
-import subprocess
-import sys
 import tarfile
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -61,11 +59,6 @@ def _upload(base: str, name: str, data: bytes) -> ShardEntry:
     return ShardEntry(name, "tar", 1, size, version, offsets=np.zeros(1, dtype=np.int64))
 
 
-def _as_json(entries: list[ShardEntry]) -> str:
-    """Entries for a child process, which rebuilds them with ShardEntry(**entry)."""
-    return json.dumps([entry.as_dict() for entry in entries])
-
-
 def _shards(base: str, count: int, size: int = SHARD_BYTES) -> list[ShardEntry]:
     return [_upload(base, f"train/shard-{n:05d}.tar", _shard_bytes(n, size)) for n in range(count)]
 
@@ -78,12 +71,6 @@ def _gets(proxied: ProxiedBlob, name: str) -> list[Request]:
 def _cached_files(cache_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(cache_dir)) for p in cache_dir.rglob("*") if p.is_file()
                   and not p.name.endswith(".lock"))
-
-
-def _python(script: str, *args: str) -> subprocess.Popen[str]:
-    """A separate Python process running `script` with this worktree's hvdazure."""
-    return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def _wait_until(condition: Any, timeout: float = 20.0) -> None:
@@ -195,30 +182,31 @@ def test_a_shard_replaced_while_it_downloads_is_not_taken(proxied_blob: ProxiedB
 
 
 # --- a download killed half-way ----------------------------------------------------------------------------
-_DOWNLOADER = textwrap.dedent("""
-    import json, sys
-    from hvdazure.data import cache
-    from hvdazure.data.index import ShardEntry
-    cache._CHUNK = int(sys.argv[3])
-    [entry] = [ShardEntry(**e) for e in json.loads(sys.argv[4])]
-    print(cache.ShardCache(sys.argv[1], sys.argv[2]).local_path(entry))
-""")
+# The other processes here are forked (as DataLoader workers are): real processes with their own file
+# descriptors and locks, without the seconds a fresh interpreter takes to import adlfs on a busy machine.
+_FORK = multiprocessing.get_context("fork")
+
+
+def _download_in_child(base: str, cache_dir: str, entry: ShardEntry) -> None:
+    ShardCache(base, cache_dir).local_path(entry)
 
 
 def test_a_download_killed_half_way_is_never_taken_and_its_temporary_is_cleaned(
         proxied_blob: ProxiedBlob, tmp_path: Path) -> None:
     entry = _shards(proxied_blob.url, 1)[0]
-    process = _python(_DOWNLOADER, proxied_blob.url, str(tmp_path), str(CHUNK), _as_json([entry]))
+    child = _FORK.Process(target=_download_in_child, args=(proxied_blob.url, str(tmp_path), entry))
 
     def kill(request: Request) -> bool:  # on its third chunk: two are on disk under the temporary name
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
         return False
 
     proxied_blob.proxy.inject("call", nth=3, method="GET", path="shard-00000", callback=kill)
-    process.communicate(timeout=60)
+    child.start()
+    child.join(60)
     proxied_blob.proxy.clear()
-    assert process.returncode == -signal.SIGKILL
+    assert child.exitcode == -signal.SIGKILL
     left = _cached_files(tmp_path)
     assert len(left) == 1 and ".tmp-" in left[0]  # what the killed process wrote: 2 of 4 chunks
 
@@ -230,21 +218,15 @@ def test_a_download_killed_half_way_is_never_taken_and_its_temporary_is_cleaned(
 
 
 # --- one download per node ---------------------------------------------------------------------------------
-_READER = textwrap.dedent("""
-    import json, os, random, sys, time
-    from hvdazure.data import cache
-    from hvdazure.data.index import ShardEntry
-    cache._CHUNK = int(sys.argv[3])
-    go, entries = sys.argv[4], [ShardEntry(**e) for e in json.loads(sys.argv[5])]
-    random.Random(os.getpid()).shuffle(entries)
-    shards = cache.ShardCache(sys.argv[1], sys.argv[2])
+def _read_all_in_child(base: str, cache_dir: str, entries: list[ShardEntry], go: Any, results: Any) -> None:
+    """One rank: read-ahead on half the shards, then every shard, in an order of its own."""
+    entries = random.Random(os.getpid()).sample(entries, len(entries))
+    shards = ShardCache(base, cache_dir)
+    go.wait()
     shards.prefetch(entries[: len(entries) // 2])
-    while not os.path.exists(go):
-        time.sleep(0.005)
-    paths = {e.path: shards.local_path(e) for e in entries}
+    paths = {entry.path: shards.local_path(entry) for entry in entries}
     shards.close()
-    print(json.dumps({"paths": paths, "downloads": shards.stats.downloads}))
-""")
+    results.put((paths, shards.stats.downloads))
 
 
 def test_several_processes_on_one_node_download_each_shard_once(proxied_blob: ProxiedBlob,
@@ -252,22 +234,23 @@ def test_several_processes_on_one_node_download_each_shard_once(proxied_blob: Pr
     entries = _shards(proxied_blob.url, 6)
     proxied_blob.proxy.latency = 0.01  # downloads overlap: the processes contend for the same shards
     proxied_blob.proxy.requests.clear()
-    go, cache_dir = tmp_path / "go", tmp_path / "cache"
-    processes = [_python(_READER, proxied_blob.url, str(cache_dir), str(CHUNK), str(go),
-                         _as_json(entries)) for _ in range(4)]
-    go.touch()
-    results = []
-    for process in processes:
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, err
-        results.append(json.loads(out))
+    go, results = _FORK.Event(), _FORK.Queue()
+    children = [_FORK.Process(target=_read_all_in_child,
+                              args=(proxied_blob.url, str(tmp_path), entries, go, results)) for _ in range(4)]
+    for child in children:
+        child.start()
+    go.set()  # all at once
+    answers = [results.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(30)
+        assert child.exitcode == 0
 
-    assert sum(result["downloads"] for result in results) == len(entries)
+    assert sum(downloads for _, downloads in answers) == len(entries)
     for entry in entries:
         assert len(_gets(proxied_blob, entry.path)) == -(-SHARD_BYTES // CHUNK), entry.path
-        paths = {result["paths"][entry.path] for result in results}
+        paths = {paths[entry.path] for paths, _ in answers}
         assert len(paths) == 1 and Path(paths.pop()).read_bytes() == _shard_bytes(int(entry.path[-9:-4]))
-    assert len(_cached_files(cache_dir)) == len(entries)
+    assert len(_cached_files(tmp_path)) == len(entries)
 
 
 # --- eviction and read-ahead -------------------------------------------------------------------------------
