@@ -337,7 +337,7 @@ def test_a_container_without_an_index_is_one_line_saying_what_to_run(blob_url: s
 
     assert source.needs_cache and source.index_url == f"{blob_url}/train/hvdazure-index.json"
     with pytest.raises(MissingIndexError) as error:
-        source.check_index()
+        source.load_index()
     assert str(error.value) == (f"no index at {blob_url}/train/hvdazure-index.json: run 'hvdazure data index "
                                 f"{blob_url}/train' first")
 
@@ -345,13 +345,15 @@ def test_a_container_without_an_index_is_one_line_saying_what_to_run(blob_url: s
 def test_an_az_url_and_a_glob_of_blobs_resolve_to_the_index_in_its_directory(blob_url: str) -> None:
     container = blob_url.removeprefix("abfs://")
     fs, _ = fsspec.core.url_to_fs(blob_url)
-    fs.pipe_file(f"{container}/train/hvdazure-index.json", b"{}")
+    for number in range(3):
+        fs.pipe_file(f"{container}/train/shard-{number}.tar", _tar(2))
+    build_index(f"{blob_url}/train", progress=False)
 
-    source = resolve_source(f"az://{container}/train/shard-*.tar")
+    source = resolve_source(f"az://{container}/train/shard-[02].tar")
 
     assert (source.index_url, source.base, source.pattern) == (
-        f"az://{container}/train/hvdazure-index.json", f"az://{container}/train", "shard-*.tar")
-    source.check_index()
+        f"az://{container}/train/hvdazure-index.json", f"az://{container}/train", "shard-[02].tar")
+    assert [entry.path for entry in source.load_index().shards] == ["shard-0.tar", "shard-2.tar"]
 
 
 def _tar(samples: int) -> bytes:

@@ -176,12 +176,18 @@ def test_a_directory_an_index_file_and_a_glob_name_their_index(tmp_path: Path) -
 
 
 def test_a_missing_index_is_one_line_saying_what_to_run(tmp_path: Path) -> None:
-    source = resolve_source(str(tmp_path))
+    (tmp_path / "train").mkdir()
+    messages = {}
+    for source in ("train", "train/shard-*.tar", "train/", "index.json"):
+        with pytest.raises(MissingIndexError) as error:
+            resolve_source(str(tmp_path / source)).load_index()
+        messages[source] = str(error.value)
 
-    with pytest.raises(MissingIndexError) as error:
-        source.load_index()
-    assert str(error.value) == (f"no index at {tmp_path}/hvdazure-index.json: run 'hvdazure data index "
-                                f"{tmp_path}' first")
+    directory = (f"no index at {tmp_path}/train/hvdazure-index.json: run 'hvdazure data index "
+                 f"{tmp_path}/train' first")
+    assert messages == {"train": directory, "train/shard-*.tar": directory, "train/": directory,
+                        "index.json": f"no index at {tmp_path}/index.json: run 'hvdazure data index SHARDS "
+                                      f"--output {tmp_path}/index.json' first"}
 
 
 def test_a_source_that_does_not_exist_is_named(tmp_path: Path) -> None:
