@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import resource
 import shutil
-import statistics
 import tempfile
 import time
 import uuid
@@ -112,7 +111,8 @@ def _rank_paths(dataset: Any, plan: Any) -> list[Any]:
     return [dataset.index.shards[k] for k in shards[np.sort(first)].tolist()]
 
 
-def measure_ranks(url: str | None, p: dict[str, Any], progress: Callable[[str], None]) -> dict[str, Any] | None:
+def measure_ranks(url: str | None, p: dict[str, Any],
+                  progress: Callable[[str], None]) -> dict[str, Any] | None:
     """Every rank: cold and warm epochs, the raw reads, the data wait with a fixed compute, time to the
     first batch of a resume, shards touched; rank 0 returns every rank's figures."""
     import fsspec
@@ -126,7 +126,7 @@ def measure_ranks(url: str | None, p: dict[str, Any], progress: Callable[[str], 
     local = url is None
     scratch = hvd.broadcast_object(tempfile.mkdtemp(prefix="hvdazure-bench-data-") if rank == 0 else None,
                                    root_rank=0, name="scratch")
-    root = f"{scratch}/source" if local else f"{url.rstrip('/')}/hvdazure-bench-{uuid.uuid4().hex[:8]}"
+    root = f"{scratch}/source" if url is None else f"{url.rstrip('/')}/hvdazure-bench-{uuid.uuid4().hex[:8]}"
     root = hvd.broadcast_object(root if rank == 0 else None, root_rank=0, name="root")
     cache_dir = f"{scratch}/cache"  # one node: every rank shares it, as ranks of a node do
     try:
@@ -171,12 +171,11 @@ def measure_ranks(url: str | None, p: dict[str, Any], progress: Callable[[str], 
             cold = timed_epoch(cold_set, plan, 0)
             figures["cold_s"].append(cold["seconds"])
             figures["cold_first_batch_s"].append(cold["first_batch_s"])
-            stats = getattr(cold_set._shards_here(), "stats", None)
-            fetched.append(stats.downloaded_bytes if stats is not None else 0)
+            fetched.append(cold_set.cache_stats.downloaded_bytes if cold_set.cache_stats else 0)
             # warm epoch: the same shards again, from the cache (or the page cache)
             warm = timed_epoch(cold_set, plan, 0)
             figures["warm_s"].append(warm["seconds"])
-            local_paths = [cold_set._shards_here().local_path(e) for e in entries]
+            local_paths = [cold_set.local_path(e) for e in entries]
             seconds, _ = raw_read(lambda path: open(path, "rb"), local_paths)  # noqa: SIM115
             figures["raw_local_s"].append(seconds)
             cold_set.close()
@@ -196,14 +195,13 @@ def measure_ranks(url: str | None, p: dict[str, Any], progress: Callable[[str], 
         mine = {"rank": rank, "shards_touched": touched, "read_bytes": read_bytes, "figures": figures,
                 "fetched_bytes": fetched, "samples": cold["samples"], "compute_s": compute,
                 "micro_batches": len(waited["waits_s"])}
-        every = hvd.allgather_object(mine, name="figures")
+        every = hvd.allgather_object(mine, name="figures")  # also the barrier before rank 0 cleans up
         if rank != 0:
             return None
         return {"url": url, "world_size": size, "num_shards": len(probe.index.shards),
                 "dataset_bytes": sum(e.bytes for e in probe.index.shards), "num_samples": len(probe),
                 "ranks": every}
-    finally:
-        hvd.broadcast_object(0, 0, name="done")
+    finally:  # no collective here: a rank that failed has left the job, the launcher stops the others
         if rank == 0:
             shutil.rmtree(scratch, ignore_errors=True)
             if not local:

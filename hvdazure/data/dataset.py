@@ -31,9 +31,9 @@ from hvdazure.core.shard_order import DEFAULT_LANES, ShardOrder
 
 if TYPE_CHECKING:
     from hvdazure.core.sharding import MicroBatch
-    from hvdazure.data.cache import Shards
+    from hvdazure.data.cache import CacheStats, Shards
     from hvdazure.data.formats import ShardReader
-    from hvdazure.data.index import ShardIndex
+    from hvdazure.data.index import ShardEntry, ShardIndex
 
 OPEN_READERS = 8  # shard readers kept open per process (least recently used closed first)
 READ_AHEAD_STEPS = 4  # optimizer steps of this rank's plan whose shards the bindings hand the cache
@@ -124,6 +124,16 @@ class ShardedDataset:
         if self._shards is not None:
             self._shards.close()
             self._shards = None
+
+    @property
+    def cache_stats(self) -> CacheStats | None:
+        """What this process's shard cache downloaded and found there; None where shards are read in place."""
+        stats: CacheStats | None = getattr(self._shards_here(), "stats", None)
+        return stats
+
+    def local_path(self, entry: ShardEntry) -> str:
+        """The local file of shard `entry`: fetched into the node's cache first where shards are remote."""
+        return self._shards_here().local_path(entry)
 
     # --- pickling (DataLoader workers) --------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
