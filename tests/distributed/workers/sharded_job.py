@@ -5,7 +5,7 @@ Configured through TrainConfig's CLI. extra: framework (torch | tensorflow), dat
 lanes (the order's, default 4), cache_dir (a ShardCache there: cache=True), batch_decode (tensorflow:
 stack the samples in one batch_decode call). Evaluation runs on the same shards. Each rank reports its
 final parameters and their sha256, the history, the sample indices it trained on per epoch (in order),
-and its shard cache's stats (downloads, hits) when it has one.
+the parameters after every optimizer step, and its shard caches' stats (downloads, hits) when it has them.
 """
 
 import hashlib
@@ -13,21 +13,21 @@ import hashlib
 import numpy as np
 from _report import report_rank
 
-from hvdazure import TrainConfig
+from hvdazure import Callback, TrainConfig
 from hvdazure.data import ShardedDataset
+from hvdazure.data.formats import default_decode
 
 
-def as_tuple(sample: dict) -> tuple:
-    """A decoded tar sample -> (index, x, y); module-level, so that DataLoader workers can pickle it."""
+def as_tuple(raw: dict) -> tuple:
+    """A raw tar sample -> (index, x, y), through the tar format's default decode; module-level, so that
+    DataLoader workers can pickle it."""
+    sample = default_decode("tar")(raw)
     return np.int64(sample["index"]), sample["x"], sample["y"]
 
 
 def stacked(raws: list) -> tuple:
     """A batch_decode: the micro-batch's raw tar samples, decoded and stacked in one call."""
-    from hvdazure.data.formats import default_decode
-
-    decode = default_decode("tar")
-    samples = [as_tuple(decode(raw)) for raw in raws]
+    samples = [as_tuple(raw) for raw in raws]
     return tuple(np.stack(column) for column in zip(*samples, strict=True))
 
 
@@ -44,13 +44,25 @@ def cache_stats(data: ShardedDataset) -> dict | None:
     return None if stats is None else {"downloads": stats.downloads, "hits": stats.hits}
 
 
-def torch_trainer(config: TrainConfig):
+class Trajectory(Callback):
+    """The parameters after every optimizer step, flattened."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[float]] = []
+
+    def on_step_end(self, trainer) -> None:
+        self.steps.append([v for p in trainer.params() for v in p.flatten().tolist()])
+
+
+def torch_trainer(config: TrainConfig, trajectory: Trajectory):
     import torch
 
     from hvdazure.torch import TorchTrainer
 
     class Trainer(TorchTrainer):
-        seen: dict[int, list[int]] = {}
+        def __init__(self, config: TrainConfig, callbacks) -> None:
+            super().__init__(config, callbacks)
+            self.seen: dict[int, list[int]] = {}
 
         def build_model(self):
             return torch.nn.Linear(3, 1, dtype=torch.float64)
@@ -78,10 +90,10 @@ def torch_trainer(config: TrainConfig):
         def params(self) -> list[np.ndarray]:
             return [p.detach().numpy() for p in self.model.parameters()]
 
-    return Trainer(config)
+    return Trainer(config, callbacks=[trajectory])
 
 
-def tensorflow_trainer(config: TrainConfig):
+def tensorflow_trainer(config: TrainConfig, trajectory: Trajectory):
     import keras
     import tensorflow as tf
 
@@ -90,7 +102,9 @@ def tensorflow_trainer(config: TrainConfig):
     keras.config.set_floatx("float64")
 
     class Trainer(TensorFlowTrainer):
-        seen: dict[int, list[int]] = {}
+        def __init__(self, config: TrainConfig, callbacks) -> None:
+            super().__init__(config, callbacks)
+            self.seen: dict[int, list[int]] = {}
 
         def build_model(self):
             return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
@@ -121,13 +135,14 @@ def tensorflow_trainer(config: TrainConfig):
         def params(self) -> list[np.ndarray]:
             return [np.asarray(w) for w in self.model.get_weights()]
 
-    return Trainer(config)
+    return Trainer(config, callbacks=[trajectory])
 
 
 if __name__ == "__main__":
     config = TrainConfig.from_cli(log_every=1, progress_bar=False)
     make = {"torch": torch_trainer, "tensorflow": tensorflow_trainer}[config.extra["framework"]]
-    trainer = make(config)
+    trajectory = Trajectory()
+    trainer = make(config, trajectory)
     history = trainer.fit()
     params = trainer.params()
     report_rank(trainer.rank, {
@@ -136,6 +151,7 @@ if __name__ == "__main__":
         "history": history,
         "seen": {str(k): v for k, v in trainer.seen.items()},
         "steps_per_epoch": trainer.steps_per_epoch,
+        "trajectory": trajectory.steps,
         "cache": cache_stats(trainer.data),
         "eval_cache": cache_stats(trainer.eval_data),
     })
