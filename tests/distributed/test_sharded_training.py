@@ -15,13 +15,15 @@ COMMON = ("epochs=2", "lr=0.05", "base_batch_size=8")
 FIRST_STEPS = 7  # of 10: the first run stops 2 steps into epoch 2
 # name: (framework, ranks, controller, its settings). "<framework>-first" runs 2 ranks x batch 4 and stops;
 # "<framework>-resumed" resumes it on 1 rank x batch 8, to the end; "<framework>-1" is 1 x 8 throughout.
+# The TensorFlow jobs of 2 ranks x 4 and 1 x 8 then also run Keras `model.fit` on the shards.
 RUNS = {
     "torch-first": ("torch", 2, "gloo", ("batch_size=4", "num_workers=2", f"max_steps={FIRST_STEPS}")),
     "torch-resumed": ("torch", 1, "mpi", ("batch_size=8", "num_workers=2", "resume=auto")),
     "torch-1": ("torch", 1, "mpi", ("batch_size=8",)),
-    "tensorflow-first": ("tensorflow", 2, "mpi", ("batch_size=4", f"max_steps={FIRST_STEPS}")),
+    "tensorflow-first": ("tensorflow", 2, "mpi", ("batch_size=4", f"max_steps={FIRST_STEPS}",
+                                                  "extra.keras=true")),
     "tensorflow-resumed": ("tensorflow", 1, "mpi", ("batch_size=8", "resume=auto")),
-    "tensorflow-1": ("tensorflow", 1, "mpi", ("batch_size=8", "extra.batch_decode=true")),
+    "tensorflow-1": ("tensorflow", 1, "mpi", ("batch_size=8", "extra.batch_decode=true", "extra.keras=true")),
 }
 FRAMEWORKS = ("torch", "tensorflow")
 
@@ -106,6 +108,15 @@ def test_a_run_stopped_mid_epoch_resumes_on_another_world_size_to_the_uninterrup
     assert manifest["order"]["lanes"] == 4 and manifest["data_fingerprint"]
     uninterrupted = runs(f"{framework}-1").reports[0]["trajectory"]
     assert_close(resumed.reports[0]["trajectory"], uninterrupted[FIRST_STEPS:])  # to the last step
+
+
+def test_keras_fit_on_sharded_data_with_2_ranks_x_b_matches_1_process_x_2b(runs):
+    two, one = runs("tensorflow-first").reports, runs("tensorflow-1").reports[0]["keras"]
+
+    assert two[0]["keras"] == two[1]["keras"]
+    assert two[0]["keras"]["steps_per_epoch"] == one["steps_per_epoch"] == 5
+    assert_close([two[0]["keras"]["weights"]], [one["weights"]])
+    assert_close(two[0]["keras"]["history"]["val_loss"], one["history"]["val_loss"])
 
 
 def test_a_resume_on_changed_shards_is_refused_on_every_rank(runs, tmp_path):

@@ -78,7 +78,8 @@ def shard_for_evaluate(data: Any, batch_size: int) -> tf.data.Dataset:
             for start in starts:
                 yield arrays.take(range(start, min(start + batch_size, mine.stop)))
 
-        return tf.data.Dataset.from_generator(batches, output_signature=arrays.signature()).prefetch(2)
+        pipeline = tf.data.Dataset.from_generator(batches, output_signature=arrays.signature())
+        return pipeline.apply(tf.data.experimental.assert_cardinality(len(starts))).prefetch(2)
     if not mine:
         return tf.data.Dataset.from_tensors(arrays.take([]))
     return tf.data.Dataset.from_tensor_slices(arrays.take(mine)).batch(batch_size)

@@ -3,9 +3,11 @@ tests/distributed/sharded_data.py, with TorchTrainer or TensorFlowTrainer (`--se
 
 Configured through TrainConfig's CLI. extra: framework (torch | tensorflow), data (the shards' source),
 lanes (the order's, default 4), cache_dir (a ShardCache there: cache=True), batch_decode (tensorflow:
-stack the samples in one batch_decode call). Evaluation runs on the same shards. Each rank reports its
-final parameters and their sha256, the history, the sample indices it trained on per epoch (in order),
-the parameters after every optimizer step, and its shard caches' stats (downloads, hits) when it has them.
+stack the samples in one batch_decode call), keras (tensorflow: after the trainer, the same data through
+`model.fit` with shard_for_fit / shard_for_evaluate, 2 epochs at batch_size per rank). Evaluation runs on
+the same shards. Each rank reports its final parameters and their sha256, the history, the sample indices
+it trained on per epoch (in order), the parameters after every optimizer step, its shard caches' stats
+(downloads, hits) when it has them, and what Keras fit ended with.
 """
 
 import hashlib
@@ -138,6 +140,32 @@ def tensorflow_trainer(config: TrainConfig, trajectory: Trajectory):
     return Trainer(config, callbacks=[trajectory])
 
 
+def xy(raw: dict) -> tuple:
+    """A raw tar sample -> (x, y), Keras's form."""
+    sample = default_decode("tar")(raw)
+    return sample["x"], sample["y"]
+
+
+def keras_fit(config: TrainConfig) -> dict:
+    """Two epochs of model.fit on the shards (constant LR): the final weights and fit's history."""
+    import keras
+
+    import hvdazure.tensorflow.keras as hk
+
+    hk.init()
+    data = ShardedDataset(config.extra["data"], xy, lanes=config.extra.get("lanes", 4))
+    train = hk.shard_for_fit(data, config.batch_size, seed=config.seed)
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05), loss="mse", jit_compile=False)
+    hk.data_parallel(model)
+    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, shuffle=False,
+                        verbose=0, validation_data=hk.shard_for_evaluate(data, config.batch_size),
+                        callbacks=[hk.BroadcastInitialState(), hk.MetricAverage()])
+    return {"weights": [v for w in model.get_weights() for v in w.flatten().tolist()],
+            "history": history.history, "steps_per_epoch": train.steps_per_epoch}
+
+
 if __name__ == "__main__":
     config = TrainConfig.from_cli(log_every=1, progress_bar=False)
     make = {"torch": torch_trainer, "tensorflow": tensorflow_trainer}[config.extra["framework"]]
@@ -154,4 +182,5 @@ if __name__ == "__main__":
         "trajectory": trajectory.steps,
         "cache": cache_stats(trainer.data),
         "eval_cache": cache_stats(trainer.eval_data),
+        "keras": keras_fit(config) if config.extra.get("keras") else None,
     })
