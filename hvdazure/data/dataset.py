@@ -58,7 +58,8 @@ class ShardedDataset:
                  batch_decode: Callable[[list[Any]], Any] | None = None,
                  lanes: int = DEFAULT_LANES, window: int | None = None,
                  cache: str | bool = "auto", cache_dir: str | None = None,
-                 cache_limit: str | int | None = None, prefetch_shards: int = 4, storage_options: dict[str, Any] | None = None) -> None:
+                 cache_limit: str | int | None = None, prefetch_shards: int = 4,
+                 storage_options: dict[str, Any] | None = None) -> None:
         from hvdazure.data.source import resolve_source  # here: importing hvdazure.data stays light
 
         if prefetch_shards < 0:
