@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hvdazure.data.formats.tfrecord import parse_example
     from hvdazure.data.index import ShardEntry, ShardIndex, build_index, load_index
+    from hvdazure.data.writers import pack_folder, write_shards
 
 _EXPORTS = {
     "ShardedDataset": "hvdazure.data.dataset",

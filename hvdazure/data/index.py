@@ -108,13 +108,13 @@ class ShardIndex:
         """Write the index as JSON to `url` (a file, or a directory to hold INDEX_NAME): a local file
         through a temporary name and a rename, an object in one upload. The base is recorded unless it is
         the index's own directory."""
-        url = index_url(_local(url))
-        directory = _parent(url) if _is_url(url) else os.path.dirname(os.path.abspath(url))
+        url = index_url(without_file_scheme(url))
+        directory = _parent(url) if is_url(url) else os.path.dirname(os.path.abspath(url))
         base_recorded = directory != self.base.rstrip("/")
         data = self.to_json(base_recorded).encode()
-        if _is_url(url):
-            fs, path = _filesystem(url, storage_options)
-            _retrying(f"writing {url}", lambda: fs.pipe_file(path, data))
+        if is_url(url):
+            fs, path = filesystem(url, storage_options)
+            retrying_storage(f"writing {url}", lambda: fs.pipe_file(path, data))
             return
         os.makedirs(directory, exist_ok=True)
         tmp = os.path.join(directory, f".{os.path.basename(url)}.tmp-{uuid.uuid4().hex}")
@@ -138,17 +138,17 @@ def index_url(url: str) -> str:
 def load_index(url: str, storage_options: dict[str, Any] | None = None) -> ShardIndex:
     """The index at `url` (an index file, or a directory holding INDEX_NAME). FileNotFoundError naming it
     when there is none; ValueError for a file that is not an index."""
-    url = index_url(_local(url))
+    url = index_url(without_file_scheme(url))
     try:
-        if _is_url(url):
-            fs, path = _filesystem(url, storage_options)
-            text = _retrying(f"reading {url}", lambda: fs.cat_file(path)).decode()
+        if is_url(url):
+            fs, path = filesystem(url, storage_options)
+            text = retrying_storage(f"reading {url}", lambda: fs.cat_file(path)).decode()
         else:
             with open(url, encoding="utf-8") as file:
                 text = file.read()
     except FileNotFoundError:
         raise FileNotFoundError(f"no index at {url} (make one with `hvdazure data index`)") from None
-    return parse_index(text, _parent(url) if _is_url(url) else os.path.dirname(os.path.abspath(url)), url)
+    return parse_index(text, _parent(url) if is_url(url) else os.path.dirname(os.path.abspath(url)), url)
 
 
 def parse_index(text: str, directory: str, url: str) -> ShardIndex:
@@ -170,11 +170,11 @@ def build_index(source: str, output: str | None = None, *, progress: bool = True
                 storage_options: dict[str, Any] | None = None) -> ShardIndex:
     """Scan every shard of `source` (a local directory, a glob, a file, or an fsspec URL of any of them:
     abfs://container/dir, az://...) and write the index next to the shards, or to `output`."""
-    source = _local(source)
+    source = without_file_scheme(source)
     shards, base, opener = _list_shards(source, storage_options)
     if not shards:
         raise ValueError(f"no shards ({', '.join(SUFFIXES)}) in {source}")
-    names = [path[len(base):].lstrip("/") if _is_url(source) else
+    names = [path[len(base):].lstrip("/") if is_url(source) else
              os.path.relpath(path, base).replace(os.sep, "/") for path, _ in shards]
     for name in names:
         format_for(name)  # a file a glob matched with another suffix: named, not skipped
@@ -188,10 +188,10 @@ def build_index(source: str, output: str | None = None, *, progress: bool = True
             with opener(path) as file:
                 return scan_shard(file, int(info["size"]), fmt, name=display)
 
-        offsets = _retrying(f"indexing {display}", read) if _is_url(source) else read()
-        return ShardEntry(name, fmt, len(offsets), int(info["size"]), _version(info), offsets)
+        offsets = retrying_storage(f"indexing {display}", read) if is_url(source) else read()
+        return ShardEntry(name, fmt, len(offsets), int(info["size"]), str(info["version"]), offsets)
 
-    threads = _REMOTE_THREADS if _is_url(source) else min(4, os.cpu_count() or 1)
+    threads = _REMOTE_THREADS if is_url(source) else min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(threads) as pool:
         results: Iterable[ShardEntry] = pool.map(scan, zip(shards, names, strict=True))
         if progress:
@@ -209,19 +209,19 @@ def _list_shards(source: str, storage_options: dict[str, Any] | None
                  ) -> tuple[list[tuple[str, dict[str, Any]]], str, Callable[[str], Any]]:
     """(path, info with "size" and a version) of every shard of a source, sorted by path; the base
     directory; and how to open a path for reading."""
-    if _is_url(source):
-        fs, root = _filesystem(source, storage_options)
+    if is_url(source):
+        fs, root = filesystem(source, storage_options)
         root = root.rstrip("/")
         if any(char in root for char in _GLOB_CHARS):
             base = _glob_base(root)
-            found = _retrying(f"listing {source}", lambda: fs.glob(root, detail=True))
+            found = retrying_storage(f"listing {source}", lambda: fs.glob(root, detail=True))
             listed = {path: info for path, info in found.items() if info.get("type") != "directory"}
-        elif _retrying(f"reading {source}", lambda: fs.isfile(root)):
+        elif retrying_storage(f"reading {source}", lambda: fs.isfile(root)):
             base, listed = posixpath.dirname(root), {root: fs.info(root)}
         else:
             base = root
-            listed = _retrying(f"listing {source}", lambda: fs.find(root, detail=True))
-            listed = {path: info for path, info in listed.items() if _is_shard_name(path)}
+            listed = retrying_storage(f"listing {source}", lambda: fs.find(root, detail=True))
+            listed = {path: info for path, info in listed.items() if is_shard_name(path)}
         listed = {path: _with_version(fs, path, info) for path, info in listed.items()}
         return sorted(listed.items()), base, lambda path: fs.open(path, "rb")
 
@@ -236,13 +236,14 @@ def _list_shards(source: str, storage_options: dict[str, Any] | None
     elif os.path.isdir(path):
         base = path
         files = [os.path.join(directory, name) for directory, _, names in os.walk(path) for name in names
-                 if _is_shard_name(name)]
+                 if is_shard_name(name)]
     else:
         raise FileNotFoundError(f"no such file or directory: {source}")
     return sorted((p, _local_info(p)) for p in files), base, lambda p: open(p, "rb")
 
 
-def _is_shard_name(path: str) -> bool:
+def is_shard_name(path: str) -> bool:
+    """Whether a file is a shard by its name: a known suffix, not hidden (temporary files are)."""
     name = posixpath.basename(path)
     return not name.startswith(".") and any(name.lower().endswith(suffix) for suffix in SUFFIXES)
 
@@ -260,18 +261,15 @@ def _local_info(path: str) -> dict[str, Any]:
 
 def _with_version(fs: Any, path: str, info: dict[str, Any]) -> dict[str, Any]:
     """An object's info with its ETag (asked for when a listing lacks it)."""
-    if not _etag(info):
-        info = _retrying(f"reading the properties of {path}", lambda: fs.info(path))
-    return {**info, "version": _etag(info) or f"size:{info['size']}"}
+    if not etag(info):
+        info = retrying_storage(f"reading the properties of {path}", lambda: fs.info(path))
+    return {**info, "version": etag(info) or f"size:{info['size']}"}
 
 
-def _etag(info: dict[str, Any]) -> str | None:
+def etag(info: dict[str, Any]) -> str | None:
+    """The ETag in an fsspec info dict (adlfs: "etag"), as it is given; None without one."""
     value = info.get("etag") or info.get("ETag")
     return str(value) if value else None
-
-
-def _version(info: dict[str, Any]) -> str:
-    return str(info["version"])
 
 
 def _display(source: str, base: str, name: str) -> str:
@@ -280,16 +278,18 @@ def _display(source: str, base: str, name: str) -> str:
 
 def _base_url(source: str, base: str) -> str:
     """The base directory as an absolute path, or as a URL with the source's protocol."""
-    if not _is_url(source):
+    if not is_url(source):
         return base
     return f"{source.split('://', 1)[0]}://{base}"
 
 
-def _is_url(path: str) -> bool:
+def is_url(path: str) -> bool:
+    """Whether a source or output is on an fsspec filesystem other than the local one."""
     return "://" in path and not path.startswith("file://")
 
 
-def _local(path: str) -> str:
+def without_file_scheme(path: str) -> str:
+    """A file:// URL as a local path; anything else as it is."""
     return path[len("file://"):] if path.startswith("file://") else path
 
 
@@ -297,14 +297,15 @@ def _parent(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[0]
 
 
-def _filesystem(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+def filesystem(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    """The fsspec filesystem of a URL and the path on it (abfs://c/d -> (AzureBlobFileSystem, "c/d"))."""
     import fsspec  # here, not at the top: `import hvdazure.data` stays cheap
 
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     return fs, str(path)
 
 
-def _retrying(what: str, call: Callable[[], Any]) -> Any:
+def retrying_storage(what: str, call: Callable[[], Any]) -> Any:
     """An object store operation, retried on transient errors (core.object_store); ValueError (a corrupt
     shard) and FileNotFoundError pass as they are."""
     from hvdazure.core.object_store import retrying

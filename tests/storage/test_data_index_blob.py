@@ -133,3 +133,43 @@ def test_a_corrupt_blob_is_named(blob_url, tmp_path):
 def test_load_index_names_a_missing_index_blob(blob_url):
     with pytest.raises(FileNotFoundError, match=f"no index at {blob_url}/nothing/{INDEX_NAME}"):
         load_index(f"{blob_url}/nothing")
+
+
+@pytest.mark.parametrize("fmt", ["tar", "tfrecord", "parquet"])
+def test_write_shards_to_blob_uploads_whole_shards_and_the_index(blob_url, fmt):
+    from hvdazure.data.writers import write_shards
+
+    data = {"x": np.arange(20).reshape(10, 2), "y": np.arange(10)}
+
+    written = write_shards(data, f"{blob_url}/out", fmt, samples_per_shard=4, progress=False)
+
+    fs, root = fsspec.core.url_to_fs(f"{blob_url}/out")
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.find(root)) == [
+        INDEX_NAME, f"shard-00000.{fmt}", f"shard-00001.{fmt}", f"shard-00002.{fmt}"]
+    scanned = build_index(f"{blob_url}/out", output=f"{blob_url}/check.json", progress=False)
+    assert load_index(f"{blob_url}/out") == written == scanned
+    assert [e.offsets.tolist() for e in written.shards] == [e.offsets.tolist() for e in scanned.shards]
+    assert all(e.version == etag(written.url(e)) for e in written.shards)
+
+
+def test_pack_folder_to_blob_writes_classes_next_to_the_index(blob_url, tmp_path):
+    from hvdazure.data.writers import pack_folder
+
+    for cls in ("b", "a"):
+        (tmp_path / "images" / cls).mkdir(parents=True)
+        (tmp_path / "images" / cls / "1.jpg").write_bytes(cls.encode())
+
+    index = pack_folder(str(tmp_path / "images"), f"{blob_url}/packed", "tar", progress=False)
+
+    fs, root = fsspec.core.url_to_fs(f"{blob_url}/packed")
+    assert json.loads(fs.cat_file(f"{root}/classes.json")) == ["a", "b"]
+    assert index.num_samples == 2
+
+
+def test_write_shards_refuses_a_prefix_holding_shards(blob_url, tmp_path):
+    from hvdazure.data.writers import write_shards
+
+    upload(blob_url, {"out/old.tar": shard_bytes(tar, 1, tmp_path, "old.tar")})
+
+    with pytest.raises(ValueError, match=f"{blob_url}/out already holds shards .*old.tar"):
+        write_shards({"x": np.arange(3)}, f"{blob_url}/out", progress=False)

@@ -448,3 +448,13 @@ def test_a_truncated_parquet_is_one_line_naming_the_shard(tmp_path):
     path.write_bytes(path.read_bytes()[:-20])
 
     assert_one_line_naming(scan_error(path, "parquet"), str(path), "Parquet")
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 5, 16, 17, 1000])
+def test_int64_lists_of_any_length_and_range_round_trip(count):
+    rng = np.random.default_rng(count)
+    for values in (rng.integers(-(2**63), 2**63 - 1, count), rng.integers(0, 128, count),
+                   rng.integers(-300, 300, count)):
+        record = tfrecord.encode_example({"v": values})
+
+        assert tfrecord.parse_example(record)["v"].tolist() == values.tolist()

@@ -44,24 +44,25 @@ def format_for(path: str) -> str:
 def open_shard(local_path: str, entry: ShardEntry) -> ShardReader:
     """A reader of the local file `local_path`, which holds the shard `entry` of an index."""
     name = local_path if local_path.endswith(entry.path) else f"{entry.path} (at {local_path})"
-    reader: ShardReader = _module(entry.format).Reader(local_path, entry.offsets, name)
+    reader: ShardReader = format_module(entry.format).Reader(local_path, entry.offsets, name)
     return reader
 
 
 def scan_shard(fileobj: BinaryIO, size: int, format: str, name: str = "shard") -> np.ndarray:
     """The offsets of every sample of a shard of `size` bytes read from `fileobj` (int64, one a sample);
     ValueError naming `name` and the record for a corrupt or truncated shard."""
-    offsets: np.ndarray = _module(format).scan(fileobj, size, name)
+    offsets: np.ndarray = format_module(format).scan(fileobj, size, name)
     return offsets
 
 
 def default_decode(format: str) -> Callable[[Any], Any]:
     """The decode a ShardedDataset uses when it is given none: raw sample -> arrays, ints, strings."""
-    decode: Callable[[Any], Any] = _module(format).decode
+    decode: Callable[[Any], Any] = format_module(format).decode
     return decode
 
 
-def _module(format: str) -> Any:
+def format_module(format: str) -> Any:
+    """The module of a format (tar, tfrecord, parquet): its scan, Reader, decode, encode and Writer."""
     if format not in FORMATS:
         raise ValueError(f"unknown shard format {format!r} (known: {', '.join(FORMATS)})")
     return importlib.import_module(f"hvdazure.data.formats.{format}")

@@ -135,15 +135,19 @@ class Writer:
         self._bytes = 0
         self._writer: Any = None
         self._schema: Any = None
+        self._written = 0
 
-    def add(self, row: dict[str, Any], size: int) -> None:
+    def add(self, row: dict[str, Any], size: int) -> int:
+        """Add one row (written with its row group); its row number."""
         if self._rows and row.keys() != self._rows[0].keys():
             raise ValueError(f"a sample with fields {sorted(row)}, after samples with "
                              f"{sorted(self._rows[0])}: every row of a Parquet shard has the same columns")
         self._rows.append(row)
         self._bytes += size
+        self._written += 1
         if self._bytes >= ROW_GROUP_BYTES:
             self._flush()
+        return self._written - 1
 
     def _flush(self) -> None:
         import pyarrow.parquet as pq
@@ -156,17 +160,15 @@ class Writer:
         self._rows, self._bytes = [], 0
 
     def close(self) -> None:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        if self._rows or self._writer is None:
-            if self._rows:
-                self._flush()
-            else:  # an empty shard: a file with no rows (and no columns)
-                import pyarrow as pa
-
-                pq.write_table(pa.table({}), self._fileobj)
-                return
-        self._writer.close()
+        if self._rows:
+            self._flush()
+        if self._writer is None:  # an empty shard: a file with no rows (and no columns)
+            pq.write_table(pa.table({}), self._fileobj)
+        else:
+            self._writer.close()
 
 
 def table_of(rows: list[dict[str, Any]], schema: Any = None) -> Any:
@@ -174,6 +176,9 @@ def table_of(rows: list[dict[str, Any]], schema: Any = None) -> Any:
     import pyarrow as pa
 
     columns = {name: _column([row[name] for row in rows], name) for name in rows[0]}
+    if schema is None:  # a column of None only: binary (a file's missing bytes, in pack_folder's rows)
+        columns = {name: column.cast(pa.binary()) if pa.types.is_null(column.type) else column
+                   for name, column in columns.items()}
     table = pa.table(columns)
     return table if schema is None else table.cast(schema)
 
@@ -181,13 +186,13 @@ def table_of(rows: list[dict[str, Any]], schema: Any = None) -> Any:
 def _column(values: list[Any], name: str) -> Any:
     import pyarrow as pa
 
-    first = values[0]
-    if isinstance(first, np.ndarray) and first.ndim == 1:
+    first = next((value for value in values if value is not None), None)
+    if isinstance(first, np.ndarray) and first.ndim == 1 and all(value is not None for value in values):
         dtype = first.dtype
         flat = np.concatenate([np.asarray(v, dtype=dtype).reshape(-1) for v in values])
         offsets = np.cumsum([0] + [len(v) for v in values]).astype(np.int32)
         return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
-    if isinstance(first, np.ndarray | np.generic):
+    if isinstance(first, np.ndarray | np.generic) and all(value is not None for value in values):
         return pa.array(np.asarray(values, dtype=first.dtype))
     try:
         return pa.array(values)

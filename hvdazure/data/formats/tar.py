@@ -60,7 +60,10 @@ def scan(fileobj: BinaryIO, size: int, name: str) -> np.ndarray:
         try:
             member = archive.next()
         except (tarfile.TarError, OSError) as exc:
-            raise ValueError(f"{name}: tar member {len(offsets)} unreadable ({exc})") from None
+            if "unexpected end of data" in str(exc):  # a member's data runs past the end of the file
+                raise ValueError(f"{name}: truncated: a member after byte {archive.offset} ends past the "
+                                 f"end of the file ({size} bytes)") from None
+            raise ValueError(f"{name}: unreadable tar header at byte {archive.offset} ({exc})") from None
         if member is None:
             break
         if member.offset_data + member.size > size:
@@ -152,13 +155,13 @@ def encode(sample: Mapping[str, Any], key: str) -> tuple[list[tuple[str, bytes]]
     """A sample as tar members `KEY.NAME[.TYPE]` (`__key__` in the sample replaces `key`), and the bytes
     they add to a shard: arrays and floats -> `.npy`, ints -> `.cls`, str -> `.txt`, dicts and lists ->
     `.json` (the type suffix left out when NAME already is or ends with it), bytes as they are, NAME the
-    extension."""
+    extension; None leaves the field out."""
     key = str(sample.get("__key__", key))
     if split_name(key + ".x") != (key, "x"):
         raise ValueError(f"sample key {key!r}: a tar key has no dot in its last path component")
     members = []
     for name, value in sample.items():
-        if name != "__key__":
+        if name != "__key__" and value is not None:
             extension, data = _encode_value(name, value)
             members.append((f"{key}.{extension}", data))
     size = sum(_BLOCK + -(-len(data) // _BLOCK) * _BLOCK for _, data in members)
@@ -197,11 +200,14 @@ class Writer:
     def __init__(self, fileobj: BinaryIO) -> None:
         self._archive = tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115
 
-    def add(self, members: list[tuple[str, bytes]], size: int) -> None:
+    def add(self, members: list[tuple[str, bytes]], size: int) -> int:
+        """Write one sample's members; the offset of its first header."""
+        offset = self._archive.offset
         for name, data in members:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, 0
             self._archive.addfile(info, io.BytesIO(data))
+        return offset
 
     def close(self) -> None:
         self._archive.close()

@@ -217,9 +217,19 @@ def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
 
 def _packed_varints(data: bytes) -> np.ndarray:
     """Packed varints as int64 (two's complement, as protobuf encodes a negative int64), vectorised."""
+    if len(data) <= 16:  # a label, a shape: NumPy's overhead would dominate
+        numbers: list[int] = []
+        pos, view = 0, memoryview(data)
+        while pos < len(data):
+            try:
+                number, pos = _varint(view, pos)
+            except IndexError:
+                raise ValueError("a packed int64 list cut inside a varint") from None
+            numbers.append(number)
+        return np.array(numbers, dtype=np.uint64).view(np.int64)
     raw = np.frombuffer(data, dtype=np.uint8)
-    if raw.size == 0:
-        return np.empty(0, dtype=np.int64)
+    if raw.max() < 0x80:  # every value in one byte: 0..127
+        return raw.astype(np.int64)
     ends = np.flatnonzero(raw < 0x80)
     if ends.size == 0 or ends[-1] != raw.size - 1:
         raise ValueError("a packed int64 list cut inside a varint")
@@ -248,6 +258,8 @@ def encode_example(features: Mapping[str, Any]) -> bytes:
 def _encode_feature(value: Any, key: str) -> bytes:
     if isinstance(value, bytes | str):
         value = [value]
+    if isinstance(value, list | tuple) and value and all(isinstance(item, bytes | str) for item in value):
+        value = np.array(value, dtype=object)  # not np.asarray: an "S" array drops trailing NUL bytes
     array = np.asarray(value)
     if array.dtype.kind in "biu":
         return _delimited(_INT64, _delimited(1, _encode_varints(array.reshape(-1).astype(np.int64))))
@@ -316,8 +328,9 @@ def decode(record: bytes) -> dict[str, Any]:
 
 
 def encode(sample: Mapping[str, Any], key: str) -> tuple[bytes, int]:
-    """A sample as one framed record (`encode_sample`; `__key__` is left out) and its size in bytes."""
-    record = frame(encode_sample({name: value for name, value in sample.items() if name != "__key__"}))
+    """A sample as one framed record (`encode_sample`; `__key__` and None values left out) and its size."""
+    record = frame(encode_sample({name: value for name, value in sample.items()
+                                  if name != "__key__" and value is not None}))
     return record, len(record)
 
 
@@ -326,9 +339,14 @@ class Writer:
 
     def __init__(self, fileobj: BinaryIO) -> None:
         self._fileobj = fileobj
+        self._position = 0
 
-    def add(self, record: bytes, size: int) -> None:
+    def add(self, record: bytes, size: int) -> int:
+        """Write one record; the offset of its length field."""
+        offset = self._position
         self._fileobj.write(record)
+        self._position += len(record)
+        return offset
 
     def close(self) -> None:
         pass
