@@ -10,7 +10,8 @@ policy:
   reads an older copy. A download goes to a temporary name and is renamed into place only after its size
   and the version it was downloaded at (the object's ETag, a file's mtime and size) match the index: a file
   under its final name is complete and right. A temporary file left by a killed process is never read, and
-  the next download of that shard deletes it.
+  the next download of that shard deletes it. (An index whose versions are of the other kind, e.g. built on
+  Blob and read through an Azure ML mount, ETags against mtimes, is checked by size alone.)
 - One download per shard per node: every process (ranks, DataLoader workers) takes the shard's lock file
   (fcntl) before downloading and looks again once it holds it, so the others wait and then find the file.
 - Transient storage errors (429, 5xx, timeouts, resets, a body cut short) are retried with bounded backoff
@@ -21,8 +22,9 @@ policy:
   this process's read-ahead queue, being downloaded, or among the last handed out. Deleting a file another
   process has open is harmless on Linux (its reader keeps the data until it closes it).
 - A shard streams to disk in chunks, so memory does not grow with shard or dataset size.
-- A ShardCache pickles (for DataLoader workers) without its threads and locks; a worker's copy downloads on
-  demand through the same lock files, and counts its own downloads in `stats`.
+- A ShardCache pickles (for DataLoader workers) without its threads and locks, and a forked copy starts
+  afresh likewise; a worker's copy downloads on demand through the same lock files, and counts its own
+  downloads in `stats`.
 """
 
 from __future__ import annotations
@@ -40,41 +42,27 @@ import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hvdazure.core.object_store import retrying
 from hvdazure.core.rank_logging import logger
 from hvdazure.data.sizes import parse_size
 from hvdazure.data.source import is_fuse_mounted, is_local, normalize_etag, shard_version
 
+if TYPE_CHECKING:
+    from hvdazure.data.index import ShardEntry, ShardIndex
+
 __all__ = ["CacheStats", "LocalShards", "ShardCache", "ShardError", "Shards", "open_shards"]
 
 _CHUNK = 8 << 20  # bytes per range request and per write: one buffer of this size per download
 _TOUCH_EVERY = 1.0  # seconds between two mtime updates (the LRU clock) of one cached shard by one process
 _RECENT = 2  # the shards last handed out, which eviction keeps: the one being read and the one before
+_FILE_VERSION = re.compile(r"\d+:\d+")  # f"{mtime_ns}:{size}"; anything else from storage is an ETag
 _REINDEX = "run 'hvdazure data index' again"
 
 
 class ShardError(RuntimeError):
     """A shard is missing, truncated or changed since indexing; the one-line message names its URL."""
-
-
-class ShardEntry(Protocol):
-    """What the cache reads of an index entry (hvdazure.data.index.ShardEntry has it)."""
-
-    @property
-    def path(self) -> str: ...
-    @property
-    def bytes(self) -> int: ...
-    @property
-    def version(self) -> str: ...
-
-
-class ShardIndex(Protocol):
-    """What open_shards reads of an index (hvdazure.data.index.ShardIndex has it)."""
-
-    @property
-    def base(self) -> str: ...
 
 
 class Shards(Protocol):
@@ -164,6 +152,7 @@ class ShardCache:
     _recent: deque[str]  # the last cached files local_path handed out
     _threads: list[threading.Thread]
     _touched: dict[str, float]  # cached file -> when this process last set its mtime (the LRU clock)
+    _pid: int  # the process the threads and locks belong to
 
     def __init__(self, base: str, cache_dir: str, limit_bytes: int | None = None,
                  storage_options: dict[str, Any] | None = None, prefetch_threads: int = 4) -> None:
@@ -180,6 +169,7 @@ class ShardCache:
 
     # --- the Shards protocol ----------------------------------------------------------------------------
     def local_path(self, entry: ShardEntry) -> str:
+        self._own()
         final = self._final(entry)
         with self._lock:
             self._recent.append(final)
@@ -191,6 +181,7 @@ class ShardCache:
         return final
 
     def prefetch(self, entries: Sequence[ShardEntry]) -> None:
+        self._own()
         with self._lock:
             if self._closed:
                 return
@@ -203,6 +194,7 @@ class ShardCache:
 
     def close(self) -> None:
         """Empty the read-ahead queue and wait for the downloads under way (bounded by their retries)."""
+        self._own()
         with self._lock:
             self._closed = True
             self._queue.clear()
@@ -213,6 +205,7 @@ class ShardCache:
 
     def is_cached(self, entry: ShardEntry) -> bool:
         """Whether the shard is in the cache now, complete and verified (by this process or another)."""
+        self._own()
         return self._is_cached(self._final(entry), entry)
 
     def url(self, entry: ShardEntry) -> str:
@@ -228,7 +221,15 @@ class ShardCache:
         self.stats = CacheStats()
         self._start_fresh()
 
+    def _own(self) -> None:
+        """In a process forked from the one that made this cache (a DataLoader worker started by fork), start
+        afresh: the parent's threads do not run here, and a lock one of them held would stay held."""
+        if self._pid != os.getpid():
+            self.stats = CacheStats()
+            self._start_fresh()
+
     def _start_fresh(self) -> None:
+        self._pid = os.getpid()
         self._fs = None
         self._root = ""
         self._lock = threading.Lock()  # guards the queue, the stats and the sets below
@@ -392,8 +393,18 @@ def _check(url: str, entry: ShardEntry, size: int, version: str) -> None:
     if size != entry.bytes:
         raise ShardError(f"shard {url} has {size} bytes, the index says {entry.bytes} (truncated, or changed "
                          f"since indexing: {_REINDEX})")
-    if normalize_etag(version) != normalize_etag(entry.version):
+    if _comparable(version, entry.version) and normalize_etag(version) != normalize_etag(entry.version):
         raise ShardError(f"shard {url} changed since indexing ({_REINDEX})")
+
+
+def _comparable(version: str, recorded: str) -> bool:
+    """Whether two versions are of one kind (two ETags, or two file versions), so that differing says the
+    shard changed. An index built on Blob read through a mount or download (ETags against mtimes), or one
+    built on files that were then uploaded, has only the size to go by; "size:N" (a store without ETags)
+    is no version at all."""
+    if version.startswith("size:") or recorded.startswith("size:"):
+        return False
+    return bool(_FILE_VERSION.fullmatch(version)) == bool(_FILE_VERSION.fullmatch(recorded))
 
 
 def _parts(path: str) -> list[str]:

@@ -23,14 +23,10 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hvdazure.core.object_store import retrying
+from hvdazure.data.index import INDEX_NAME, ShardIndex, load_index
 
-if TYPE_CHECKING:
-    from hvdazure.data.index import ShardIndex
-
-INDEX_FILE = "hvdazure-index.json"  # the name hvdazure.data.index.INDEX_NAME gives it
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _MOUNTINFO = "/proc/self/mountinfo"
 
@@ -50,20 +46,21 @@ class Source:
     needs_cache: bool  # remote storage or a FUSE mount: whole shards are copied to the node's cache
     pattern: str | None  # the glob the shards must match, relative to `base`; None: every shard
 
-    def check_index(self) -> None:
-        """MissingIndexError, the same on every rank, unless the index file is there."""
-        path = _path(self.fs, self.index_url)
-        if not _call(self, f"reading {self.index_url}", lambda: self.fs.exists(path)):
-            raise MissingIndexError(f"no index at {self.index_url}: run 'hvdazure data index {self.source}' "
-                                    "first")
-
     def load_index(self, storage_options: dict[str, Any] | None = None) -> ShardIndex:
-        """The index, narrowed to the glob's shards for a glob source; MissingIndexError if there is none."""
-        from hvdazure.data.index import load_index  # here: `import hvdazure.data.source` stays light
-
-        self.check_index()
-        index = load_index(self.index_url, storage_options)
+        """The index, narrowed to the glob's shards for a glob source. No index: MissingIndexError, the same
+        line on every rank (none builds it: that takes a scan of every shard, `hvdazure data index`)."""
+        try:
+            index = load_index(self.index_url, storage_options)
+        except FileNotFoundError:
+            command = self.index_command()
+            raise MissingIndexError(f"no index at {self.index_url}: run '{command}' first") from None
         return index.select(self.pattern) if self.pattern is not None else index
+
+    def index_command(self) -> str:
+        """The command that makes this source's index."""
+        if self.index_url.endswith(INDEX_NAME):
+            return f"hvdazure data index {self.base}"
+        return f"hvdazure data index SHARDS --output {self.index_url}"
 
 
 def resolve_source(source: str, storage_options: dict[str, Any] | None = None) -> Source:
@@ -79,7 +76,7 @@ def resolve_source(source: str, storage_options: dict[str, Any] | None = None) -
     if pattern is None and location.endswith(".json"):
         index_url, directory = location, _parent(location)
     else:
-        index_url = _join(directory, INDEX_FILE)
+        index_url = _join(directory, INDEX_NAME)
     fs, _ = fsspec.core.url_to_fs(index_url, **(storage_options or {}))
     local = is_local(fs)
     if local and not os.path.exists(directory):
@@ -152,15 +149,6 @@ def _parent(location: str) -> str:
 
 def _join(directory: str, name: str) -> str:
     return posixpath.join(directory, name) if "://" in directory else os.path.join(directory, name)
-
-
-def _path(fs: Any, url: str) -> str:
-    """The path `fs` knows `url` by (abfs://c/x -> c/x)."""
-    return str(fs._strip_protocol(url))
-
-
-def _call(source: Source, what: str, call: Any) -> Any:
-    return call() if is_local(source.fs) else retrying(what, call)
 
 
 def _is_under(path: str, point: str) -> bool:

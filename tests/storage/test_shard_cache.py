@@ -6,26 +6,27 @@ killed downloads never taken for complete, eviction under a limit, read-ahead in
 
 from __future__ import annotations
 
-import json
+import io
+import multiprocessing
 import os
 import pickle
+import random
 import re
 import signal
-import subprocess
-import sys
-import textwrap
+import tarfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fsspec
+import numpy as np
 import pytest
 
 from hvdazure.core import object_store
 from hvdazure.core.object_store import StorageError
 from hvdazure.data import cache as cache_module
 from hvdazure.data.cache import ShardCache, ShardError, open_shards
+from hvdazure.data.index import ShardEntry, ShardIndex, build_index
 from hvdazure.data.source import MissingIndexError, resolve_source, shard_version
 from storage.azurite import shorten_sdk_backoff
 from storage.conftest import ProxiedBlob
@@ -45,33 +46,20 @@ def _short_retries_and_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_module, "_CHUNK", CHUNK)
 
 
-@dataclass(frozen=True)
-class Entry:
-    """What the cache reads of an index entry (hvdazure.data.index.ShardEntry has more)."""
-
-    path: str
-    bytes: int
-    version: str
-
-
-@dataclass(frozen=True)
-class Index:
-    base: str
-
-
 def _shard_bytes(number: int, size: int = SHARD_BYTES) -> bytes:
     return (f"shard {number} ".encode() * (size // 8 + 1))[:size]
 
 
-def _upload(base: str, name: str, data: bytes) -> Entry:
-    """Put a shard into storage and index it as the index builder does: its size and ETag now."""
+def _upload(base: str, name: str, data: bytes) -> ShardEntry:
+    """Put a shard into storage and index it as the index builder does: its size and ETag now. The cache
+    never parses a shard: plain bytes do, as one sample of a tar."""
     fs, root = fsspec.core.url_to_fs(base)
     fs.pipe_file(f"{root}/{name}", data)
     size, version = shard_version(fs, f"{root}/{name}")
-    return Entry(name, size, version)
+    return ShardEntry(name, "tar", 1, size, version, offsets=np.zeros(1, dtype=np.int64))
 
 
-def _shards(base: str, count: int, size: int = SHARD_BYTES) -> list[Entry]:
+def _shards(base: str, count: int, size: int = SHARD_BYTES) -> list[ShardEntry]:
     return [_upload(base, f"train/shard-{n:05d}.tar", _shard_bytes(n, size)) for n in range(count)]
 
 
@@ -85,12 +73,6 @@ def _cached_files(cache_dir: Path) -> list[str]:
                   and not p.name.endswith(".lock"))
 
 
-def _python(script: str, *args: str) -> subprocess.Popen[str]:
-    """A separate Python process running `script` with this worktree's hvdazure."""
-    return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-
-
 def _wait_until(condition: Any, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -102,7 +84,7 @@ def _wait_until(condition: Any, timeout: float = 20.0) -> None:
 def test_a_shard_is_downloaded_once_in_chunks_verified_and_then_read_from_the_cache(
         proxied_blob: ProxiedBlob, tmp_path: Path) -> None:
     entry = _shards(proxied_blob.url, 1)[0]
-    shards = open_shards(Index(proxied_blob.url), cache_dir=str(tmp_path))
+    shards = open_shards(ShardIndex(proxied_blob.url, ()), cache_dir=str(tmp_path))
     assert isinstance(shards, ShardCache)
     proxied_blob.proxy.requests.clear()
 
@@ -200,29 +182,31 @@ def test_a_shard_replaced_while_it_downloads_is_not_taken(proxied_blob: ProxiedB
 
 
 # --- a download killed half-way ----------------------------------------------------------------------------
-_DOWNLOADER = textwrap.dedent("""
-    import json, sys
-    from hvdazure.data import cache
-    cache._CHUNK = int(sys.argv[3])
-    entry = type("Entry", (), json.loads(sys.argv[4]))()
-    print(cache.ShardCache(sys.argv[1], sys.argv[2]).local_path(entry))
-""")
+# The other processes here are forked (as DataLoader workers are): real processes with their own file
+# descriptors and locks, without the seconds a fresh interpreter takes to import adlfs on a busy machine.
+_FORK = multiprocessing.get_context("fork")
+
+
+def _download_in_child(base: str, cache_dir: str, entry: ShardEntry) -> None:
+    ShardCache(base, cache_dir).local_path(entry)
 
 
 def test_a_download_killed_half_way_is_never_taken_and_its_temporary_is_cleaned(
         proxied_blob: ProxiedBlob, tmp_path: Path) -> None:
     entry = _shards(proxied_blob.url, 1)[0]
-    process = _python(_DOWNLOADER, proxied_blob.url, str(tmp_path), str(CHUNK), json.dumps(entry.__dict__))
+    child = _FORK.Process(target=_download_in_child, args=(proxied_blob.url, str(tmp_path), entry))
 
     def kill(request: Request) -> bool:  # on its third chunk: two are on disk under the temporary name
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
         return False
 
     proxied_blob.proxy.inject("call", nth=3, method="GET", path="shard-00000", callback=kill)
-    process.communicate(timeout=60)
+    child.start()
+    child.join(60)
     proxied_blob.proxy.clear()
-    assert process.returncode == -signal.SIGKILL
+    assert child.exitcode == -signal.SIGKILL
     left = _cached_files(tmp_path)
     assert len(left) == 1 and ".tmp-" in left[0]  # what the killed process wrote: 2 of 4 chunks
 
@@ -234,20 +218,15 @@ def test_a_download_killed_half_way_is_never_taken_and_its_temporary_is_cleaned(
 
 
 # --- one download per node ---------------------------------------------------------------------------------
-_READER = textwrap.dedent("""
-    import json, os, random, sys, time
-    from hvdazure.data import cache
-    cache._CHUNK = int(sys.argv[3])
-    go, entries = sys.argv[4], [type("Entry", (), e)() for e in json.loads(sys.argv[5])]
-    random.Random(os.getpid()).shuffle(entries)
-    shards = cache.ShardCache(sys.argv[1], sys.argv[2])
+def _read_all_in_child(base: str, cache_dir: str, entries: list[ShardEntry], go: Any, results: Any) -> None:
+    """One rank: read-ahead on half the shards, then every shard, in an order of its own."""
+    entries = random.Random(os.getpid()).sample(entries, len(entries))
+    shards = ShardCache(base, cache_dir)
+    go.wait()
     shards.prefetch(entries[: len(entries) // 2])
-    while not os.path.exists(go):
-        time.sleep(0.005)
-    paths = {e.path: shards.local_path(e) for e in entries}
+    paths = {entry.path: shards.local_path(entry) for entry in entries}
     shards.close()
-    print(json.dumps({"paths": paths, "downloads": shards.stats.downloads}))
-""")
+    results.put((paths, shards.stats.downloads))
 
 
 def test_several_processes_on_one_node_download_each_shard_once(proxied_blob: ProxiedBlob,
@@ -255,22 +234,23 @@ def test_several_processes_on_one_node_download_each_shard_once(proxied_blob: Pr
     entries = _shards(proxied_blob.url, 6)
     proxied_blob.proxy.latency = 0.01  # downloads overlap: the processes contend for the same shards
     proxied_blob.proxy.requests.clear()
-    go, cache_dir = tmp_path / "go", tmp_path / "cache"
-    processes = [_python(_READER, proxied_blob.url, str(cache_dir), str(CHUNK), str(go),
-                         json.dumps([e.__dict__ for e in entries])) for _ in range(4)]
-    go.touch()
-    results = []
-    for process in processes:
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, err
-        results.append(json.loads(out))
+    go, results = _FORK.Event(), _FORK.Queue()
+    children = [_FORK.Process(target=_read_all_in_child,
+                              args=(proxied_blob.url, str(tmp_path), entries, go, results)) for _ in range(4)]
+    for child in children:
+        child.start()
+    go.set()  # all at once
+    answers = [results.get(timeout=120) for _ in children]
+    for child in children:
+        child.join(30)
+        assert child.exitcode == 0
 
-    assert sum(result["downloads"] for result in results) == len(entries)
+    assert sum(downloads for _, downloads in answers) == len(entries)
     for entry in entries:
         assert len(_gets(proxied_blob, entry.path)) == -(-SHARD_BYTES // CHUNK), entry.path
-        paths = {result["paths"][entry.path] for result in results}
+        paths = {paths[entry.path] for paths, _ in answers}
         assert len(paths) == 1 and Path(paths.pop()).read_bytes() == _shard_bytes(int(entry.path[-9:-4]))
-    assert len(_cached_files(cache_dir)) == len(entries)
+    assert len(_cached_files(tmp_path)) == len(entries)
 
 
 # --- eviction and read-ahead -------------------------------------------------------------------------------
@@ -357,7 +337,7 @@ def test_a_container_without_an_index_is_one_line_saying_what_to_run(blob_url: s
 
     assert source.needs_cache and source.index_url == f"{blob_url}/train/hvdazure-index.json"
     with pytest.raises(MissingIndexError) as error:
-        source.check_index()
+        source.load_index()
     assert str(error.value) == (f"no index at {blob_url}/train/hvdazure-index.json: run 'hvdazure data index "
                                 f"{blob_url}/train' first")
 
@@ -365,10 +345,38 @@ def test_a_container_without_an_index_is_one_line_saying_what_to_run(blob_url: s
 def test_an_az_url_and_a_glob_of_blobs_resolve_to_the_index_in_its_directory(blob_url: str) -> None:
     container = blob_url.removeprefix("abfs://")
     fs, _ = fsspec.core.url_to_fs(blob_url)
-    fs.pipe_file(f"{container}/train/hvdazure-index.json", b"{}")
+    for number in range(3):
+        fs.pipe_file(f"{container}/train/shard-{number}.tar", _tar(2))
+    build_index(f"{blob_url}/train", progress=False)
 
-    source = resolve_source(f"az://{container}/train/shard-*.tar")
+    source = resolve_source(f"az://{container}/train/shard-[02].tar")
 
     assert (source.index_url, source.base, source.pattern) == (
-        f"az://{container}/train/hvdazure-index.json", f"az://{container}/train", "shard-*.tar")
-    source.check_index()
+        f"az://{container}/train/hvdazure-index.json", f"az://{container}/train", "shard-[02].tar")
+    assert [entry.path for entry in source.load_index().shards] == ["shard-0.tar", "shard-2.tar"]
+
+
+def _tar(samples: int) -> bytes:
+    """A WebDataset tar of `samples` samples (key.txt members)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key in range(samples):
+            data = f"sample {key}".encode()
+            member = tarfile.TarInfo(f"{key:04d}.txt")
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_an_index_built_by_hvdazure_data_index_is_read_through_the_cache(blob_url: str,
+                                                                         tmp_path: Path) -> None:
+    fs, root = fsspec.core.url_to_fs(blob_url)
+    for number in range(2):
+        fs.pipe_file(f"{root}/train/shard-{number}.tar", _tar(3))
+    build_index(f"{blob_url}/train", progress=False)
+
+    index = resolve_source(f"{blob_url}/train/shard-1*").load_index()
+    shards = open_shards(index, cache_dir=str(tmp_path))
+
+    assert [entry.path for entry in index.shards] == ["shard-1.tar"]
+    assert Path(shards.local_path(index.shards[0])).read_bytes() == _tar(3)
