@@ -1,6 +1,7 @@
 """Both trainers on a ShardedDataset, on real ranks (Gloo and MPI): exact at any world size and resumable.
 
-37 samples in 5 uneven tar shards (tests/distributed/sharded_data.py), 4 lanes, global batch 8, 2 epochs.
+37 samples in 5 tar shards of 8, 8, 8, 8 and 5 (tests/distributed/sharded_data.py), 4 lanes, global
+batch 8, 2 epochs.
 The jobs are few and shared: each run below starts on first use and serves every test that reads it.
 """
 
@@ -121,7 +122,7 @@ def test_keras_fit_on_sharded_data_with_2_ranks_x_b_matches_1_process_x_2b(runs)
 
 def test_a_resume_on_changed_shards_is_refused_on_every_rank(runs, tmp_path):
     first = runs("torch-resumed")  # its checkpoints: the first run's and the resumed run's
-    changed = write_regression_shards(tmp_path / "changed", shard_sizes=(8, 3, 10, 16))  # 37 samples
+    changed = write_regression_shards(tmp_path / "changed", samples_per_shard=10)  # 37 samples, 4 shards
     out = tmp_path / "out"
     out.mkdir()
     args = [*COMMON, "extra.framework=torch", f"extra.data={changed}", f"checkpoint_dir={first.checkpoints}",
