@@ -20,6 +20,7 @@ order (8 bytes a sample), never the samples.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
@@ -53,12 +54,14 @@ class ShardedDataset:
     _shards: Shards | None  # this process's cache (or local files), opened on first use
     _readers: OrderedDict[int, ShardReader]  # this process's open readers, least recently used first
     _pid: int | None  # the process they belong to
+    _lock: threading.Lock  # one reader at a time (a tf.data thread may read while the main thread does)
 
     def __init__(self, source: str, decode: Callable[[Any], Any] | None = None, *,
                  batch_decode: Callable[[list[Any]], Any] | None = None,
                  lanes: int = DEFAULT_LANES, window: int | None = None,
                  cache: str | bool = "auto", cache_dir: str | None = None,
-                 cache_limit: str | int | None = None, prefetch_shards: int = 4, storage_options: dict[str, Any] | None = None) -> None:
+                 cache_limit: str | int | None = None, prefetch_shards: int = 4,
+                 storage_options: dict[str, Any] | None = None) -> None:
         from hvdazure.data.source import resolve_source  # here: importing hvdazure.data stays light
 
         if prefetch_shards < 0:
@@ -138,7 +141,7 @@ class ShardedDataset:
     # --- pickling (DataLoader workers) --------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_shards=None, _readers=None, _pid=None)
+        state.update(_shards=None, _readers=None, _pid=None, _lock=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -151,6 +154,7 @@ class ShardedDataset:
         self._shards = None
         self._readers = OrderedDict()
         self._pid = os.getpid()
+        self._lock = threading.Lock()
 
     def _shards_here(self) -> Shards:
         """This process's view of the shards; a forked child drops its parent's (threads, locks and file
@@ -172,9 +176,11 @@ class ShardedDataset:
         """The raw samples at (shard, position) pairs, in the order given; read in (shard, position)
         order."""
         raws: list[Any] = [None] * len(located)
-        for at in sorted(range(len(located)), key=located.__getitem__):
-            shard, position = located[at]
-            raws[at] = self._reader(shard).read(position)
+        self._shards_here()  # first: a forked child replaces its parent's lock, which may be held
+        with self._lock:
+            for at in sorted(range(len(located)), key=located.__getitem__):
+                shard, position = located[at]
+                raws[at] = self._reader(shard).read(position)
         return raws
 
     def _reader(self, shard: int) -> ShardReader:

@@ -27,7 +27,7 @@ from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan, eval_range
 from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights
 from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
-from hvdazure.tensorflow.data import ShardedData, sample_order, training_data
+from hvdazure.tensorflow.data import ShardedData, data_view, sample_order
 from hvdazure.tensorflow.gradients import allreduce_gradients, allreduce_options, dense_gradients
 
 if TYPE_CHECKING:
@@ -59,9 +59,9 @@ class TensorFlowBackend(Backend):
         hvd.shutdown()
 
     def load_datasets(self) -> SampleOrder:
-        self._train_data = training_data(self.hooks.train_dataset(), "train_dataset()")
+        self._train_data = data_view(self.hooks.train_dataset(), "train_dataset()")
         eval_data = self.hooks.eval_dataset()
-        self._eval_data = training_data(eval_data, "eval_dataset()") if eval_data is not None else None
+        self._eval_data = data_view(eval_data, "eval_dataset()") if eval_data is not None else None
         return sample_order(self._train_data)
 
     def data_fingerprint(self) -> str | None:

@@ -114,7 +114,7 @@ class ShardedData:
                                                    output_signature=self.signature()).prefetch(2))
 
 
-def training_data(data: Any, what: str) -> ArrayData | ShardedData:
+def data_view(data: Any, what: str) -> ArrayData | ShardedData:
     """The binding's view of train_dataset()/eval_dataset()'s data: ShardedData for a ShardedDataset,
     ArrayData (in memory) for anything else."""
     return ShardedData(data) if isinstance(data, ShardedDataset) else ArrayData(data, what)

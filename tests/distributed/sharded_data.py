@@ -1,19 +1,17 @@
-"""Sharded regression data for the sharded-training tests: WebDataset tar shards of uneven sizes and their
-hvdazure index, written once per test session and read by the worker scripts (workers/sharded_job.py).
+"""Sharded regression data for the sharded-training tests: WebDataset tar shards and their hvdazure index,
+written with hvdazure.data.write_shards once per test session and read by workers/sharded_job.py.
 
-Sample i: `index.cls` = i, `x.npy` (3 float64 features), `y.npy` (1 float64 target), all drawn from one seed,
-so every job reads the same numbers."""
+Sample i: `index` = i, `x` (3 float64 features), `y` (1 float64 target), drawn from one seed, so every job
+reads the same numbers. 37 samples in shards of 8: 8, 8, 8, 8 and 5 (a last shard smaller than the rest)."""
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 
 import numpy as np
 
-SHARD_SIZES = (8, 3, 10, 9, 7)  # 37 samples: uneven, and shards smaller than a global batch of 8
-NUM_SAMPLES = sum(SHARD_SIZES)
+NUM_SAMPLES, SAMPLES_PER_SHARD = 37, 8
+SHARD_SIZES = (8, 8, 8, 8, 5)
 
 
 def regression(n: int, features: int = 3, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -23,31 +21,13 @@ def regression(n: int, features: int = 3, seed: int = 1) -> tuple[np.ndarray, np
     return x, y
 
 
-def _member(archive: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    archive.addfile(info, io.BytesIO(data))
+def write_regression_shards(directory: Path | str, samples_per_shard: int = SAMPLES_PER_SHARD,
+                            num_samples: int = NUM_SAMPLES) -> Path | str:
+    """Write the shards and their index into `directory` (a path, made if need be, or an fsspec URL);
+    returns it."""
+    from hvdazure.data import write_shards
 
-
-def _npy(array: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    np.save(out, array, allow_pickle=False)
-    return out.getvalue()
-
-
-def write_regression_shards(directory: Path, shard_sizes: tuple[int, ...] = SHARD_SIZES) -> Path:
-    """Write the shards and their index into `directory`; returns it."""
-    from hvdazure.data import build_index
-
-    directory.mkdir(parents=True, exist_ok=True)
-    x, y = regression(sum(shard_sizes))
-    sample = 0
-    for number, size in enumerate(shard_sizes):
-        with tarfile.open(directory / f"shard-{number:05d}.tar", "w", format=tarfile.USTAR_FORMAT) as archive:
-            for i in range(sample, sample + size):
-                _member(archive, f"{i:06d}.index.cls", str(i).encode())
-                _member(archive, f"{i:06d}.x.npy", _npy(x[i]))
-                _member(archive, f"{i:06d}.y.npy", _npy(y[i]))
-        sample += size
-    build_index(str(directory), progress=False)
+    x, y = regression(num_samples)
+    write_shards({"index": np.arange(num_samples), "x": x, "y": y}, str(directory), "tar",
+                 samples_per_shard=samples_per_shard, progress=False)
     return directory

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import fsspec
 import pytest
 from distributed.harness import run_job
 from distributed.sharded_data import NUM_SAMPLES, SHARD_SIZES, write_regression_shards
@@ -18,13 +17,7 @@ JOB = Path(__file__).resolve().parents[1] / "distributed" / "workers" / "sharded
 
 
 def test_two_ranks_of_a_node_download_each_shard_once_and_train_every_sample_once(blob_url, tmp_path):
-    from hvdazure.data import build_index
-
-    local = write_regression_shards(tmp_path / "local")
-    fs, container = fsspec.core.url_to_fs(blob_url)
-    fs.put([str(p) for p in sorted(local.glob("*.tar"))], f"{container}/train/")
-    source = f"{blob_url}/train"
-    build_index(source, progress=False)
+    source = write_regression_shards(f"{blob_url}/train")  # shards and index written to Blob (ETags)
     forget_filesystems()
     out = tmp_path / "out"
     out.mkdir()

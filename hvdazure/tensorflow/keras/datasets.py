@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdazure.core.sharding import MicroBatch, ShardPlan, eval_range
-from hvdazure.tensorflow.data import ShardedData, sample_order, training_data
+from hvdazure.tensorflow.data import ShardedData, data_view, sample_order
 from hvdazure.tensorflow.keras.training import STEP_SAMPLES
 
 
@@ -44,7 +44,7 @@ def shard_for_fit(data: Any, batch_size: int, seed: int = 0, initial_epoch: int 
     samples decode to that form, read a batch at a time (its own order: few shards per rank, and its next
     shards fetched ahead). `batch_size` is per rank.
     The dataset never ends: give fit `steps_per_epoch`, so that each Keras epoch is one epoch of the plan."""
-    arrays = training_data(data, "shard_for_fit(data)")
+    arrays = data_view(data, "shard_for_fit(data)")
     order = sample_order(arrays)
     plan = ShardPlan(len(arrays), batch_size, hvd.size(), hvd.rank(), grad_accum_steps=1, seed=seed,
                      order=order)
@@ -68,7 +68,7 @@ def shard_for_evaluate(data: Any, batch_size: int) -> tf.data.Dataset:
     callbacks the metrics are those of the whole set. A rank whose slice is empty (a set smaller than the
     world size) gets one empty batch, which adds nothing to any metric. A ShardedDataset is read a batch
     at a time, through a prefetching pipeline."""
-    arrays = training_data(data, "shard_for_evaluate(data)")
+    arrays = data_view(data, "shard_for_evaluate(data)")
     mine = eval_range(len(arrays), hvd.size(), hvd.rank())
     if isinstance(arrays, ShardedData):
         starts = range(mine.start, mine.stop, batch_size) if mine else range(mine.start, mine.start + 1)
@@ -78,7 +78,8 @@ def shard_for_evaluate(data: Any, batch_size: int) -> tf.data.Dataset:
             for start in starts:
                 yield arrays.take(range(start, min(start + batch_size, mine.stop)))
 
-        return tf.data.Dataset.from_generator(batches, output_signature=arrays.signature()).prefetch(2)
+        pipeline = tf.data.Dataset.from_generator(batches, output_signature=arrays.signature())
+        return pipeline.apply(tf.data.experimental.assert_cardinality(len(starts))).prefetch(2)
     if not mine:
         return tf.data.Dataset.from_tensors(arrays.take([]))
     return tf.data.Dataset.from_tensor_slices(arrays.take(mine)).batch(batch_size)

@@ -3,9 +3,11 @@ tests/distributed/sharded_data.py, with TorchTrainer or TensorFlowTrainer (`--se
 
 Configured through TrainConfig's CLI. extra: framework (torch | tensorflow), data (the shards' source),
 lanes (the order's, default 4), cache_dir (a ShardCache there: cache=True), batch_decode (tensorflow:
-stack the samples in one batch_decode call). Evaluation runs on the same shards. Each rank reports its
-final parameters and their sha256, the history, the sample indices it trained on per epoch (in order),
-and its shard cache's stats (downloads, hits) when it has one.
+stack the samples in one batch_decode call), keras (tensorflow: after the trainer, the same data through
+`model.fit` with shard_for_fit / shard_for_evaluate, 2 epochs at batch_size per rank). Evaluation runs on
+the same shards. Each rank reports its final parameters and their sha256, the history, the sample indices
+it trained on per epoch (in order), the parameters after every optimizer step, its shard caches' stats
+(downloads, hits) when it has them, and what Keras fit ended with.
 """
 
 import hashlib
@@ -13,21 +15,21 @@ import hashlib
 import numpy as np
 from _report import report_rank
 
-from hvdazure import TrainConfig
+from hvdazure import Callback, TrainConfig
 from hvdazure.data import ShardedDataset
+from hvdazure.data.formats import default_decode
 
 
-def as_tuple(sample: dict) -> tuple:
-    """A decoded tar sample -> (index, x, y); module-level, so that DataLoader workers can pickle it."""
+def as_tuple(raw: dict) -> tuple:
+    """A raw tar sample -> (index, x, y), through the tar format's default decode; module-level, so that
+    DataLoader workers can pickle it."""
+    sample = default_decode("tar")(raw)
     return np.int64(sample["index"]), sample["x"], sample["y"]
 
 
 def stacked(raws: list) -> tuple:
     """A batch_decode: the micro-batch's raw tar samples, decoded and stacked in one call."""
-    from hvdazure.data.formats import default_decode
-
-    decode = default_decode("tar")
-    samples = [as_tuple(decode(raw)) for raw in raws]
+    samples = [as_tuple(raw) for raw in raws]
     return tuple(np.stack(column) for column in zip(*samples, strict=True))
 
 
@@ -44,13 +46,25 @@ def cache_stats(data: ShardedDataset) -> dict | None:
     return None if stats is None else {"downloads": stats.downloads, "hits": stats.hits}
 
 
-def torch_trainer(config: TrainConfig):
+class Trajectory(Callback):
+    """The parameters after every optimizer step, flattened."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[float]] = []
+
+    def on_step_end(self, trainer) -> None:
+        self.steps.append([v for p in trainer.params() for v in p.flatten().tolist()])
+
+
+def torch_trainer(config: TrainConfig, trajectory: Trajectory):
     import torch
 
     from hvdazure.torch import TorchTrainer
 
     class Trainer(TorchTrainer):
-        seen: dict[int, list[int]] = {}
+        def __init__(self, config: TrainConfig, callbacks) -> None:
+            super().__init__(config, callbacks)
+            self.seen: dict[int, list[int]] = {}
 
         def build_model(self):
             return torch.nn.Linear(3, 1, dtype=torch.float64)
@@ -78,10 +92,10 @@ def torch_trainer(config: TrainConfig):
         def params(self) -> list[np.ndarray]:
             return [p.detach().numpy() for p in self.model.parameters()]
 
-    return Trainer(config)
+    return Trainer(config, callbacks=[trajectory])
 
 
-def tensorflow_trainer(config: TrainConfig):
+def tensorflow_trainer(config: TrainConfig, trajectory: Trajectory):
     import keras
     import tensorflow as tf
 
@@ -90,7 +104,9 @@ def tensorflow_trainer(config: TrainConfig):
     keras.config.set_floatx("float64")
 
     class Trainer(TensorFlowTrainer):
-        seen: dict[int, list[int]] = {}
+        def __init__(self, config: TrainConfig, callbacks) -> None:
+            super().__init__(config, callbacks)
+            self.seen: dict[int, list[int]] = {}
 
         def build_model(self):
             return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
@@ -121,13 +137,40 @@ def tensorflow_trainer(config: TrainConfig):
         def params(self) -> list[np.ndarray]:
             return [np.asarray(w) for w in self.model.get_weights()]
 
-    return Trainer(config)
+    return Trainer(config, callbacks=[trajectory])
+
+
+def xy(raw: dict) -> tuple:
+    """A raw tar sample -> (x, y), Keras's form."""
+    sample = default_decode("tar")(raw)
+    return sample["x"], sample["y"]
+
+
+def keras_fit(config: TrainConfig) -> dict:
+    """Two epochs of model.fit on the shards (constant LR): the final weights and fit's history."""
+    import keras
+
+    import hvdazure.tensorflow.keras as hk
+
+    hk.init()
+    data = ShardedDataset(config.extra["data"], xy, lanes=config.extra.get("lanes", 4))
+    train = hk.shard_for_fit(data, config.batch_size, seed=config.seed)
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.05), loss="mse", jit_compile=False)
+    hk.data_parallel(model)
+    history = model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=2, shuffle=False,
+                        verbose=0, validation_data=hk.shard_for_evaluate(data, config.batch_size),
+                        callbacks=[hk.BroadcastInitialState(), hk.MetricAverage()])
+    return {"weights": [v for w in model.get_weights() for v in w.flatten().tolist()],
+            "history": history.history, "steps_per_epoch": train.steps_per_epoch}
 
 
 if __name__ == "__main__":
     config = TrainConfig.from_cli(log_every=1, progress_bar=False)
     make = {"torch": torch_trainer, "tensorflow": tensorflow_trainer}[config.extra["framework"]]
-    trainer = make(config)
+    trajectory = Trajectory()
+    trainer = make(config, trajectory)
     history = trainer.fit()
     params = trainer.params()
     report_rank(trainer.rank, {
@@ -136,6 +179,8 @@ if __name__ == "__main__":
         "history": history,
         "seen": {str(k): v for k, v in trainer.seen.items()},
         "steps_per_epoch": trainer.steps_per_epoch,
+        "trajectory": trajectory.steps,
         "cache": cache_stats(trainer.data),
         "eval_cache": cache_stats(trainer.eval_data),
+        "keras": keras_fit(config) if config.extra.get("keras") else None,
     })
