@@ -71,7 +71,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, BinaryIO, TypeVar
 
-from hvdazure.core.object_store import StorageError, redact, retrying
+from hvdazure.core.object_store import StorageError, filesystem, is_local, redact, retrying
 from hvdazure.core.rank_logging import logger
 
 __all__ = ["FORMAT_VERSION", "HASHES", "LATEST", "MANIFEST", "Checkpoint", "CheckpointError",
@@ -136,7 +136,7 @@ def pointer_directory(path: str) -> str | None:
     head, _, base = stripped.rpartition("/")
     if base != LATEST:
         return None
-    fs, root = _url_to_fs(stripped)
+    fs, root = filesystem(stripped)
     return (head or ".") if _call(fs, f"looking for {stripped}", lambda: fs.isfile(root)) else None
 
 
@@ -162,8 +162,8 @@ class CheckpointManager:
         self.hash = hash
         self.directory = directory.rstrip("/") or directory
         self.keep_last, self.keep_best, self.monitor, self.mode = keep_last, keep_best, monitor, mode
-        self._fs, self._root = _url_to_fs(self.directory)
-        self._local = _is_local(self._fs)
+        self._fs, self._root = filesystem(self.directory)
+        self._local = is_local(self._fs)
         # Checkpoints this manager wrote or verified in full, by name and files table: retention need not
         # hash them again (see _apply_retention).
         self._verified: set[tuple[str, str]] = set()
@@ -383,7 +383,7 @@ class CheckpointManager:
     def open(self, path: str, verify: bool = True) -> Checkpoint:
         """The checkpoint in directory `path` (a path or URL), verified unless `verify` is False (for a
         caller about to read_files, which verifies as it reads); CheckpointError if it is invalid."""
-        fs, root = _url_to_fs(path)
+        fs, root = filesystem(path)
         url = path.rstrip("/")
         checkpoint = Checkpoint(posixpath.basename(root.rstrip("/")), url, _read_manifest(fs, root, url))
         if verify:
@@ -453,7 +453,7 @@ class CheckpointManager:
         """CheckpointError unless every listed file is there with its recorded size and hash (streamed).
         A storage error (an unreadable file, a failed authentication) is raised as it is."""
         _check_format(checkpoint)
-        fs, root = _url_to_fs(checkpoint.url)
+        fs, root = filesystem(checkpoint.url)
         for file_name in checkpoint.manifest["files"]:
             _stream_verified(fs, root, checkpoint, file_name)
         self._verified.add(_identity(checkpoint))
@@ -472,8 +472,8 @@ class CheckpointManager:
         wanted = list(checkpoint.manifest["files"] if names is None else names)
         if missing := [name for name in wanted if name not in checkpoint.manifest["files"]]:
             raise CheckpointError(f"checkpoint {checkpoint.url} holds no {missing[0]}")
-        fs, root = _url_to_fs(checkpoint.url)
-        if _is_local(fs):
+        fs, root = filesystem(checkpoint.url)
+        if is_local(fs):
             for file_name in wanted:
                 _stream_verified(fs, root, checkpoint, file_name)
             self._remember_if_complete(checkpoint, wanted)
@@ -495,7 +495,7 @@ class CheckpointManager:
         """Every listed file's bytes, each read once and verified; CheckpointError on a mismatch. This holds
         the whole checkpoint in memory: for small files and tests; a resume loads from `local_files`."""
         _check_format(checkpoint)
-        fs, root = _url_to_fs(checkpoint.url)
+        fs, root = filesystem(checkpoint.url)
         contents = {}
         for file_name in checkpoint.manifest["files"]:
             buffer = io.BytesIO()
@@ -739,20 +739,13 @@ def _check_file_name(name: str) -> None:
         raise ValueError(f"invalid checkpoint file name {name!r}")
 
 
-def _url_to_fs(url: str) -> tuple[Any, str]:
-    import fsspec  # here, not at the top: `import hvdazure` stays fast
-
-    fs, root = fsspec.core.url_to_fs(url)
-    return fs, root
-
-
 def _call(fs: Any, what: str, call: Callable[[], _T]) -> _T:
     """call(): on a local filesystem as it is; on other storage retried on transient errors, and failing
     with one StorageError line otherwise (FileNotFoundError and CheckpointError pass unchanged).
 
     Each attempt forgets the listings fsspec keeps (adlfs's dircache): another process may have written or
     deleted checkpoints since, and a stale listing would hide the checkpoint `latest` names."""
-    if _is_local(fs):
+    if is_local(fs):
         return call()
 
     def fresh() -> _T:
@@ -760,11 +753,6 @@ def _call(fs: Any, what: str, call: Callable[[], _T]) -> _T:
         return call()
 
     return retrying(what, fresh, passes=(CheckpointError, _CallbackFailed))
-
-
-def _is_local(fs: Any) -> bool:
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
-    return bool({"file", "local"} & set(protocols))
 
 
 def _fsync(path: str) -> None:

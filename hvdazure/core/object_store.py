@@ -23,7 +23,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hvdazure.core.rank_logging import logger
 
@@ -46,6 +46,22 @@ _SECRET_PATTERNS = [
     (re.compile(r"(?i)([?&]sig=)[^&\s'\"]+"), r"\1<redacted>"),
 ]
 REDACTED = "<redacted>"
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem of a URL or local path and the path on it (abfs://c/d -> (AzureBlobFileSystem,
+    "c/d")): the one way checkpoints and datasets open storage, so both find credentials alike (adlfs:
+    AZURE_STORAGE_CONNECTION_STRING, or an account name with DefaultAzureCredential)."""
+    import fsspec  # here, not at the top: `import hvdazure` stays fast
+
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return fs, str(path)
+
+
+def is_local(fs: Any) -> bool:
+    """Whether an fsspec filesystem is this machine's own (FUSE mounts included)."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
+    return bool({"file", "local"} & set(protocols))
 
 
 class StorageError(OSError):

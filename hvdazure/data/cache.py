@@ -44,10 +44,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hvdazure.core.object_store import retrying
+from hvdazure.core.object_store import filesystem, is_local, retrying
 from hvdazure.core.rank_logging import logger
 from hvdazure.data.sizes import parse_size
-from hvdazure.data.source import is_fuse_mounted, is_local, normalize_etag, shard_version
+from hvdazure.data.source import is_fuse_mounted, normalize_etag, shard_version
 
 if TYPE_CHECKING:
     from hvdazure.data.index import ShardEntry, ShardIndex
@@ -96,12 +96,10 @@ def open_shards(index: ShardIndex, cache: str | bool | None = "auto", cache_dir:
     """Local files for `index`'s shards. cache="auto" (or None): a ShardCache for remote storage and FUSE
     mounts, the files in place otherwise; True: always a ShardCache; False: in place (local disks only).
     `cache_dir` defaults to hvdazure.core.cluster.default_cache_dir() (HVDAZURE_CACHE_DIR wins)."""
-    import fsspec  # here, not at the top: importing hvdazure.data stays fast
-
     if cache not in ("auto", None, True, False):
         raise ValueError(f"cache must be 'auto', True or False, got {cache!r}")
     base = index.base
-    fs, root = fsspec.core.url_to_fs(base, **(storage_options or {}))
+    fs, root = filesystem(base, storage_options)
     local = is_local(fs)
     if cache is False and not local:
         raise ValueError(f"cache=False reads shards in place, which needs a local directory; {base} is "
@@ -321,9 +319,7 @@ class ShardCache:
     def _filesystem(self, entry: ShardEntry) -> tuple[Any, str]:
         with self._lock:
             if self._fs is None:
-                import fsspec  # here, not at the top: importing hvdazure.data stays fast
-
-                self._fs, self._root = fsspec.core.url_to_fs(self.base, **self.storage_options)
+                self._fs, self._root = filesystem(self.base, self.storage_options)
             fs, root = self._fs, self._root
         if is_local(fs):
             return fs, os.path.join(root, *_parts(entry.path))

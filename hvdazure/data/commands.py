@@ -37,7 +37,8 @@ def pack(folder: str, output: str, format: str = "tar", shard_size: str | None =
          samples_per_shard: int | None = None, shuffle: bool = True, progress: bool = True,
          storage_options: Sequence[str] = (), as_json: bool = False) -> str:
     """Pack an ImageFolder-style folder into shards; the summary line (or JSON)."""
-    from hvdazure.data.writers import pack_folder, parse_size
+    from hvdazure.data.sizes import parse_size
+    from hvdazure.data.writers import pack_folder
 
     size = parse_size(shard_size) if shard_size is not None else None  # a bad size, before any work
     packed = pack_folder(folder, output, format, size, samples_per_shard=samples_per_shard, shuffle=shuffle,

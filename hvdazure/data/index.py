@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from hvdazure._version import __version__
+from hvdazure.core.object_store import filesystem
 from hvdazure.core.sharding import fingerprint as hash_of
 from hvdazure.data.formats import FORMATS, SUFFIXES, format_for, scan_shard
 
@@ -295,14 +296,6 @@ def without_file_scheme(path: str) -> str:
 
 def _parent(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[0]
-
-
-def filesystem(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
-    """The fsspec filesystem of a URL and the path on it (abfs://c/d -> (AzureBlobFileSystem, "c/d"))."""
-    import fsspec  # here, not at the top: `import hvdazure.data` stays cheap
-
-    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    return fs, str(path)
 
 
 def retrying_storage(what: str, call: Callable[[], Any]) -> Any:

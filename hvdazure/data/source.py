@@ -7,7 +7,7 @@ The forms of a source, and what each means:
 - a glob of shards (`data/train/shard-*.tar`): the index in the glob's directory, narrowed to the shards
   the glob matches (ShardIndex.select);
 - an `abfs://container/dir` or `az://container/dir` URL (or any other fsspec URL): Azure Blob through
-  adlfs, opened as the checkpoint manager opens it (fsspec.core.url_to_fs), so the credentials are the same:
+  adlfs, opened as checkpoints open it (core.object_store.filesystem), so the credentials are the same:
   AZURE_STORAGE_CONNECTION_STRING, else the account name (AZURE_STORAGE_ACCOUNT_NAME or the URL) with
   DefaultAzureCredential, which finds a managed identity on Azure ML;
 - an Azure ML input path (`${{inputs.data}}`): a local directory, either downloaded (read in place) or
@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from hvdazure.core.object_store import filesystem, is_local
 from hvdazure.data.index import INDEX_NAME, ShardIndex, load_index
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -66,8 +67,6 @@ class Source:
 def resolve_source(source: str, storage_options: dict[str, Any] | None = None) -> Source:
     """Where `source`'s index and shards are (see the module's docstring); nothing is read but the local
     directory's existence."""
-    import fsspec  # here, not at the top: importing hvdazure.data stays fast
-
     if not source:
         raise ValueError("a dataset source must be a directory, an index file, a glob of shards or a URL")
     remote = "://" in source and not source.startswith("file://")
@@ -77,7 +76,7 @@ def resolve_source(source: str, storage_options: dict[str, Any] | None = None) -
         index_url, directory = location, _parent(location)
     else:
         index_url = _join(directory, INDEX_NAME)
-    fs, _ = fsspec.core.url_to_fs(index_url, **(storage_options or {}))
+    fs, _ = filesystem(index_url, storage_options)
     local = is_local(fs)
     if local and not os.path.exists(directory):
         raise FileNotFoundError(f"dataset source {source}: no such file or directory")
@@ -101,12 +100,6 @@ def shard_version(fs: Any, path: str) -> tuple[int, str]:
 def normalize_etag(etag: str) -> str:
     """An ETag without the quotes some clients keep around it (adlfs adds them, the REST API has them)."""
     return etag.strip().removeprefix("W/").strip('"')
-
-
-def is_local(fs: Any) -> bool:
-    """Whether an fsspec filesystem is the local one (a path on this machine, FUSE mounts included)."""
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else fs.protocol
-    return bool({"file", "local"} & set(protocols))
 
 
 def is_fuse_mounted(path: str, mountinfo: str | None = None) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -20,39 +19,23 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from hvdazure.core.object_store import filesystem
 from hvdazure.data.formats import format_module
 from hvdazure.data.index import (
     INDEX_NAME,
     ShardEntry,
     ShardIndex,
     etag,
-    filesystem,
     is_shard_name,
     is_url,
     retrying_storage,
     without_file_scheme,
 )
+from hvdazure.data.sizes import parse_size
 
 DEFAULT_SHARD_SIZE = "64MB"
 CLASSES_NAME = "classes.json"
 EXTENSIONS = {"tar": ".tar", "tfrecord": ".tfrecord", "parquet": ".parquet"}
-_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]I?)?B?\s*$", re.IGNORECASE)
-
-
-def parse_size(size: str | int) -> int:
-    """Bytes of a size given as a number or a string: "64MB" (10**6), "64MiB" (2**20), "1.5GB", "4096"."""
-    if isinstance(size, int) and not isinstance(size, bool):
-        value = size
-    else:
-        match = _SIZE.match(str(size))
-        if match is None:
-            raise ValueError(f"bad size {size!r}: give bytes, or a number with KB, MB, GB (or KiB, MiB, GiB)")
-        value = int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
-    if value <= 0:
-        raise ValueError(f"bad size {size!r}: must be positive")
-    return value
 
 
 def write_shards(samples: Any, output: str, format: str = "tar", shard_size: str | int | None = None, *,

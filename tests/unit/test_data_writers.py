@@ -13,7 +13,8 @@ import pytest
 
 from hvdazure.data.formats import default_decode, open_shard
 from hvdazure.data.index import INDEX_NAME, build_index, load_index
-from hvdazure.data.writers import CLASSES_NAME, pack_folder, parse_size, write_shards
+from hvdazure.data.sizes import parse_size
+from hvdazure.data.writers import CLASSES_NAME, pack_folder, write_shards
 
 FORMATS = ["tar", "tfrecord", "parquet"]
 
