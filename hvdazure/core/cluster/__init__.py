@@ -3,10 +3,10 @@ its launcher set.
 
 Usable before ``hvd.init()`` (for example to print only on rank 0 while starting up) and free of any framework
 import. Each environment is one small class answering "am I in this environment, what is my rank, where do
-checkpoints go, how is a preemption announced" (environment.py; the pattern of Lightning Fabric's
-``plugins/environments``): the plain launchers in launchers.py, Azure ML in azureml.py with the Scheduled
-Events watcher it uses (scheduled_events.py). ``detect_environment`` asks them in priority order, so the
-trainer asks the environment and never names one.
+checkpoints go, where does a node cache dataset shards, how is a preemption announced" (environment.py; the
+pattern of Lightning Fabric's ``plugins/environments``): the plain launchers in launchers.py, Azure ML in
+azureml.py with the Scheduled Events watcher it uses (scheduled_events.py). ``detect_environment`` asks them
+in priority order, so the trainer asks the environment and never names one.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from hvdazure.core.cluster.azureml import INNER_LAUNCHERS, AzureML
 from hvdazure.core.cluster.environment import ClusterEnvironment, ClusterInfo
 from hvdazure.core.cluster.launchers import SingleProcess
 
-__all__ = ["ENVIRONMENTS", "ClusterEnvironment", "ClusterInfo", "detect_cluster", "detect_environment"]
+__all__ = ["CACHE_DIR_VARIABLE", "ENVIRONMENTS", "ClusterEnvironment", "ClusterInfo", "default_cache_dir",
+           "detect_cluster", "detect_environment"]
 
 # Azure ML first because it wraps another launcher's variables; a single process is the fallback.
+CACHE_DIR_VARIABLE = "HVDAZURE_CACHE_DIR"  # where the shard cache goes, whatever the environment
 ENVIRONMENTS: tuple[ClusterEnvironment, ...] = (AzureML(), *INNER_LAUNCHERS, SingleProcess())
 
 
@@ -34,3 +36,10 @@ def detect_cluster(env: Mapping[str, str] | None = None) -> ClusterInfo:
     """Describe this process's place in the job from ``env`` (default ``os.environ``) and nothing else."""
     env = os.environ if env is None else env
     return detect_environment(env).describe(env)
+
+
+def default_cache_dir(env: Mapping[str, str] | None = None) -> str:
+    """Where this node caches the shards of remote datasets: HVDAZURE_CACHE_DIR when set, else the
+    environment's choice (Azure ML: the node's local SSD; elsewhere ~/.cache/hvdazure/shards)."""
+    env = os.environ if env is None else env
+    return env.get(CACHE_DIR_VARIABLE) or detect_environment(env).default_cache_dir(env)

@@ -1,6 +1,9 @@
 """An Azure ML job: ranks from the launcher Azure ML ran, master address from Azure, and Azure ML's policies.
 
 Azure ML uploads ./outputs with the job, so checkpoints go to ./outputs/checkpoints unless configured.
+Shards of remote datasets are cached on the node's local SSD: the job's temporary directory Azure ML names
+in AZ_BATCHAI_JOB_TEMP, else the node's shared directory Azure Batch names in AZ_BATCH_NODE_SHARED_DIR (both
+on the VM's temporary disk, which every process of the node sees).
 Its low-priority nodes are preempted without a documented SIGTERM; Azure announces a preemption ahead in
 the instance metadata service's Scheduled Events (scheduled_events.py), which is watched unless turned off.
 """
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING
 from hvdazure.core.cluster.environment import (
     ClusterEnvironment,
     ClusterInfo,
+    home_cache_dir,
     node_of_rank,
     read_count,
     read_index,
@@ -52,6 +56,13 @@ class AzureML:
     def default_checkpoint_dir(self) -> str | None:
         """./outputs/checkpoints: Azure ML uploads ./outputs, so a retried job finds them."""
         return os.path.join("outputs", "checkpoints")
+
+    def default_cache_dir(self, env: Mapping[str, str]) -> str:
+        """The job's temporary directory on the node's local SSD, else Batch's per-node shared directory."""
+        for variable in ("AZ_BATCHAI_JOB_TEMP", "AZ_BATCH_NODE_SHARED_DIR"):
+            if env.get(variable):
+                return os.path.join(env[variable], "hvdazure", "shards")
+        return home_cache_dir(env)
 
     def preemption_watcher(self, watch: bool | None, notices_url: str | None) -> Callback | None:
         """The Scheduled Events watcher (at Azure's metadata address unless `notices_url` is given), unless

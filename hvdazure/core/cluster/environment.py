@@ -2,14 +2,15 @@
 
 An environment is one small class (Lightning Fabric's ``plugins/environments`` pattern) that answers the
 questions the trainer would otherwise settle by comparing launcher names: is this process mine, where in the
-job is it, where do checkpoints go when none are configured, and how is a preemption announced ahead of
-time (the watcher callback that hears it, or None). Detection and description are pure functions of the
-environment mapping handed in.
+job is it, where do checkpoints go when none are configured, where are dataset shards cached, and how is a
+preemption announced ahead of time (the watcher callback that hears it, or None). Detection and description
+are pure functions of the environment mapping handed in.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -59,12 +60,23 @@ class ClusterEnvironment(Protocol):
         """Where checkpoints go when ``checkpoint_dir`` is not configured; None: nowhere (no checkpoints)."""
         ...
 
+    def default_cache_dir(self, env: Mapping[str, str]) -> str:
+        """Where a node keeps the shards of remote datasets (hvdazure.data's cache): a directory on a local
+        disk that every process of the node sees. HVDAZURE_CACHE_DIR overrides it (see default_cache_dir)."""
+        ...
+
     def preemption_watcher(self, watch: bool | None, notices_url: str | None) -> Callback | None:
         """The callback that hears this environment's advance notice of a preemption, or None when off.
 
         ``watch`` is the config's ``preemption_watch`` (None: this environment's default); ``notices_url``
         the config's override of where notices are read (None: the environment's own address)."""
         ...
+
+
+def home_cache_dir(env: Mapping[str, str]) -> str:
+    """~/.cache/hvdazure/shards (XDG_CACHE_HOME/hvdazure/shards where that is set)."""
+    root = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "hvdazure", "shards")
 
 
 def _int(env: Mapping[str, str], name: str) -> int:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from hvdazure.core.cluster.environment import (
     ClusterInfo,
+    home_cache_dir,
     node_of_rank,
     read_count,
     read_index,
@@ -59,6 +60,9 @@ class Launcher:
 
     def default_checkpoint_dir(self) -> str | None:
         return None
+
+    def default_cache_dir(self, env: Mapping[str, str]) -> str:
+        return home_cache_dir(env)
 
     def preemption_watcher(self, watch: bool | None, notices_url: str | None) -> Callback | None:
         if not watch:
