@@ -21,7 +21,12 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.sharding import MicroBatch, ShardPlan
+from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan
+
+
+class DataError(ValueError):
+    """The training or evaluation data cannot be used as given; the message says what to use instead
+    (shown as one line when it ends the script, as a ConfigError is)."""
 
 
 class Collectives(ABC):
@@ -126,8 +131,14 @@ class Backend(ABC):
         """Shut Horovod down (a program running several trainings starts it afresh for each)."""
 
     @abstractmethod
-    def load_datasets(self) -> int:
-        """Build the datasets; return the number of training samples."""
+    def load_datasets(self) -> SampleOrder:
+        """Build the datasets; return the training data's order: `UniformOrder(len(data))` for data in
+        memory or random-access (map-style), the dataset's own (a ShardOrder) for sharded data."""
+
+    def data_fingerprint(self) -> str | None:
+        """A hash of the training data a checkpoint records and a resume compares (a sharded dataset's
+        index); None where there is none to check (data in memory)."""
+        return None
 
     @abstractmethod
     def build(self, peak_lr: float) -> FrameworkCheckpointContent:

@@ -23,7 +23,7 @@ from typing import Any
 
 from hvdazure._version import __version__
 from hvdazure.core import run_context
-from hvdazure.core.backend import Backend, Collectives, RankStep
+from hvdazure.core.backend import Backend, Collectives, DataError, RankStep
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.cluster import detect_environment
@@ -43,7 +43,9 @@ from hvdazure.core.trainer_checkpoints import (
     CheckpointPieces,
     ResumePoint,
     TrainerCheckpoints,
+    data_order_record,
     default_checkpoint_dir,
+    refuse_changed_data,
 )
 
 
@@ -214,8 +216,10 @@ class Trainer(ABC):
         self.rank, self.world_size = self.collectives.rank, self.collectives.size
         self.local_rank = self.collectives.local_rank
         configure_logging(self.rank)
-        self.shard_plan = ShardPlan(backend.load_datasets(), c.batch_size, self.world_size, self.rank,
-                                    c.grad_accum_steps, c.seed)
+        order = backend.load_datasets()
+        self.shard_plan = ShardPlan(order.num_samples, c.batch_size, self.world_size, self.rank,
+                                    c.grad_accum_steps, c.seed, order=order)
+        self._data_order = data_order_record(self.shard_plan, backend.data_fingerprint())
         self.schedule = LRSchedule.from_config(c, self.world_size, self.shard_plan.steps_per_epoch)
 
     def _build(self) -> CheckpointPieces:
@@ -245,6 +249,7 @@ class Trainer(ABC):
         from the samples consumed in the epoch, whatever the world size was; the RNG streams are restored
         at the same world size, seeded afresh at another; returns the log line (with the LR rescale)."""
         s, plan, manifest = self.state, self.shard_plan, point.manifest
+        refuse_changed_data(point.url, manifest, self._data_order)
         if s.samples_in_epoch and s.history and s.history[-1]["epoch"] == s.epoch:
             s.history.pop()  # the record of an epoch cut short (max_steps, a stop): it is about to go on
         s.step_in_epoch = plan.steps_per_epoch - plan.steps_left(s.samples_in_epoch)
@@ -274,6 +279,7 @@ class Trainer(ABC):
             "samples_seen": s.samples_seen, "world_size": self.world_size,
             "global_batch_size": self.global_batch_size, "scaled_lr": self.schedule.peak_lr, "lr": s.lr,
             "metrics": metrics, "config": self.config.to_dict(), "world_size_history": s.world_size_history,
+            **self._data_order,
             "versions": {"hvdazure": __version__, "python": platform.python_version(),
                          **self._backend.framework_versions()},
         }
@@ -405,12 +411,13 @@ class Trainer(ABC):
         raise SystemExit(128 + (self._signal or signal.SIGTERM))
 
 
-_USER_ERRORS = (ConfigError, CheckpointError)
+_USER_ERRORS = (ConfigError, CheckpointError, DataError)
 
 
 def _show_user_errors_in_one_line() -> None:
-    """A ConfigError or CheckpointError that ends the script prints as one line (`hvdazure: error: ...`),
-    not a traceback: its message already names the bad value. Code that catches them is unaffected."""
+    """A ConfigError, CheckpointError or DataError that ends the script prints as one line (`hvdazure:
+    error: ...`), not a traceback: its message already names the bad value. Code that catches them is
+    unaffected."""
     previous = sys.excepthook
     if getattr(previous, "hvdazure", False):
         return

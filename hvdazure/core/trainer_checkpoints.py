@@ -40,6 +40,8 @@ from hvdazure.core.config import TrainConfig
 from hvdazure.core.errors import exception_line
 from hvdazure.core.object_store import StorageError
 from hvdazure.core.rank_logging import logger
+from hvdazure.core.shard_order import ShardOrder
+from hvdazure.core.sharding import ShardPlan
 
 if TYPE_CHECKING:
     from hvdazure.core.trainer import Trainer
@@ -337,6 +339,40 @@ class TrainerCheckpoints:
         for name, piece in self.pieces.stateful.items():
             piece.load_state_dict(state[name])
         return restore(point)
+
+
+# --- what the data order depends on: recorded in every manifest, compared on resume -----------------------
+def data_order_record(plan: ShardPlan, data_fingerprint: str | None) -> dict[str, Any]:
+    """The manifest's record of what the plan's epoch order depends on: its fingerprint, the parameters a
+    refusal names (seed, lanes, window, shards), and the data's own fingerprint (a sharded dataset's index;
+    None for data in memory)."""
+    order = plan.sample_order
+    described: dict[str, Any] = {"seed": plan.seed, "num_samples": order.num_samples}
+    if isinstance(order, ShardOrder):
+        described.update(lanes=order.lanes, window=order.window_samples, shards=len(order.shard_sizes))
+    return {"order_fingerprint": plan.order_fingerprint(), "order": described,
+            "data_fingerprint": data_fingerprint}
+
+
+def refuse_changed_data(url: str, manifest: Mapping[str, Any], now: Mapping[str, Any]) -> None:
+    """CheckpointError if the checkpoint's data order or data fingerprint differs from this run's `now`
+    (data_order_record): the samples already trained on this epoch would not be the ones the resumed run
+    skips. A checkpoint from before these were recorded resumes as before."""
+    problems = []
+    saved_data = manifest.get("data_fingerprint")
+    if "data_fingerprint" in manifest and saved_data != now["data_fingerprint"]:
+        problems.append(f"the training data's index changed ({saved_data} -> {now['data_fingerprint']}: "
+                        "shards added, removed, resized or rewritten since)")
+    if "order_fingerprint" in manifest and manifest["order_fingerprint"] != now["order_fingerprint"]:
+        saved, current = manifest.get("order") or {}, now["order"]
+        changed = [f"{key} {saved.get(key)} -> {current.get(key)}"
+                   for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
+        problems.append("the sample order changed (" + (", ".join(changed) or "shard sizes") + "; it "
+                        "depends on the seed, lanes, window and shard sizes)")
+    if problems:
+        raise CheckpointError(
+            f"cannot resume from {url}: {'; and '.join(problems)}. Resume with the data and settings the "
+            "checkpoint was trained with, or start a new run (another checkpoint_dir, or no resume)")
 
 
 def _json_writer(data: Any) -> Callable[[BinaryIO], None]:

@@ -12,7 +12,7 @@ hooks (build_model, training_step, ...) are the TensorFlowTrainer's (tensorflow/
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import horovod
@@ -24,10 +24,10 @@ import tensorflow as tf
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.sharding import ShardPlan, eval_range
+from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan, eval_range
 from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights
 from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
-from hvdazure.tensorflow.data import ArrayData
+from hvdazure.tensorflow.data import ShardedData, sample_order, training_data
 from hvdazure.tensorflow.gradients import allreduce_gradients, allreduce_options, dense_gradients
 
 if TYPE_CHECKING:
@@ -58,11 +58,15 @@ class TensorFlowBackend(Backend):
     def shutdown(self) -> None:
         hvd.shutdown()
 
-    def load_datasets(self) -> int:
-        self._train_data = ArrayData(self.hooks.train_dataset(), "train_dataset()")
+    def load_datasets(self) -> SampleOrder:
+        self._train_data = training_data(self.hooks.train_dataset(), "train_dataset()")
         eval_data = self.hooks.eval_dataset()
-        self._eval_data = ArrayData(eval_data, "eval_dataset()") if eval_data is not None else None
-        return len(self._train_data)
+        self._eval_data = training_data(eval_data, "eval_dataset()") if eval_data is not None else None
+        return sample_order(self._train_data)
+
+    def data_fingerprint(self) -> str | None:
+        data = self._train_data
+        return data.dataset.data_fingerprint if isinstance(data, ShardedData) else None
 
     def build(self, peak_lr: float) -> KerasCheckpointContent:
         c = self.config
@@ -99,7 +103,10 @@ class TensorFlowBackend(Backend):
                               "schedule: hvdazure applies warmup and the config's schedule") from None
 
     def epoch_batches(self, shard_plan: ShardPlan, epoch: int, start_sample: int) -> Iterator[Any]:
-        return self._train_data.batches(mb for step in shard_plan.epoch(epoch, start_sample) for mb in step)
+        steps: Iterable[list[MicroBatch]] = shard_plan.epoch(epoch, start_sample)
+        if isinstance(self._train_data, ShardedData):
+            steps = self._train_data.reading_ahead(steps)
+        return self._train_data.batches(mb for step in steps for mb in step)
 
     def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:
         with_vote, vote = stop_vote is not None, _float64(stop_vote or 0.0)
@@ -129,6 +136,8 @@ class TensorFlowBackend(Backend):
         if self._eval_data is None:
             return False
         mine = eval_range(len(self._eval_data), self.collectives.size, self.collectives.rank)
+        if isinstance(self._eval_data, ShardedData):  # a contiguous range: its first shards, fetched now
+            self._eval_data.dataset.read_ahead(np.arange(mine.start, mine.stop))
         size = self.config.batch_size
         for start in range(mine.start, mine.stop, size):  # a rank with no samples runs nothing
             indices = range(start, min(start + size, mine.stop))

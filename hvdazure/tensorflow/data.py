@@ -3,7 +3,8 @@
 Accepted: a NumPy array or tensor, a tuple/list/dict of them (the same first dimension), or a finite
 `tf.data.Dataset` of such elements, which is read once into memory. Random access is what makes the core's
 policy exact (the same sample set per step at any world size, each sample once per epoch); a streaming
-pipeline of unknown length cannot offer it, so it is refused with the way round in the message.
+pipeline of unknown length cannot offer it, so it is refused with the ways round in the message (data
+bigger than memory: hvdazure.data.ShardedDataset).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.sharding import MicroBatch
+from hvdazure.core.backend import DataError
+from hvdazure.core.sharding import MicroBatch, SampleOrder, UniformOrder
+from hvdazure.data.dataset import ShardedDataset, read_ahead_steps
 
 # Training batches larger than this are prefetched in a tf.data pipeline; smaller ones are gathered directly.
 PREFETCH_ABOVE_BYTES = 1 << 20
@@ -62,6 +65,66 @@ class ArrayData:
         return sum(a[:1].nbytes for a in tf.nest.flatten(self.structure))
 
 
+class ShardedData:
+    """A ShardedDataset as the TensorFlow binding reads it: batches of this rank's micro-batches through a
+    prefetching tf.data pipeline (from_generator, `.prefetch`), never the whole set in memory. A batch is
+    the decoded samples stacked (NumPy), or what the dataset's batch_decode returns (e.g. the dict of
+    tensors of tf.io.parse_example)."""
+
+    def __init__(self, dataset: ShardedDataset) -> None:
+        self.dataset = dataset
+        self._signature: Any = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def order(self) -> SampleOrder:
+        return self.dataset.sample_order
+
+    def take(self, indices: Sequence[int]) -> Any:
+        """The samples at `indices`, in that order, as one batch (no indices: an empty batch of the
+        signature's shapes)."""
+        if not len(indices):
+            return tf.nest.map_structure(
+                lambda spec: np.zeros((0, *[d or 0 for d in spec.shape[1:]]), spec.dtype.as_numpy_dtype),
+                self.signature())
+        samples = self.dataset.__getitems__(list(indices))
+        if self.dataset.batch_decode is not None:
+            return samples
+        return tf.nest.map_structure(lambda *xs: np.stack(xs), *samples)
+
+    def signature(self) -> Any:
+        """TensorSpecs of a batch of any size, from a batch of the first two samples (read once)."""
+        if self._signature is None:
+            first = self.take(range(min(2, len(self))))
+            self._signature = tf.nest.map_structure(
+                lambda a: tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)), first)
+        return self._signature
+
+    def reading_ahead(self, steps: Iterable[list[MicroBatch]]) -> Iterator[list[MicroBatch]]:
+        """`steps`, handing the dataset the coming steps' samples as each one starts (read_ahead_steps)."""
+        return read_ahead_steps(self.dataset, steps)
+
+    def batches(self, micro_batches: Iterable[MicroBatch]) -> Iterator[Any]:
+        """The non-empty micro-batches' samples, in order, read and decoded in a tf.data thread two
+        batches ahead of the step."""
+        cells = (mb.indices for mb in micro_batches if not mb.is_empty)
+        return iter(tf.data.Dataset.from_generator(lambda: (self.take(indices) for indices in cells),
+                                                   output_signature=self.signature()).prefetch(2))
+
+
+def training_data(data: Any, what: str) -> ArrayData | ShardedData:
+    """The binding's view of train_dataset()/eval_dataset()'s data: ShardedData for a ShardedDataset,
+    ArrayData (in memory) for anything else."""
+    return ShardedData(data) if isinstance(data, ShardedDataset) else ArrayData(data, what)
+
+
+def sample_order(data: ArrayData | ShardedData) -> SampleOrder:
+    """A ShardedDataset's own order (few shards per rank); the uniform permutation for arrays."""
+    return data.order if isinstance(data, ShardedData) else UniformOrder(len(data))
+
+
 def _as_array(value: Any) -> np.ndarray:
     if isinstance(value, tf.Tensor | tf.Variable):
         return value.numpy()
@@ -72,11 +135,13 @@ def _read_dataset(dataset: tf.data.Dataset, what: str) -> Any:
     cardinality = int(dataset.cardinality())
     if cardinality < 0:
         kind = "infinite" if cardinality == tf.data.INFINITE_CARDINALITY else "of unknown length"
-        raise ValueError(
+        raise DataError(
             f"{what} is a tf.data.Dataset {kind}: hvdazure needs random access to give each rank its exact "
-            "share (each sample once per epoch at any world size). Return arrays, or a finite, unbatched "
-            "dataset (e.g. dataset.apply(tf.data.experimental.assert_cardinality(n))), which is read "
-            "into memory once")
+            "share (each sample once per epoch at any world size). For data that fits in memory, return "
+            "arrays or a finite, unbatched dataset (e.g. dataset.apply(tf.data.experimental."
+            "assert_cardinality(n))), which is read into memory once; for data that does not, write it "
+            "into shards (`hvdazure data pack FOLDER OUT`, or hvdazure.data.write_shards; TFRecord files "
+            "are shards already: `hvdazure data index DIR`) and return hvdazure.data.ShardedDataset(source)")
     elements = list(dataset.as_numpy_iterator())
     if not elements:
         raise ValueError(f"{what} is an empty tf.data.Dataset")

@@ -21,10 +21,18 @@ import torch
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.sharding import ShardPlan
+from hvdazure.core.sharding import SampleOrder, ShardPlan
+from hvdazure.data.dataset import ShardedDataset
 from hvdazure.torch.checkpoint_content import TorchCheckpointContent
 from hvdazure.torch.collectives import TorchCollectives
-from hvdazure.torch.data import eval_batches, make_loader, to_device, train_loader
+from hvdazure.torch.data import (
+    eval_batches,
+    make_loader,
+    random_access,
+    sample_order,
+    to_device,
+    train_loader,
+)
 
 if TYPE_CHECKING:
     from hvdazure.torch.trainer import TorchTrainer
@@ -66,10 +74,14 @@ class TorchBackend(Backend):
     def shutdown(self) -> None:
         hvd.shutdown()
 
-    def load_datasets(self) -> int:
-        self._train_data = self.hooks.train_dataset()
-        self._eval_data = self.hooks.eval_dataset()
-        return len(self._train_data)
+    def load_datasets(self) -> SampleOrder:
+        self._train_data = random_access(self.hooks.train_dataset(), "train_dataset()")
+        eval_data = self.hooks.eval_dataset()
+        self._eval_data = random_access(eval_data, "eval_dataset()") if eval_data is not None else None
+        return sample_order(self._train_data)
+
+    def data_fingerprint(self) -> str | None:
+        return self._train_data.data_fingerprint if isinstance(self._train_data, ShardedDataset) else None
 
     def build(self, peak_lr: float) -> TorchCheckpointContent:
         c = self.config
@@ -159,6 +171,8 @@ class TorchBackend(Backend):
         # A rank with no evaluation samples (fewer samples than ranks) runs nothing and reports no metric.
         c, collectives = self.config, self.collectives
         batches = eval_batches(len(self._eval_data), c.batch_size, collectives.size, collectives.rank)
+        if isinstance(self._eval_data, ShardedDataset):  # a contiguous range: its first shards, fetched now
+            self._eval_data.read_ahead(i for batch in batches for i in batch)
         loader = make_loader(self._eval_data, batches, self.collate, c.num_workers)
         self.model.eval()
         with torch.no_grad(), self._autocast():

@@ -6,21 +6,53 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset, default_collate
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, default_collate
 
-from hvdazure.core.sharding import ShardPlan, eval_range
+from hvdazure.core.backend import DataError
+from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan, UniformOrder, eval_range
+from hvdazure.data.dataset import ShardedDataset, read_ahead_steps
+
+# Where a refused dataset is pointed (the TensorFlow binding says the same of a tf.data stream)
+SHARDED_INSTEAD = ("return a map-style Dataset (with __len__ and __getitem__), or write the data into shards "
+                   "(`hvdazure data pack FOLDER OUT`, or hvdazure.data.write_shards from Python) and return "
+                   "hvdazure.data.ShardedDataset(source)")
+
+
+def random_access(dataset: Any, what: str) -> Any:
+    """`dataset` if each rank can read its exact share of it (a map-style Dataset or a ShardedDataset);
+    else a DataError in one line saying what to return instead. An IterableDataset is a stream: it cannot
+    give the same samples per step at any world size, each once per epoch."""
+    if isinstance(dataset, ShardedDataset):
+        return dataset
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise DataError(f"{what} returned a {type(dataset).__name__}, a stream without random access (no "
+                        "len() or indexing): hvdazure gives each rank its exact share of a dataset it can "
+                        f"index (each sample once per epoch at any world size); {SHARDED_INSTEAD}")
+    return dataset
+
+
+def sample_order(dataset: Any) -> SampleOrder:
+    """A ShardedDataset's own order (few shards per rank); the uniform permutation for any other."""
+    return dataset.sample_order if isinstance(dataset, ShardedDataset) else UniformOrder(len(dataset))
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
     """This rank's non-empty micro-batches for one epoch, from sample position `start_sample` on. A new one
     is made every epoch, so the order changes with the epoch without anyone calling set_epoch(). (An empty
-    micro-batch of a short last step has nothing to load: the trainer skips it, see ShardPlan.)"""
+    micro-batch of a short last step has nothing to load: the trainer skips it, see ShardPlan.)
 
-    def __init__(self, plan: ShardPlan, epoch: int, start_sample: int = 0) -> None:
-        self.plan, self.epoch, self.start_sample = plan, epoch, start_sample
+    With a ShardedDataset, the coming steps' samples are handed to its `read_ahead` as each step starts:
+    the DataLoader iterates this sampler in the main process, ahead of its workers."""
+
+    def __init__(self, plan: ShardPlan, epoch: int, start_sample: int = 0,
+                 dataset: ShardedDataset | None = None) -> None:
+        self.plan, self.epoch, self.start_sample, self.dataset = plan, epoch, start_sample, dataset
 
     def __iter__(self) -> Iterator[list[int]]:
-        for step in self.plan.epoch(self.epoch, self.start_sample):
+        steps: Iterable[list[MicroBatch]] = self.plan.epoch(self.epoch, self.start_sample)
+        if self.dataset is not None:
+            steps = read_ahead_steps(self.dataset, steps)
+        for step in steps:
             for micro_batch in step:
                 if not micro_batch.is_empty:
                     yield micro_batch.indices
@@ -29,20 +61,24 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return sum(not mb.is_empty for step in self.plan.epoch(self.epoch, self.start_sample) for mb in step)
 
 
-def train_loader(dataset: Dataset, plan: ShardPlan, epoch: int, start_sample: int,
+def train_loader(dataset: Dataset | ShardedDataset, plan: ShardPlan, epoch: int, start_sample: int,
                  collate_fn: Callable | None, num_workers: int, pin_memory: bool) -> DataLoader:
     """Batches for this rank's micro-batches of `epoch`, in plan order (see `make_loader`)."""
-    batches = ShardedBatchSampler(plan, epoch, start_sample)
+    batches = ShardedBatchSampler(plan, epoch, start_sample,
+                                  dataset if isinstance(dataset, ShardedDataset) else None)
     return make_loader(dataset, batches, collate_fn, num_workers, pin_memory)
 
 
-def make_loader(dataset: Dataset, batches: Iterable[list[int]], collate_fn: Callable | None, num_workers: int,
-           pin_memory: bool = False) -> DataLoader:
+def make_loader(dataset: Dataset | ShardedDataset, batches: Iterable[list[int]], collate_fn: Callable | None,
+                num_workers: int, pin_memory: bool = False) -> DataLoader:
     """A DataLoader of the samples at each of `batches`' lists of indices; `collate_fn` None: torch's
     default_collate. A TensorDataset with the default collate is read a batch at a time (one indexing per
-    tensor: the same batch as stacking its samples, ~10x faster than a sample at a time)."""
+    tensor: the same batch as stacking its samples, ~10x faster than a sample at a time). A ShardedDataset
+    with a batch_decode returns batches: they are used as they are."""
     if collate_fn is None and type(dataset) is TensorDataset:
         dataset, collate_fn = _TensorBatches(dataset.tensors), _as_is
+    if isinstance(dataset, ShardedDataset) and dataset.batch_decode is not None:
+        collate_fn = _as_is
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn or default_collate,
                       num_workers=num_workers, pin_memory=pin_memory)
 

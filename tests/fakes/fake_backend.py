@@ -37,7 +37,7 @@ from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.sharding import ShardPlan, eval_range
+from hvdazure.core.sharding import SampleOrder, ShardPlan, UniformOrder, eval_range
 from hvdazure.core.trainer import Trainer
 
 T = TypeVar("T")
@@ -314,8 +314,13 @@ class FakeTrainer(Trainer):
     _backend: FakeBackend
 
     def __init__(self, world: ThreadWorld, rank: int, problem: LinearProblem, config: TrainConfig,
-                 callbacks: Sequence[Callback] = (), momentum: float = 0.0) -> None:
+                 callbacks: Sequence[Callback] = (), momentum: float = 0.0, order: SampleOrder | None = None,
+                 data_fingerprint: str | None = None) -> None:
+        """`order`: the training data's order as a sharded dataset's would be (a ShardOrder over the
+        problem's samples; None: the uniform permutation of data in memory); `data_fingerprint`: what a
+        sharded dataset's index would hash to (None: none, as for data in memory)."""
         self.world, self.problem, self.momentum = world, problem, momentum
+        self.order, self.fake_data_fingerprint = order, data_fingerprint
         self._world_rank = rank
         super().__init__(config, callbacks)
 
@@ -370,8 +375,12 @@ class FakeBackend(Backend):
     def shutdown(self) -> None:
         pass
 
-    def load_datasets(self) -> int:
-        return self.problem.num_samples
+    def load_datasets(self) -> SampleOrder:
+        order = self.hooks.order
+        return order if order is not None else UniformOrder(self.problem.num_samples)
+
+    def data_fingerprint(self) -> str | None:
+        return self.hooks.fake_data_fingerprint
 
     def build(self, peak_lr: float) -> FakeCheckpointContent:
         self.lr = peak_lr

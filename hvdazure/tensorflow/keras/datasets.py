@@ -14,15 +14,15 @@ Evaluation: a contiguous, unpadded slice of the set per rank; `MetricAverage` su
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.sharding import ShardPlan, eval_range
-from hvdazure.tensorflow.data import ArrayData
+from hvdazure.core.sharding import MicroBatch, ShardPlan, eval_range
+from hvdazure.tensorflow.data import ShardedData, sample_order, training_data
 from hvdazure.tensorflow.keras.training import STEP_SAMPLES
 
 
@@ -40,14 +40,21 @@ def shard_for_fit(data: Any, batch_size: int, seed: int = 0, initial_epoch: int 
 
     `data`: the full, unsharded data in Keras's form, `(x, y)` or `(x, y, sample_weight)`, where each part
     is a NumPy array, a tensor or a dict/tuple of them sharing the first dimension; or a finite tf.data
-    Dataset of such (unbatched) samples, read into memory once. `batch_size` is per rank.
+    Dataset of such (unbatched) samples, read into memory once; or a hvdazure.data.ShardedDataset whose
+    samples decode to that form, read a batch at a time (its own order: few shards per rank, and its next
+    shards fetched ahead). `batch_size` is per rank.
     The dataset never ends: give fit `steps_per_epoch`, so that each Keras epoch is one epoch of the plan."""
-    arrays = ArrayData(data, "shard_for_fit(data)")
-    plan = ShardPlan(len(arrays), batch_size, hvd.size(), hvd.rank(), grad_accum_steps=1, seed=seed)
+    arrays = training_data(data, "shard_for_fit(data)")
+    order = sample_order(arrays)
+    plan = ShardPlan(len(arrays), batch_size, hvd.size(), hvd.rank(), grad_accum_steps=1, seed=seed,
+                     order=order)
 
     def batches() -> Iterator[dict[str, Any]]:
         for epoch in itertools.count(initial_epoch):
-            for (cell,) in plan.epoch(epoch):
+            steps: Iterable[list[MicroBatch]] = plan.epoch(epoch)
+            if isinstance(arrays, ShardedData):
+                steps = arrays.reading_ahead(steps)
+            for (cell,) in steps:
                 yield {"batch": arrays.take(cell.indices), STEP_SAMPLES: np.int64(cell.step_samples)}
 
     signature = {"batch": arrays.signature(), STEP_SAMPLES: tf.TensorSpec((), tf.int64)}
@@ -59,9 +66,19 @@ def shard_for_evaluate(data: Any, batch_size: int) -> tf.data.Dataset:
     """This rank's contiguous slice of an evaluation set (sizes differ by at most one; nothing padded), in
     batches of `batch_size`, for fit's `validation_data` or `model.evaluate`; with `MetricAverage` among the
     callbacks the metrics are those of the whole set. A rank whose slice is empty (a set smaller than the
-    world size) gets one empty batch, which adds nothing to any metric."""
-    arrays = ArrayData(data, "shard_for_evaluate(data)")
+    world size) gets one empty batch, which adds nothing to any metric. A ShardedDataset is read a batch
+    at a time, through a prefetching pipeline."""
+    arrays = training_data(data, "shard_for_evaluate(data)")
     mine = eval_range(len(arrays), hvd.size(), hvd.rank())
+    if isinstance(arrays, ShardedData):
+        starts = range(mine.start, mine.stop, batch_size) if mine else range(mine.start, mine.start + 1)
+
+        def batches() -> Iterator[Any]:
+            arrays.dataset.read_ahead(np.arange(mine.start, mine.stop))
+            for start in starts:
+                yield arrays.take(range(start, min(start + batch_size, mine.stop)))
+
+        return tf.data.Dataset.from_generator(batches, output_signature=arrays.signature()).prefetch(2)
     if not mine:
         return tf.data.Dataset.from_tensors(arrays.take([]))
     return tf.data.Dataset.from_tensor_slices(arrays.take(mine)).batch(batch_size)

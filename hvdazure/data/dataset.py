@@ -1,0 +1,206 @@
+"""ShardedDataset: a dataset bigger than memory, stored in shards, that either trainer reads exactly.
+
+What the trainers get from it: its length, its order (`sample_order`, core/shard_order.py's ShardOrder:
+each rank reads few shards, the same samples per step at any world size, each sample once per epoch) and
+its data fingerprint (the index's, recorded in checkpoints: a resume on changed data is refused). Samples
+are numbered shard by shard in index order; `__getitem__` / `__getitems__` read them by number.
+
+Reading: the source is resolved to an index (source.py), the shards are opened through the node's cache
+(cache.py: remote storage and FUSE mounts copied whole, once per node; local disks read in place), and a
+reader stays open per shard, the `OPEN_READERS` most recently used per process. `read_ahead` hands the
+cache the shards of this rank's next samples, so that they are fetched while it trains on the current ones
+(the bindings call it every step with the next few steps' samples: `read_ahead_steps`).
+
+Processes: the dataset pickles without its readers and its cache (DataLoader workers with a spawn start),
+and a forked worker, which inherits them, notices the new process and opens its own: no thread, lock or
+file position crosses a fork. Memory per process: the index's offsets (8 bytes a sample) and the epoch
+order (8 bytes a sample), never the samples.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hvdazure.core.shard_order import DEFAULT_LANES, ShardOrder
+
+if TYPE_CHECKING:
+    from hvdazure.core.sharding import MicroBatch
+    from hvdazure.data.cache import Shards
+    from hvdazure.data.formats import ShardReader
+    from hvdazure.data.index import ShardIndex
+
+OPEN_READERS = 8  # shard readers kept open per process (least recently used closed first)
+READ_AHEAD_STEPS = 4  # optimizer steps of this rank's plan whose shards the bindings hand the cache
+
+
+class ShardedDataset:
+    """Samples of a sharded dataset (WebDataset tar, TFRecord or Parquet shards with an hvdazure index).
+
+    `source`: a local directory, glob or index file, an abfs:// / az:// URL, or an Azure ML input path.
+    `decode(raw)` turns a raw sample into what a batch is made of (default: the format's, see
+    hvdazure.data.formats); `batch_decode(raws)`, if given, turns a micro-batch's raw samples into the
+    batch itself (e.g. `lambda records: tf.io.parse_example(records, spec)`), and `decode` is not used.
+    `lanes`, `window`: the order's parameters (core/shard_order.py); a checkpoint records them.
+    `cache`, `cache_dir`, `cache_limit`, `storage_options`: how shards are fetched (hvdazure.data.cache).
+    `prefetch_shards`: at most this many shards downloaded ahead of this rank's reading."""
+
+    _shards: Shards | None  # this process's cache (or local files), opened on first use
+    _readers: OrderedDict[int, ShardReader]  # this process's open readers, least recently used first
+    _pid: int | None  # the process they belong to
+
+    def __init__(self, source: str, decode: Callable[[Any], Any] | None = None, *,
+                 batch_decode: Callable[[list[Any]], Any] | None = None,
+                 lanes: int = DEFAULT_LANES, window: int | None = None,
+                 cache: str | bool = "auto", cache_dir: str | None = None,
+                 cache_limit: str | int | None = None, prefetch_shards: int = 4, storage_options: dict[str, Any] | None = None) -> None:
+        from hvdazure.data.source import resolve_source  # here: importing hvdazure.data stays light
+
+        if prefetch_shards < 0:
+            raise ValueError(f"prefetch_shards must be 0 or more, got {prefetch_shards}")
+        self.source, self.decode, self.batch_decode = source, decode, batch_decode
+        self.cache, self.cache_dir, self.cache_limit = cache, cache_dir, cache_limit
+        self.prefetch_shards, self.storage_options = prefetch_shards, dict(storage_options or {})
+        self.index: ShardIndex = resolve_source(source, self.storage_options).load_index(self.storage_options)
+        self._order = ShardOrder(tuple(entry.num_samples for entry in self.index.shards), lanes, window)
+        self._fingerprint: str = self.index.fingerprint()
+        self._decoders: dict[str, Callable[[Any], Any]] = {}
+        self._reset_process_state()
+
+    # --- what the trainers ask -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._order.num_samples
+
+    @property
+    def sample_order(self) -> ShardOrder:
+        """The epoch order of this dataset's samples, for the trainers' ShardPlan."""
+        return self._order
+
+    @property
+    def data_fingerprint(self) -> str:
+        """The index's fingerprint: shards' paths, formats, sample counts, sizes and versions."""
+        return self._fingerprint
+
+    def __getitem__(self, i: int) -> Any:
+        """Global sample `i`, decoded."""
+        located = self._located([i])
+        return self._decode(located[0][0], self._read(located)[0])
+
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        """The samples at `indices`, in that order: a list of decoded samples, or batch_decode's batch.
+        Reads go shard by shard in file order (sequential within a shard), whatever order is asked."""
+        located = self._located(indices)
+        raws = self._read(located)
+        if self.batch_decode is not None:
+            return self.batch_decode(raws)
+        return [self._decode(shard, raw) for (shard, _), raw in zip(located, raws, strict=True)]
+
+    def read_ahead(self, samples: Iterable[int] | np.ndarray) -> None:
+        """The samples this process's rank reads next, in order: the cache fetches their shards in the
+        background, in order of first use, at most `prefetch_shards` not yet cached (replacing what it
+        was asked for before)."""
+        samples = np.fromiter(samples, dtype=np.int64) if not isinstance(samples, np.ndarray) else samples
+        if not samples.size or not self.prefetch_shards:
+            return
+        shards, _ = self._order.locate(samples)
+        _, first = np.unique(shards, return_index=True)
+        upcoming = [self.index.shards[k] for k in shards[np.sort(first)].tolist()]
+        store = self._shards_here()
+        is_cached = getattr(store, "is_cached", None)
+        if is_cached is not None:
+            upcoming = [entry for entry in upcoming if not is_cached(entry)]
+        store.prefetch(upcoming[: self.prefetch_shards])
+
+    def close(self) -> None:
+        """Close this process's readers and stop its cache's read-ahead."""
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+        if self._shards is not None:
+            self._shards.close()
+            self._shards = None
+
+    # --- pickling (DataLoader workers) --------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_shards=None, _readers=None, _pid=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+    # --- reading ---------------------------------------------------------------------------------------
+    def _reset_process_state(self) -> None:
+        """This process's cache and readers: none yet (opened on first use)."""
+        self._shards = None
+        self._readers = OrderedDict()
+        self._pid = os.getpid()
+
+    def _shards_here(self) -> Shards:
+        """This process's view of the shards; a forked child drops its parent's (threads, locks and file
+        positions are the parent's) without closing them, and opens its own."""
+        if self._pid != os.getpid():
+            self._reset_process_state()
+        if self._shards is None:
+            from hvdazure.data.cache import open_shards
+
+            self._shards = open_shards(self.index, self.cache, self.cache_dir, self.cache_limit,
+                                       self.storage_options)
+        return self._shards
+
+    def _located(self, indices: Sequence[int]) -> list[tuple[int, int]]:
+        shards, offsets = self._order.locate(np.asarray(indices, dtype=np.int64))
+        return list(zip(shards.tolist(), offsets.tolist(), strict=True))
+
+    def _read(self, located: list[tuple[int, int]]) -> list[Any]:
+        """The raw samples at (shard, position) pairs, in the order given; read in (shard, position)
+        order."""
+        raws: list[Any] = [None] * len(located)
+        for at in sorted(range(len(located)), key=located.__getitem__):
+            shard, position = located[at]
+            raws[at] = self._reader(shard).read(position)
+        return raws
+
+    def _reader(self, shard: int) -> ShardReader:
+        store = self._shards_here()
+        reader = self._readers.get(shard)
+        if reader is not None:
+            self._readers.move_to_end(shard)
+            return reader
+        from hvdazure.data.formats import open_shard
+
+        entry = self.index.shards[shard]
+        reader = open_shard(store.local_path(entry), entry)
+        self._readers[shard] = reader
+        while len(self._readers) > OPEN_READERS:
+            self._readers.popitem(last=False)[1].close()
+        return reader
+
+    def _decode(self, shard: int, raw: Any) -> Any:
+        if self.decode is not None:
+            return self.decode(raw)
+        format = self.index.shards[shard].format
+        if format not in self._decoders:
+            from hvdazure.data.formats import default_decode
+
+            self._decoders[format] = default_decode(format)
+        return self._decoders[format](raw)
+
+
+def read_ahead_steps(dataset: ShardedDataset, steps: Iterable[list[MicroBatch]],
+                     ahead: int = READ_AHEAD_STEPS) -> Iterator[list[MicroBatch]]:
+    """`steps` (this rank's micro-batches, step by step), handing the dataset the samples of the coming
+    `ahead` steps as each one starts, so that their shards are fetched while it trains."""
+    steps = iter(steps)
+    window = deque(islice(steps, ahead + 1))
+    while window:
+        dataset.read_ahead(np.fromiter((i for step in window for cell in step for i in cell.indices),
+                                       dtype=np.int64))
+        yield window.popleft()
+        window.extend(islice(steps, 1))
