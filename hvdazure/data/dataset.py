@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from hvdazure.data.formats import ShardReader
     from hvdazure.data.index import ShardIndex
 
-OPEN_READERS = 8  # shard readers kept open per process (least recently used closed first)
+OPEN_READERS = 8  # shard readers kept open per process at least (least recently used closed first)
 READ_AHEAD_STEPS = 4  # optimizer steps of this rank's plan whose shards the bindings hand the cache
 
 
@@ -178,7 +178,7 @@ class ShardedDataset:
         entry = self.index.shards[shard]
         reader = open_shard(store.local_path(entry), entry)
         self._readers[shard] = reader
-        while len(self._readers) > OPEN_READERS:
+        while len(self._readers) > readers_kept(self._order):
             self._readers.popitem(last=False)[1].close()
         return reader
 
@@ -191,6 +191,15 @@ class ShardedDataset:
 
             self._decoders[format] = default_decode(format)
         return self._decoders[format](raw)
+
+
+def readers_kept(order: ShardOrder) -> int:
+    """Shard readers a process keeps open: the shards `order` has at hand at once (about lanes x (window
+    / mean shard size + 2) at world size 1, see core/shard_order.py), at least OPEN_READERS. Fewer makes
+    every read reopen its shard (and, for Parquet, decode its row group again)."""
+    filled = sum(1 for size in order.shard_sizes if size) or 1
+    mean_shard = max(1, order.num_samples // filled)
+    return max(OPEN_READERS, order.lanes * (-(-order.window_samples // mean_shard) + 2))
 
 
 def read_ahead_steps(dataset: ShardedDataset, steps: Iterable[list[MicroBatch]],
