@@ -15,7 +15,7 @@ from hvdazure.core.shard_order import ShardOrder
 from hvdazure.core.sharding import ShardPlan
 from hvdazure.data import ShardedDataset, write_shards
 from hvdazure.data.dataset import OPEN_READERS, readers_kept
-from hvdazure.data.formats import scan_shard, tar
+from hvdazure.data.formats import scan_shard, tar, tfrecord
 
 
 def test_readers_kept_cover_the_shards_the_order_has_at_hand():
@@ -235,3 +235,39 @@ def test_load_npy_of_cut_data_fails_as_np_load_does():
 
 def test_the_default_decode_gives_a_0d_npy_as_a_scalar():
     assert tar.decode({"__key__": "k", "x.npy": npy(np.array(7, dtype=np.int8))}) == {"__key__": "k", "x": 7}
+
+
+# --- TFRecord: short varints in a vectorised path, records in one pread ------------------------------------
+@pytest.mark.parametrize("high", [256, 16384, 16385, 2**21])
+def test_packed_varints_of_one_or_two_bytes_and_longer_round_trip(high):
+    values = np.random.default_rng(high).integers(0, high, 3000)
+    values[:3] = [0, 127, 128]
+
+    assert tfrecord.parse_example(tfrecord.encode_example({"v": values}))["v"].tolist() == values.tolist()
+
+
+def test_a_packed_varint_list_cut_after_a_two_byte_varint_start_is_refused():
+    with pytest.raises(ValueError, match="cut inside a varint"):
+        tfrecord._packed_varints(bytes([1, 0x81, 2] * 10) + b"\x81")
+
+
+@pytest.mark.parametrize("damage", ["cut-middle", "cut-last", "flip-data"])
+def test_a_tfrecord_read_in_one_pread_keeps_its_checks(tmp_path, damage):
+    records = [tfrecord.frame(tfrecord.encode_example({"i": [i] * 50})) for i in range(3)]
+    path = tmp_path / "shard.tfrecord"
+    path.write_bytes(b"".join(records))
+    with path.open("rb") as file:
+        offsets = scan_shard(file, path.stat().st_size, "tfrecord", name="shard.tfrecord")
+    data = bytearray(path.read_bytes())
+    position = {"cut-middle": 1, "cut-last": 2, "flip-data": 1}[damage]
+    if damage == "flip-data":
+        data[int(offsets[1]) + 20] ^= 1
+    else:
+        del data[int(offsets[position]) + 30:]
+    path.write_bytes(bytes(data))
+    reader = tfrecord.Reader(str(path), offsets, "shard.tfrecord")
+
+    assert tfrecord.parse_example(reader.read(0))["i"].tolist() == [0] * 50
+    with pytest.raises(ValueError, match=rf"shard\.tfrecord: record {position} .*(truncated|bad CRC)"):
+        reader.read(position)
+    reader.close()
