@@ -271,3 +271,18 @@ def test_a_tfrecord_read_in_one_pread_keeps_its_checks(tmp_path, damage):
     with pytest.raises(ValueError, match=rf"shard\.tfrecord: record {position} .*(truncated|bad CRC)"):
         reader.read(position)
     reader.close()
+
+
+# --- Parquet ---------------------------------------------------------------------------------------------
+def test_parquet_list_columns_come_back_writeable_and_npy_columns_decoded(tmp_path):
+    samples = [{"vector": np.arange(4, dtype=np.uint8) + i, "image": np.full((2, 2), i, dtype=np.int16)}
+               for i in range(3)]
+    write_shards(iter(samples), str(tmp_path / "d"), "parquet", samples_per_shard=3, progress=False)
+    dataset = ShardedDataset(str(tmp_path / "d"), cache=False)
+
+    got = dataset.__getitems__([2, 0])
+    dataset.close()
+
+    assert [s["vector"].tolist() for s in got] == [[2, 3, 4, 5], [0, 1, 2, 3]]
+    assert all(s["vector"].flags.writeable and s["image"].flags.writeable for s in got)
+    assert got[0]["image"].tolist() == [[2, 2], [2, 2]]
