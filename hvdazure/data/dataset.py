@@ -35,7 +35,9 @@ if TYPE_CHECKING:
     from hvdazure.data.formats import ShardReader
     from hvdazure.data.index import ShardIndex
 
-OPEN_READERS = 8  # shard readers kept open per process at least (least recently used closed first)
+OPEN_READERS: int | None = None  # shard readers kept open per process (least recently used closed first);
+# None: readers_kept(order), the shards the order reads at once
+MIN_OPEN_READERS = 8
 READ_AHEAD_STEPS = 4  # optimizer steps of this rank's plan whose shards the bindings hand the cache
 
 
@@ -195,11 +197,13 @@ class ShardedDataset:
 
 def readers_kept(order: ShardOrder) -> int:
     """Shard readers a process keeps open: the shards `order` has at hand at once (about lanes x (window
-    / mean shard size + 2) at world size 1, see core/shard_order.py), at least OPEN_READERS. Fewer makes
-    every read reopen its shard (and, for Parquet, decode its row group again)."""
+    / mean shard size + 2) at world size 1, see core/shard_order.py), at least MIN_OPEN_READERS. Fewer makes
+    every read reopen its shard (and, for Parquet, decode its row group again). OPEN_READERS, if set, wins."""
+    if OPEN_READERS is not None:
+        return OPEN_READERS
     filled = sum(1 for size in order.shard_sizes if size) or 1
     mean_shard = max(1, order.num_samples // filled)
-    return max(OPEN_READERS, order.lanes * (-(-order.window_samples // mean_shard) + 2))
+    return max(MIN_OPEN_READERS, order.lanes * (-(-order.window_samples // mean_shard) + 2))
 
 
 def read_ahead_steps(dataset: ShardedDataset, steps: Iterable[list[MicroBatch]],

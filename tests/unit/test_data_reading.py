@@ -14,13 +14,13 @@ import hvdazure.data.formats as formats
 from hvdazure.core.shard_order import ShardOrder
 from hvdazure.core.sharding import ShardPlan
 from hvdazure.data import ShardedDataset, write_shards
-from hvdazure.data.dataset import OPEN_READERS, readers_kept
+from hvdazure.data.dataset import MIN_OPEN_READERS, readers_kept
 from hvdazure.data.formats import scan_shard, tar, tfrecord
 
 
 def test_readers_kept_cover_the_shards_the_order_has_at_hand():
     assert readers_kept(ShardOrder((64,) * 32)) >= 32 * 3
-    assert readers_kept(ShardOrder((10,) * 2, lanes=1)) == OPEN_READERS
+    assert readers_kept(ShardOrder((10,) * 2, lanes=1)) == MIN_OPEN_READERS
 
 
 def test_an_epoch_opens_each_shard_once_with_more_lanes_than_open_readers(tmp_path, monkeypatch):
