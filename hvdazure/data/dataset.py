@@ -7,7 +7,7 @@ are numbered shard by shard in index order; `__getitem__` / `__getitems__` read 
 
 Reading: the source is resolved to an index (source.py), the shards are opened through the node's cache
 (cache.py: remote storage and FUSE mounts copied whole, once per node; local disks read in place), and a
-reader stays open per shard, the `OPEN_READERS` most recently used per process. `read_ahead` hands the
+reader stays open per shard, the `readers_kept(order)` most recently used per process. `read_ahead` hands the
 cache the shards of this rank's next samples, so that they are fetched while it trains on the current ones
 (the bindings call it every step with the next few steps' samples: `read_ahead_steps`).
 
