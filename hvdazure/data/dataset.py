@@ -7,7 +7,7 @@ are numbered shard by shard in index order; `__getitem__` / `__getitems__` read 
 
 Reading: the source is resolved to an index (source.py), the shards are opened through the node's cache
 (cache.py: remote storage and FUSE mounts copied whole, once per node; local disks read in place), and a
-reader stays open per shard, the `OPEN_READERS` most recently used per process. `read_ahead` hands the
+reader stays open per shard, the `readers_kept(order)` most recently used per process. `read_ahead` hands the
 cache the shards of this rank's next samples, so that they are fetched while it trains on the current ones
 (the bindings call it every step with the next few steps' samples: `read_ahead_steps`).
 
@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from hvdazure.data.formats import ShardReader
     from hvdazure.data.index import ShardEntry, ShardIndex
 
-OPEN_READERS = 8  # shard readers kept open per process (least recently used closed first)
+OPEN_READERS: int | None = None  # shard readers kept open per process (least recently used closed first);
+# None: readers_kept(order), the shards the order reads at once
+MIN_OPEN_READERS = 8
 READ_AHEAD_STEPS = 4  # optimizer steps of this rank's plan whose shards the bindings hand the cache
 
 
@@ -194,7 +196,7 @@ class ShardedDataset:
         entry = self.index.shards[shard]
         reader = open_shard(store.local_path(entry), entry)
         self._readers[shard] = reader
-        while len(self._readers) > OPEN_READERS:
+        while len(self._readers) > readers_kept(self._order):
             self._readers.popitem(last=False)[1].close()
         return reader
 
@@ -207,6 +209,17 @@ class ShardedDataset:
 
             self._decoders[format] = default_decode(format)
         return self._decoders[format](raw)
+
+
+def readers_kept(order: ShardOrder) -> int:
+    """Shard readers a process keeps open: the shards `order` has at hand at once (about lanes x (window
+    / mean shard size + 2) at world size 1, see core/shard_order.py), at least MIN_OPEN_READERS. Fewer makes
+    every read reopen its shard (and, for Parquet, decode its row group again). OPEN_READERS, if set, wins."""
+    if OPEN_READERS is not None:
+        return OPEN_READERS
+    filled = sum(1 for size in order.shard_sizes if size) or 1
+    mean_shard = max(1, order.num_samples // filled)
+    return max(MIN_OPEN_READERS, order.lanes * (-(-order.window_samples // mean_shard) + 2))
 
 
 def read_ahead_steps(dataset: ShardedDataset, steps: Iterable[list[MicroBatch]],

@@ -17,6 +17,7 @@ as float32 and str as UTF-8 bytes (what a tf.train.Example holds).
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
@@ -77,20 +78,48 @@ def scan(fileobj: BinaryIO, size: int, name: str) -> np.ndarray:
 
 
 class Reader:
-    """Reads records by position, checking both CRCs of each."""
+    """Reads records by position, checking both CRCs of each: one pread a record (up to the next
+    record's offset; the last one's length read first)."""
 
     def __init__(self, path: str, offsets: np.ndarray, name: str) -> None:
-        self._file: BinaryIO = open(path, "rb")  # noqa: SIM115 -- closed by close()
+        self._fd = os.open(path, os.O_RDONLY)
         self._offsets = offsets
         self._name = name
 
     def read(self, position: int) -> bytes:
         offset = int(self._offsets[position])
-        self._file.seek(offset)
-        return _read_record(self._file, offset, None, f"{self._name}: record {position} (byte {offset})")
+        where = f"{self._name}: record {position} (byte {offset})"
+        try:
+            if position + 1 < len(self._offsets):
+                framed = os.pread(self._fd, int(self._offsets[position + 1]) - offset, offset)
+            else:
+                framed = os.pread(self._fd, _HEADER, offset)
+                if len(framed) == _HEADER:
+                    framed += os.pread(self._fd, struct.unpack("<Q", framed[:8])[0] + _FOOTER,
+                                       offset + _HEADER)
+        except OSError as exc:
+            raise ValueError(f"{where}: unreadable ({exc})") from None
+        return _checked(framed, offset, where)
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
+
+
+def _checked(framed: bytes, offset: int, where: str) -> bytes:
+    """The data of the framed record `framed` (read from `offset`), both CRCs checked."""
+    if len(framed) < _HEADER:
+        raise ValueError(f"{where}: truncated (length field cut at byte {offset + len(framed)})")
+    (length,) = struct.unpack_from("<Q", framed)
+    if struct.unpack_from("<I", framed, 8)[0] != masked_crc(framed[:8]):
+        raise ValueError(f"{where}: bad CRC of the length field")
+    end = offset + _HEADER + length + _FOOTER
+    if len(framed) < _HEADER + length + _FOOTER:
+        raise ValueError(f"{where}: truncated (the record ends at byte {end}, the file has "
+                         f"{offset + len(framed)})")
+    data = framed[_HEADER:_HEADER + length]
+    if struct.unpack_from("<I", framed, _HEADER + length)[0] != masked_crc(data):
+        raise ValueError(f"{where}: bad CRC of the data ({length} bytes)")
+    return data
 
 
 # --- tf.train.Example, by hand ---------------------------------------------------------------------------
@@ -230,17 +259,31 @@ def _packed_varints(data: bytes) -> np.ndarray:
     raw = np.frombuffer(data, dtype=np.uint8)
     if raw.max() < 0x80:  # every value in one byte: 0..127
         return raw.astype(np.int64)
-    ends = np.flatnonzero(raw < 0x80)
-    if ends.size == 0 or ends[-1] != raw.size - 1:
+    last = raw < 0x80
+    if not last[-1]:
         raise ValueError("a packed int64 list cut inside a varint")
-    starts = np.concatenate(([0], ends[:-1] + 1))
+    if not (~last[:-1] & ~last[1:]).any():  # every varint 1 or 2 bytes (0..16383: bytes, pixels, labels)
+        ends = np.flatnonzero(last)
+        low = raw.astype(np.int64)
+        second = np.zeros(raw.size, dtype=bool)
+        second[1:] = ~last[:-1]
+        values2 = low[ends]
+        two = np.flatnonzero(second[ends])
+        values2[two] = (values2[two] << 7) | (low[ends[two] - 1] & 0x7F)
+        return values2
+    ends = np.flatnonzero(last)
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
     lengths = ends - starts + 1
-    if lengths.max() > 10:
+    longest = int(lengths.max())
+    if longest > 10:
         raise ValueError("a varint longer than 10 bytes")
-    shifts = (np.arange(raw.size) - np.repeat(starts, lengths)).astype(np.uint64) * np.uint64(7)
-    parts = (raw & 0x7F).astype(np.uint64) << shifts
-    values: np.ndarray = np.bitwise_or.reduceat(parts, starts).view(np.int64)
-    return values
+    values = (raw[starts] & 0x7F).astype(np.uint64)
+    for k in range(1, longest):  # the k-th byte of each varint long enough to have one (most have 1 or 2)
+        more = np.flatnonzero(lengths > k)
+        values[more] |= (raw[starts[more] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+    return values.view(np.int64)
 
 
 def encode_example(features: Mapping[str, Any]) -> bytes:
