@@ -1,0 +1,79 @@
+"""`python -m hvdazure.launch.horovodrun ARGS` is `horovodrun ARGS`, with its check that Horovod was built
+with Gloo asked once per installation instead of once per job.
+
+horovodrun --gloo asks each framework's Horovod extension in turn, TensorFlow's first, whether it was built
+with Gloo, in a forked process that imports it: an import of TensorFlow (about 9 s of CPU) before the first
+rank of every job starts, PyTorch jobs included. The answer depends only on what is installed, so it is kept
+in a small file under the user's cache directory, keyed by Horovod's extension files and the frameworks'
+versions; a reinstalled Horovod or framework is asked again, and where nothing can be written it is asked
+every time, as horovodrun does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+FRAMEWORKS = ("tensorflow", "torch", "mxnet")  # the distributions whose Horovod extensions horovodrun asks
+
+
+def cache_file() -> Path:
+    """Where the answer is kept: $XDG_CACHE_HOME/hvdazure (~/.cache/hvdazure by default)."""
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "hvdazure" / "horovod-gloo-built.json"
+
+
+def installation_key(horovod_dir: Path) -> str:
+    """What the answer depends on: Horovod's compiled extensions (path, size, mtime) and the versions of the
+    frameworks they link."""
+    parts = []
+    for library in sorted(horovod_dir.glob("*/mpi_lib*.so")):
+        stat = library.stat()
+        parts.append(f"{library}:{stat.st_size}:{stat.st_mtime_ns}")
+    for name in FRAMEWORKS:
+        try:
+            parts.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{name} absent")
+    return "\n".join(parts)
+
+
+def cached_check(check: Callable[..., bool | None], key: str, path: Path) -> Callable[..., bool | None]:
+    """`check` answered from `path` when it holds an answer for `key`, else asked and its answer stored."""
+
+    def answer(verbose: bool = False) -> bool | None:
+        try:
+            stored = json.loads(path.read_text())
+            if stored["key"] == key:
+                return stored["gloo_built"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        result = check(verbose=verbose)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.{os.getpid()}")
+            partial.write_text(json.dumps({"key": key, "gloo_built": result}))
+            partial.replace(path)  # atomic: jobs starting at once read a whole file or none
+        except OSError:
+            pass
+        return result
+
+    return answer
+
+
+def main() -> None:
+    import horovod
+    from horovod.runner import launch
+
+    key = installation_key(Path(horovod.__file__).parent)
+    launch.gloo_built = cached_check(launch.gloo_built, key, cache_file())
+    sys.argv[0] = "horovodrun"
+    sys.exit(launch.run_commandline())
+
+
+if __name__ == "__main__":
+    main()
