@@ -4,7 +4,7 @@ with Gloo asked once per installation instead of once per job.
 horovodrun --gloo asks each framework's Horovod extension in turn, TensorFlow's first, whether it was built
 with Gloo, in a forked process that imports it: an import of TensorFlow (about 9 s of CPU) before the first
 rank of every job starts, PyTorch jobs included. The answer depends only on what is installed, so it is kept
-in a small file under the user's cache directory, keyed by Horovod's extension files and the frameworks'
+in a small file in hvdazure's cache directory, keyed by Horovod's extension files and the frameworks'
 versions; a reinstalled Horovod or framework is asked again, and where nothing can be written it is asked
 every time, as horovodrun does.
 """
@@ -22,9 +22,12 @@ FRAMEWORKS = ("tensorflow", "torch", "mxnet")  # the distributions whose Horovod
 
 
 def cache_file() -> Path:
-    """Where the answer is kept: $XDG_CACHE_HOME/hvdazure (~/.cache/hvdazure by default)."""
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "hvdazure" / "horovod-gloo-built.json"
+    """Where the answer is kept: in hvdazure's cache, $HVDAZURE_CACHE (by default ~/.cache/hvdazure, as for
+    the wheels scripts/setup_env.sh builds)."""
+    cache = os.environ.get("HVDAZURE_CACHE")
+    if not cache:
+        cache = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvdazure")
+    return Path(cache) / "horovod-gloo-built.json"
 
 
 def installation_key(horovod_dir: Path) -> str:

@@ -13,7 +13,7 @@ def test_a_gloo_job_after_the_first_starts_without_importing_tensorflow_in_the_l
     script = tmp_path / "nothing.py"
     script.write_text("")
     # every Python process of the job prints its imports; the rank's script imports nothing
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPROFILEIMPORTTIME": "1"}
+    env = {"HVDAZURE_CACHE": str(tmp_path / "cache"), "PYTHONPROFILEIMPORTTIME": "1"}
     first, second = (run_job(script, out_dir=tmp_path, np=1, env=env) for _ in range(2))
 
     assert first.returncode == 0 and second.returncode == 0, first.output + second.output

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from hvdazure.launch.horovodrun import cached_check, installation_key
+from hvdazure.launch.horovodrun import cache_file, cached_check, installation_key
 
 
 def _counting(answer):
@@ -54,3 +54,11 @@ def test_the_key_names_every_extension_file_and_changes_when_one_does(tmp_path: 
     library.write_bytes(b"v2 longer")
 
     assert str(library) in before and installation_key(tmp_path) != before
+
+
+def test_the_answer_is_kept_in_hvdazures_cache(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HVDAZURE_CACHE", str(tmp_path / "hvdazure"))
+    assert cache_file() == tmp_path / "hvdazure" / "horovod-gloo-built.json"
+    monkeypatch.delenv("HVDAZURE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_file() == tmp_path / "xdg" / "hvdazure" / "horovod-gloo-built.json"
