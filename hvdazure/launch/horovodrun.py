@@ -5,20 +5,20 @@ horovodrun --gloo asks each framework's Horovod extension in turn, TensorFlow's 
 with Gloo, in a forked process that imports it: an import of TensorFlow (about 9 s of CPU) before the first
 rank of every job starts, PyTorch jobs included. The answer depends only on what is installed, so it is kept
 in a small file in hvdazure's cache directory, keyed by Horovod's extension files and the frameworks'
-versions; a reinstalled Horovod or framework is asked again, and where nothing can be written it is asked
+files; a reinstalled Horovod or framework is asked again, and where nothing can be written it is asked
 every time, as horovodrun does.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 
-FRAMEWORKS = ("tensorflow", "torch", "mxnet")  # the distributions whose Horovod extensions horovodrun asks
+FRAMEWORKS = ("tensorflow", "torch", "mxnet")  # the frameworks whose Horovod extensions horovodrun asks
 
 
 def cache_file() -> Path:
@@ -31,17 +31,19 @@ def cache_file() -> Path:
 
 
 def installation_key(horovod_dir: Path) -> str:
-    """What the answer depends on: Horovod's compiled extensions (path, size, mtime) and the versions of the
-    frameworks they link."""
+    """What the answer depends on: Horovod's compiled extensions and the frameworks they link (each file's
+    path, size and mtime; a framework is found without importing it, under whichever distribution name)."""
+    files = sorted(horovod_dir.glob("*/mpi_lib*.so"))
     parts = []
-    for library in sorted(horovod_dir.glob("*/mpi_lib*.so")):
-        stat = library.stat()
-        parts.append(f"{library}:{stat.st_size}:{stat.st_mtime_ns}")
     for name in FRAMEWORKS:
-        try:
-            parts.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
             parts.append(f"{name} absent")
+        else:
+            files.append(Path(spec.origin))
+    for path in files:
+        stat = path.stat()
+        parts.append(f"{path}:{stat.st_size}:{stat.st_mtime_ns}")
     return "\n".join(parts)
 
 
