@@ -18,6 +18,7 @@ from hvdazure.launch.network import CrossNodeInterface
 
 CONTROLLERS = ("gloo", "mpi")
 RANK_WRAPPER_MODULE = "hvdazure.launch.rank_wrapper"
+HOROVODRUN_MODULE = "hvdazure.launch.horovodrun"  # horovodrun, less a TensorFlow import per job
 
 # Variables forwarded to every rank by mpirun (-x). Local ranks inherit mpirun's environment anyway; this
 # list is what remote nodes need. horovodrun forwards the whole environment itself.
@@ -169,8 +170,9 @@ def mpirun_command(spec: LaunchSpec, env: Mapping[str, str], is_root: bool,
 
 
 def horovodrun_command(spec: LaunchSpec, interface: CrossNodeInterface | None = None) -> list[str]:
-    """The horovodrun command line for the Gloo controller; Gloo and NCCL's sockets on `interface`."""
-    cmd = [_executable("horovodrun"), "--gloo", "-np", str(spec.num_proc), *_host_args(spec)]
+    """The horovodrun command line for the Gloo controller; Gloo and NCCL's sockets on `interface`.
+    horovodrun runs as HOROVODRUN_MODULE, which asks whether Horovod has Gloo once per installation."""
+    cmd = [sys.executable, "-m", HOROVODRUN_MODULE, "--gloo", "-np", str(spec.num_proc), *_host_args(spec)]
     if interface is not None:
         cmd += ["--network-interfaces", interface.name]
     return cmd

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -89,3 +90,39 @@ def processes_running(marker: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+@dataclass
+class FinishedRun:
+    """A finished run of workers/torch_job.py and the checkpoints it left (copy them before resuming)."""
+
+    job: JobRun
+    checkpoint_dir: Path
+
+    def copy_checkpoints(self, into: Path) -> Path:
+        """The checkpoints copied into `into` (which must not exist yet), for a test to resume or damage."""
+        shutil.copytree(self.checkpoint_dir, into)
+        return into
+
+
+class TorchRuns:
+    """Runs of workers/torch_job.py that several tests start identically (the uninterrupted reference, the
+    first half of a resume), each started once per session: `get(*settings, np=2)` runs the job with
+    `checkpoint_dir` set to a folder of its own on the first call and returns the same run afterwards.
+    Where its checkpoints are does not change what a run trains, so a test copies them and goes on."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._runs: dict[tuple[tuple[str, ...], int], FinishedRun] = {}
+
+    def get(self, *settings: str, np: int = 2) -> FinishedRun:
+        key = (settings, np)
+        if key not in self._runs:
+            folder = self._root / f"run-{len(self._runs)}"
+            out, ckpt = folder / "reports", folder / "ckpt"
+            out.mkdir(parents=True)
+            args = [a for s in (*settings, f"checkpoint_dir={ckpt}") for a in ("--set", s)]
+            job = run_job("torch_job.py", *args, out_dir=out, np=np, timeout=180)
+            assert job.returncode == 0, job.output
+            self._runs[key] = FinishedRun(job, ckpt)
+        return self._runs[key]

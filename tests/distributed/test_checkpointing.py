@@ -58,11 +58,11 @@ def finish(proc, timeout=90):
     return output
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The reference: the same training, never interrupted (with the same checkpoint schedule)."""
-    tmp = tmp_path_factory.mktemp("reference")
-    return train(tmp, "run", *BASE, f"checkpoint_dir={tmp / 'ckpt'}").reports[0]
+@pytest.fixture
+def uninterrupted(torch_runs):
+    """The reference: the same training, never interrupted (with the same checkpoint schedule); one run
+    per session, shared with the tests that damage its checkpoints and with tests/storage."""
+    return torch_runs.get(*BASE).job.reports[0]
 
 
 def test_sigkill_of_a_rank_mid_epoch_ends_the_job_and_resume_is_exact(tmp_path, uninterrupted):
@@ -108,9 +108,8 @@ def test_killing_rank0_while_it_writes_a_checkpoint_leaves_latest_valid(tmp_path
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip_bit"])
-def test_a_damaged_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, damage):
-    ckpt = tmp_path / "ckpt"
-    train(tmp_path, "first", *BASE, f"checkpoint_dir={ckpt}")
+def test_a_damaged_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, torch_runs, damage):
+    ckpt = torch_runs.get(*BASE).copy_checkpoints(tmp_path / "ckpt")  # the uninterrupted run's
     latest = (ckpt / "latest").read_text().strip()
     previous = sorted(p.name for p in ckpt.glob("step-*") if p.name < latest)[-1]
     target = ckpt / latest / "model.pt"
@@ -129,10 +128,10 @@ def test_a_damaged_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, d
 
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
 def test_resume_with_another_world_size_continues_the_epoch_exactly_once_with_the_lr_rescaled(
-        tmp_path, before, after):
-    ckpt = tmp_path / "ckpt"
+        tmp_path, torch_runs, before, after):
     # stops at step 7: mid-epoch (epoch 2 for 2 ranks x batch 4; epoch 1 for 1 rank)
-    first = train(tmp_path, "first", *BASE, f"checkpoint_dir={ckpt}", "max_steps=7", np=before)
+    run = torch_runs.get(*BASE, "max_steps=7", np=before)
+    first, ckpt = run.job, run.copy_checkpoints(tmp_path / "ckpt")
     manifest = json.loads((ckpt / "step-00000007" / "manifest.json").read_text())
     second = train(tmp_path, "second", *BASE, f"checkpoint_dir={ckpt}", "resume=auto", np=after)
 
@@ -215,9 +214,8 @@ def test_a_failing_save_on_rank0_is_an_error_on_every_rank_not_a_hang(tmp_path, 
     assert not job.reports
 
 
-def test_resume_from_an_explicit_checkpoint_path_without_a_checkpoint_dir(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    train(tmp_path, "first", *BASE, f"checkpoint_dir={ckpt}", "max_steps=7")
+def test_resume_from_an_explicit_checkpoint_path_without_a_checkpoint_dir(tmp_path, torch_runs):
+    ckpt = torch_runs.get(*BASE, "max_steps=7").copy_checkpoints(tmp_path / "ckpt")
     chosen = ckpt / "step-00000006"
 
     resumed = train(tmp_path, "resumed", *BASE, f"resume={chosen}")
@@ -230,12 +228,10 @@ def test_resume_from_an_explicit_checkpoint_path_without_a_checkpoint_dir(tmp_pa
 FEATURES = "extra.features=4"  # the checkpointed model: 4 inputs (the worker's default model has 3)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+@pytest.fixture
+def trained(torch_runs):
     """Checkpoints of a short run of the 4-feature model (steps 3, 6 and the final 7); copy to damage them."""
-    tmp = tmp_path_factory.mktemp("trained")
-    train(tmp, "run", *BASE, FEATURES, f"checkpoint_dir={tmp / 'ckpt'}", "max_steps=7")
-    return tmp / "ckpt"
+    return torch_runs.get(*BASE, FEATURES, "max_steps=7").checkpoint_dir
 
 
 def _replace_model_by_a_directory(ckpt):

@@ -25,11 +25,12 @@ def _seen(runs, epoch):
 
 
 @pytest.mark.parametrize(("before", "after"), [(1, 2), (1, 3), (3, 1)])
-def test_a_run_resumed_on_another_number_of_ranks_trains_every_epoch_to_the_end(tmp_path, before, after):
+def test_a_run_resumed_on_another_number_of_ranks_trains_every_epoch_to_the_end(tmp_path, torch_runs, before,
+                                                                              after):
     # was: 1 -> 2 ranks stopped after 90 of the 111 sample-epochs, exiting 0 (step counter vs a step total
     # computed for the new world size)
-    ckpt = tmp_path / "ckpt"
-    first = _train(tmp_path, "first", *BASE, f"checkpoint_dir={ckpt}", "max_steps=8", np=before)
+    run = torch_runs.get(*BASE, "max_steps=8", np=before)  # 1 -> 2 and 1 -> 3 start from the same run
+    first, ckpt = run.job, run.copy_checkpoints(tmp_path / "ckpt")
     second = _train(tmp_path, "second", *BASE, f"checkpoint_dir={ckpt}", "resume=auto", np=after)
 
     for epoch in range(3):
@@ -43,9 +44,8 @@ def test_a_run_resumed_on_another_number_of_ranks_trains_every_epoch_to_the_end(
     assert _seen([again], 0) == _seen([again], 2) == []
 
 
-def test_max_steps_counts_the_optimizer_steps_taken_across_a_resume_on_more_ranks(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    _train(tmp_path, "first", *BASE, f"checkpoint_dir={ckpt}", "max_steps=7", np=1)
+def test_max_steps_counts_the_optimizer_steps_taken_across_a_resume_on_more_ranks(tmp_path, torch_runs):
+    ckpt = torch_runs.get(*BASE, "max_steps=7", np=1).copy_checkpoints(tmp_path / "ckpt")
     second = _train(tmp_path, "second", *BASE, f"checkpoint_dir={ckpt}", "resume=auto", "max_steps=12", np=2)
 
     assert second.reports[0]["history"][-1]["step"] == 12

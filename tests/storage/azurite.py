@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "devstoreaccount1"
 # Azurite's well-known development key (public, documented by Microsoft; it protects nothing).
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+# The Azure SDK's retry backoff (15 s and more) is multiplied by this in the tests: about 15 ms; a test that
+# lets every retry fail (a save that keeps failing) waits a dozen of these, not a dozen times 0.3 s.
+SDK_BACKOFF_FACTOR = 0.001
 _NOT_INSTALLABLE = 3  # install_azurite.sh's exit status where Node.js or npm is missing
 
 
@@ -125,7 +128,7 @@ def forget_filesystems() -> None:
     AzureBlobFileSystem.clear_instance_cache()
 
 
-def shorten_sdk_backoff(monkeypatch: pytest.MonkeyPatch, factor: float = 0.02) -> None:
+def shorten_sdk_backoff(monkeypatch: pytest.MonkeyPatch, factor: float = SDK_BACKOFF_FACTOR) -> None:
     """The Azure SDK's retry policy waits 15 s and more before retrying a 5xx or a reset connection;
     in these tests it waits `factor` of that (the same policy, the same retries, shorter sleeps)."""
     from azure.storage.blob._shared import policies_async

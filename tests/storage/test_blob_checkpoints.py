@@ -12,7 +12,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,37 +187,99 @@ def test_a_resave_of_the_step_latest_names_replaces_it_with_a_new_version(blob_u
 
 
 # --- a writer killed between any two storage requests of a save ------------------------------------------
-_WRITER = textwrap.dedent("""
+# The writers are processes forked by one that imported hvdazure, adlfs and the Azure SDK once (a second
+# each, and the kill test starts one writer per request of a save); what a writer does and how it is
+# killed is as if it had been started on its own.
+_WRITERS = textwrap.dedent("""
+    import os
     import sys
+    import traceback
+
+    import adlfs  # noqa: F401  (abfs://, imported before the forks)
     from hvdazure.core.checkpoint_store import CheckpointManager
-    manager = CheckpointManager(sys.argv[1])
-    manager.save(5, {"model.bin": lambda f: f.write(b"new weights" * 1000),
-                     "state.json": lambda f: f.write(b'{"step": 5}')}, {"reason": "again"})
-    print("saved")
+
+    def save(url):
+        manager = CheckpointManager(url)
+        manager.save(5, {"model.bin": lambda f: f.write(b"new weights" * 1000),
+                         "state.json": lambda f: f.write(b'{"step": 5}')}, {"reason": "again"})
+        print("saved")
+
+    for line in sys.stdin:
+        url, log = line.rstrip("\\n").split("\\t")
+        pid = os.fork()
+        if pid == 0:
+            with open(log, "w") as out:
+                os.dup2(out.fileno(), 1)
+                os.dup2(out.fileno(), 2)
+            try:
+                save(url)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            os._exit(code)
+        print(pid, flush=True)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """)
 
 
-def _run_writer(url: str, proxy: Any, kill_at: int | None) -> subprocess.CompletedProcess[str]:
-    """Re-save step 5 in a child process through the proxy; SIGKILL it when its `kill_at`-th request
-    arrives, before that request reaches storage."""
-    process = subprocess.Popen([sys.executable, "-c", _WRITER, url], text=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
+class Writers:
+    """Re-saves step 5 of a run in a child process through the proxy, as a second job would; the children
+    are forked by one process started here (with this test's environment: the proxy's port)."""
 
-    def kill(request: Request) -> bool:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        return False
+    def __init__(self, logs: Path) -> None:
+        self._logs, self._count = logs, 0
+        self._server = subprocess.Popen([sys.executable, "-c", _WRITERS], text=True, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
-    proxy.clear()
-    if kill_at is not None:
-        proxy.inject("call", nth=kill_at, callback=kill)
-    out, err = process.communicate(timeout=120)
-    proxy.clear()
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    def close(self) -> None:
+        assert self._server.stdin is not None
+        self._server.stdin.close()
+        try:
+            self._server.wait(timeout=30)
+        finally:
+            self._server.kill()
+
+    def run(self, url: str, proxy: Any, kill_at: int | None) -> subprocess.CompletedProcess[str]:
+        """Re-save step 5 at `url`; SIGKILL the writer when its `kill_at`-th request arrives, before that
+        request reaches storage. A hang fails on the suite's per-test timeout."""
+        assert self._server.stdin is not None and self._server.stdout is not None
+        self._count += 1
+        log = self._logs / f"writer-{self._count}.log"
+        started, ended = threading.Event(), threading.Event()
+        pid = 0
+
+        def kill(request: Request) -> bool:
+            started.wait(60)
+            os.kill(pid, signal.SIGKILL)
+            ended.wait(60)  # reaped: dead before its request is dropped
+            return False
+
+        proxy.clear()
+        if kill_at is not None:
+            proxy.inject("call", nth=kill_at, callback=kill)
+        self._server.stdin.write(f"{url}\t{log}\n")
+        self._server.stdin.flush()
+        pid = int(self._server.stdout.readline())
+        started.set()
+        returncode = int(self._server.stdout.readline())
+        ended.set()
+        proxy.clear()
+        output = log.read_text()
+        return subprocess.CompletedProcess([url], returncode, output, output)
+
+
+@pytest.fixture
+def writers(tmp_path: Path, proxied_blob: ProxiedBlob) -> Iterator[Writers]:
+    """Writers for this test, which see the storage through its proxy."""
+    server = Writers(tmp_path)
+    yield server
+    server.close()
 
 
 def test_a_writer_killed_between_any_two_requests_of_a_save_never_leaves_a_wrong_checkpoint(
-        proxied_blob: ProxiedBlob) -> None:
+        proxied_blob: ProxiedBlob, writers: Writers) -> None:
     old = {"model.bin": _weights(5), "state.json": b'{"step": 5}'}
     new = {"model.bin": b"new weights" * 1000, "state.json": b'{"step": 5}'}
     proxy = proxied_blob.proxy
@@ -226,7 +289,7 @@ def test_a_writer_killed_between_any_two_requests_of_a_save_never_leaves_a_wrong
 
     prepare(f"{proxied_blob.url}/complete")
     before = len(proxy.requests)
-    done = _run_writer(f"{proxied_blob.url}/complete", proxy, None)
+    done = writers.run(f"{proxied_blob.url}/complete", proxy, None)
     assert done.returncode == 0, done.stderr
     requests = len(proxy.requests) - before
     assert requests >= 8  # listing, 2 files and the manifest (2 requests each), latest, retention
@@ -234,7 +297,7 @@ def test_a_writer_killed_between_any_two_requests_of_a_save_never_leaves_a_wrong
     for kill_at in range(1, requests + 1):
         run = f"{proxied_blob.url}/kill-{kill_at}"
         prepare(run)
-        killed = _run_writer(run, proxy, kill_at)
+        killed = writers.run(run, proxy, kill_at)
         assert killed.returncode == -signal.SIGKILL, f"request {kill_at}: {killed.stderr}"
 
         after = CheckpointManager(run)  # the next run: cleans up, then looks for a checkpoint
@@ -251,13 +314,13 @@ def test_a_writer_killed_between_any_two_requests_of_a_save_never_leaves_a_wrong
 
 
 def test_a_checkpoint_another_process_wrote_is_seen_by_a_manager_that_listed_before(
-        proxied_blob: ProxiedBlob) -> None:
+        proxied_blob: ProxiedBlob, writers: Writers) -> None:
     run = f"{proxied_blob.url}/run1"
     manager = CheckpointManager(run)
     _save(manager, 5)
     assert manager.latest_valid()[0].name == "step-00000005"  # fsspec now holds listings of run1
 
-    assert _run_writer(run, proxied_blob.proxy, None).returncode == 0  # saves step-00000005-v2
+    assert writers.run(run, proxied_blob.proxy, None).returncode == 0  # saves step-00000005-v2
 
     checkpoint, warnings = manager.latest_valid()
     assert checkpoint is not None and checkpoint.name == "step-00000005-v2" and warnings == []

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import fsspec
 import pytest
-from distributed.harness import JobRun, kill_tree, processes_running, run_job
+from distributed.harness import JobRun, TorchRuns, kill_tree, processes_running, run_job
 
 from storage.azurite import ACCOUNT_KEY, Azurite, forget_filesystems
 from storage.conftest import ProxiedBlob
@@ -83,12 +83,12 @@ def _errors(stderr: str, rank: int) -> list[str]:
     return [line.removeprefix(prefix) for line in stderr.splitlines() if line.startswith(prefix)]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The reference, shared by every test here: the same training, never interrupted, with the same
-    checkpoint schedule (on a local directory: where it saves does not change what it trains)."""
-    tmp = tmp_path_factory.mktemp("reference")
-    return train(tmp, "run", *BASE, f"checkpoint_dir={tmp / 'ckpt'}").reports[0]
+@pytest.fixture
+def uninterrupted(torch_runs: TorchRuns) -> dict:
+    """The reference, shared by every test here and tests/distributed/test_checkpointing.py: the same
+    training, never interrupted, with the same checkpoint schedule (on a local directory: where it saves
+    does not change what it trains), one run per session."""
+    return torch_runs.get(*BASE).job.reports[0]
 
 
 # --- kill mid-epoch, resume exactly; a damaged newest checkpoint is skipped ---------------------------------

@@ -36,8 +36,8 @@ def test_every_rank_runs_inside_the_rank_wrapper():
 
 def test_gloo_uses_horovodrun_on_localhost_by_default():
     argv, _ = build_command(LaunchSpec(num_proc=2, command=["train.py"]), ENV)
-    assert argv[0].endswith("horovodrun")
-    assert argv[1:6] == ["--gloo", "-np", "2", "-H", "localhost:2"]
+    assert argv[:3] == [sys.executable, "-m", "hvdazure.launch.horovodrun"]  # launch/horovodrun.py
+    assert argv[3:8] == ["--gloo", "-np", "2", "-H", "localhost:2"]
 
 
 def test_mpi_uses_mpirun_without_core_binding_and_with_rank_tags():
