@@ -12,9 +12,9 @@ reads it on -np ranks of this machine sharing one node cache, through the loader
 - cold epoch: this rank's samples with the cache emptied (a local source: its files dropped from the page
   cache), no compute; the cache's downloads counted;
 - warm epoch: the same again, and the raw read of the same shard files from where the loader read them;
-- data wait: a cold cache, the loader's 2 workers, and a step of fixed compute (a sleep twice the warm
+- data wait: a cold cache, the loader's 2 workers, and a step of fixed compute (a sleep twice the cold
   epoch's read time per batch: a step whose compute exceeds its read, running elsewhere as on a GPU); the
-  share of time spent waiting for batches after the first;
+  share of time spent waiting for batches once each worker has delivered its first;
 - resume: a cold cache, the epoch started half way through: time to the first batch.
 Then fresh single-rank processes read a local dataset 1x and 4x the size (more shards of the same size):
 their peak RSS, rotated over rounds (3; --quick 1).

@@ -189,12 +189,12 @@ def measure_ranks(url: str | None, p: dict[str, Any],
             seconds, _ = raw_read(lambda path: open(path, "rb"), local_paths)  # noqa: SIM115
             figures["raw_local_s"].append(seconds)
             cold_set.close()
-            # data wait: a cold cache, the loader's workers, a step's compute twice the warm read per batch
-            per_batch = warm["seconds"] / max(1, len(warm["waits_s"]))
+            # data wait: a cold cache, the loader's workers, a step's compute twice the cold read per batch
+            per_batch = cold["seconds"] / max(1, len(cold["waits_s"]))
             compute = max(0.005, 2 * per_batch)
             clear_cache()
             waited = timed_epoch(dataset(), plan, p["num_workers"], compute_s=compute)
-            waits = waited["waits_s"][1:]  # after the first batch: once prefetch runs
+            waits = waited["waits_s"][p["num_workers"]:]  # once prefetch runs: each worker's first batch out
             figures["wait_fraction"].append(sum(waits) / max(1e-9, sum(waits) + compute * len(waits)))
             # a resume half way through the epoch on a cold cache: time to its first batch
             clear_cache()
