@@ -49,6 +49,12 @@ _POLL_S = 1.0  # how often the wrapper checks that its parent is still there
 # (freeing a large model, joining data loader workers); if this rank exited first, the launcher would
 # tear the job down and kill that peer before it could report, and the job would blame this rank.
 _FOLLOW_ON_DELAY_S = 10.0
+# How long a rank that stopped on bad input (exit status 2: hvdazure's one-line error, before training)
+# waits before it reports and exits (unless the launcher signals it first). Every rank parses the same
+# input and says the same; without the wait, horovodrun and mpirun kill the ranks that are a moment
+# behind (still importing their framework) before they can say it.
+_BAD_INPUT_HOLD_S = 3.0
+BAD_INPUT_STATUS = 2
 
 
 class _LinePump(threading.Thread):
@@ -180,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             detail += PEER_TIMEOUT_DETAIL
         if follow_on:  # let the rank that failed first report first
             forward.signalled.wait(_FOLLOW_ON_DELAY_S)
+        elif code == BAD_INPUT_STATUS:  # let the other ranks name the bad input too
+            forward.signalled.wait(_BAD_INPUT_HOLD_S)
         _write_stderr_line(RankFailure(follow_on, exited_at, rank, code, detail).line())
     else:
         _write_stderr_line(exited_line(rank, code))

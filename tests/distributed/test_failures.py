@@ -75,3 +75,23 @@ def test_verbose_shows_the_launchers_own_report_of_a_failure(tmp_path):
     assert job.returncode == 3, job.output
     assert "Horovod detected that one or more processes exited with non-zero status" in job.output
     assert "hvdazure run: rank 1 failed first, with exit code 3" in job.stderr
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_every_rank_names_bad_input_even_a_rank_a_moment_behind(tmp_path, controller):
+    """Rank 1 stops on bad input at once, rank 0 a second later (still importing its framework, say):
+    the launcher must not kill rank 0 before it says so too (horovodrun and mpirun stop the job when a
+    rank exits; failed before the wrapper held a bad-input exit)."""
+    script = tmp_path / "bad_input.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "rank = int(os.environ.get('HOROVOD_RANK', os.environ.get('OMPI_COMM_WORLD_RANK', '0')))\n"
+        "time.sleep(1.0 if rank == 0 else 0.0)\n"
+        "sys.stderr.write(\"hvdazure: error: config field 'batch_size': 0 must be at least 1\\n\")\n"
+        "sys.exit(2)\n")
+    job = run_job(script, out_dir=tmp_path, controller=controller, timeout=60)
+
+    assert job.returncode == 2, job.output
+    for rank in (0, 1):
+        assert f"[{rank}]<stderr>:hvdazure: error: config field 'batch_size'" in job.stderr, job.stderr
+    assert "rank 1" in job.stderr.splitlines()[-1] and "failed first" in job.stderr.splitlines()[-1]
