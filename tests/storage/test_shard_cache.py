@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import random
@@ -199,13 +200,19 @@ def test_a_download_killed_half_way_is_never_taken_and_its_temporary_is_cleaned(
     def kill(request: Request) -> bool:  # on its third chunk: two are on disk under the temporary name
         assert child.pid is not None
         os.kill(child.pid, signal.SIGKILL)
-        child.join()
+        # Dead before its third chunk is answered. Wait on the sentinel, never join here: two threads
+        # reaping one child race (the loser's waitpid gets ECHILD and its join reports exitcode None).
+        multiprocessing.connection.wait([child.sentinel], 30)
         return False
 
     proxied_blob.proxy.inject("call", nth=3, method="GET", path="shard-00000", callback=kill)
     child.start()
     child.join(60)
     proxied_blob.proxy.clear()
+    if child.is_alive():  # never left running: say how far it got
+        child.kill()
+        child.join()
+        pytest.fail(f"the download was not killed: {len(_gets(proxied_blob, 'shard-00000'))} GETs seen")
     assert child.exitcode == -signal.SIGKILL
     left = _cached_files(tmp_path)
     assert len(left) == 1 and ".tmp-" in left[0]  # what the killed process wrote: 2 of 4 chunks
