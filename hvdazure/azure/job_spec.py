@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdazure.azure import sweep_spec, vm_sizes
+from hvdazure.azure import data_inputs, sweep_spec, vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.errors import JobSpecError, check_count
 from hvdazure.azure.resolved_job import InputSpec, JobEnvironment, OutputSpec, ResolvedJob
@@ -37,8 +37,6 @@ from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
 if TYPE_CHECKING:
     from hvdazure.core.config import TrainConfig
 
-INPUT_TYPES = ("uri_folder", "uri_file")
-INPUT_MODES = ("ro_mount", "download", "rw_mount", "direct", "eval_mount", "eval_download")
 OUTPUT_MODES = ("rw_mount", "upload", "direct")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # input, output and environment variable names
 _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,254}$")
@@ -88,18 +86,10 @@ def parse_key_value(text: str, option: str) -> tuple[str, str]:
 
 def parse_input(text: str) -> InputSpec:
     """`NAME=[TYPE:]URI[:MODE]`, e.g. `data=azureml:digits@latest`, `data=azureml:digits:3:download`,
-    `weights=uri_file:azureml://datastores/ws/paths/w.pt`. A trailing `:MODE` is read as a mode only when
-    it is one (ro_mount, download, rw_mount, direct, ...); the type is uri_folder unless given."""
-    name, uri = parse_key_value(text, "--input")
-    kind = "uri_folder"
-    for candidate in INPUT_TYPES:
-        if uri.startswith(candidate + ":"):
-            kind, uri = candidate, uri[len(candidate) + 1:]
-    mode = "ro_mount"
-    head, sep, tail = uri.rpartition(":")
-    if sep and tail in INPUT_MODES:
-        uri, mode = head, tail
-    spec = InputSpec(name=name, uri=uri, type=kind, mode=mode)
+    `weights=uri_file:azureml://datastores/ws/paths/w.pt`; parsed strictly (data_inputs.py says what Azure
+    ML takes). The type is uri_folder and the mode ro_mount unless given."""
+    name, value = parse_key_value(text, "--input")
+    spec = data_inputs.parse_input_value(name, value)
     _check_input(spec)
     return spec
 
@@ -279,12 +269,7 @@ def _environment(spec: JobSpec, cwd: Path) -> JobEnvironment:
 def _check_input(spec: InputSpec) -> None:
     if not _NAME.match(spec.name):
         raise JobSpecError(f"--input name {spec.name!r}: letters, digits and '_', not starting with a digit")
-    if not spec.uri:
-        raise JobSpecError(f"--input {spec.name}: no URI (expected NAME=azureml:ASSET@latest, ...)")
-    if spec.type not in INPUT_TYPES:
-        raise JobSpecError(f"--input {spec.name}: type {spec.type!r} is not one of {', '.join(INPUT_TYPES)}")
-    if spec.mode not in INPUT_MODES:
-        raise JobSpecError(f"--input {spec.name}: mode {spec.mode!r} is not one of {', '.join(INPUT_MODES)}")
+    data_inputs.check_input(spec)
     if _SECRET_VALUE.search(spec.uri):
         raise JobSpecError(f"--input {spec.name}: the URI carries a credential (a SAS token?), which would "
                            "be stored in the job; register a datastore or data asset and use azureml:...")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure._version import __version__
-from hvdazure.azure import compute
+from hvdazure.azure import compute, data_inputs
 from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError, redacted_line
@@ -218,6 +218,7 @@ class V2Connection:
         ml job create -f` loads it: what a dry run validates is what is submitted."""
         from azure.ai.ml import load_job
 
+        ensure_inputs(self.ml_client, job)
         ensure_environment(self.ml_client, job)
         created = self.ml_client.jobs.create_or_update(load_job(files[-1]))
         if stream:
@@ -251,6 +252,30 @@ def ensure_environment(ml_client: Any, job: ResolvedJob) -> None:
         if environment is None:
             raise SubmitError(f"environment {wanted.reference} not found in the workspace") from None
         ml_client.environments.create_or_update(environment)
+
+def ensure_inputs(ml_client: Any, job: ResolvedJob) -> None:
+    """Look up every data asset the job's inputs name (`azureml:NAME:VERSION`, `azureml:NAME@latest`) in the
+    workspace, as the SDK itself would, but before the environment is registered and the code uploaded
+    (azure-ai-ml resolves them only after the upload): a missing one is one line naming it."""
+    from azure.ai.ml.exceptions import MlException
+    from azure.core.exceptions import ResourceNotFoundError
+
+    for spec in job.inputs:
+        asset = data_inputs.asset_reference(spec.uri)
+        if asset is None:
+            continue
+        try:  # by version: a GET of it; by label: the SDK's own resolver (the latest version, then that one)
+            ml_client.data.get(asset.name, version=asset.version, label=asset.label)
+        except ResourceNotFoundError:
+            raise SubmitError(f"--input {spec.name}: data asset {asset.reference} not found in the "
+                              "workspace") from None
+        except MlException as exc:
+            if "does not exist" in str(exc) or isinstance(exc.__cause__, ResourceNotFoundError):
+                raise SubmitError(f"--input {spec.name}: data asset {asset.reference} not found in the "
+                                  "workspace") from None
+            raise SubmitError(f"--input {spec.name}: data asset {asset.reference} cannot be resolved: "
+                              f"{redacted_line(exc)}") from None
+
 
 def _input_path(uri: str) -> str:
     """Local paths are uploaded by the SDK: resolve them from the current directory, like the CLI option."""
