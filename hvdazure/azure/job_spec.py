@@ -43,6 +43,8 @@ _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,254}$")
 _SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$", re.I)
 _PLACEHOLDER = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 _REGISTERED_ENV = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)(@latest|:[A-Za-z0-9_.\-]+)$")  # after azureml:
+_REGISTRY_ENV = re.compile(r"^azureml://registries/([A-Za-z0-9][A-Za-z0-9_\-]*)/environments/"
+                           r"([A-Za-z0-9][A-Za-z0-9_.\-]*)/(labels|versions)/([A-Za-z0-9_.\-]+)$")
 # Variables named like secrets (HF_TOKEN, WANDB_API_KEY, AZURE_CLIENT_SECRET; not TOKENIZERS_PARALLELISM)
 # would sit in the job definition in plain text.
 _SECRET_WORDS = {"SECRET", "PASSWORD", "PASSWD", "TOKEN", "SAS", "CREDENTIAL", "CREDENTIALS", "PAT"}
@@ -243,12 +245,7 @@ def _environment(spec: JobSpec, cwd: Path) -> JobEnvironment:
         raise JobSpecError("--environment names a registered environment: give it alone, or --image "
                            "(with --conda-file), not both")
     if spec.environment:
-        match = _REGISTERED_ENV.match(spec.environment.removeprefix("azureml:"))
-        if not match:
-            raise JobSpecError(f"--environment {spec.environment!r}: expected azureml:NAME@latest or "
-                               "azureml:NAME:VERSION")
-        name, which = match.groups()
-        return JobEnvironment(name=name, version=None if which == "@latest" else which[1:], registered=True)
+        return registered_environment(spec.environment)
     if not spec.image:
         raise JobSpecError("no environment: give --image REGISTRY/IMAGE:TAG (docker/README.md builds "
                            "hvdazure-gpu) or --environment azureml:NAME@latest")
@@ -264,6 +261,29 @@ def _environment(spec: JobSpec, cwd: Path) -> JobEnvironment:
     name = re.sub(r"[^A-Za-z0-9_.\-]", "-", repository).strip(".-_") or "hvdazure"
     return JobEnvironment(name=name, version=environment_version(spec.image, conda_text), image=spec.image,
                            conda_file=conda_file)
+
+
+def registered_environment(text: str) -> JobEnvironment:
+    """`--environment`: one of the workspace (`azureml:NAME@latest`, `azureml:NAME:VERSION`) or of a registry
+    (`azureml://registries/REGISTRY/environments/NAME/labels/latest` or `.../versions/VERSION`, the form of
+    Azure ML's curated environments, which the job references as it is)."""
+    if text.startswith("azureml://"):
+        match = _REGISTRY_ENV.match(text)
+        if not match:
+            raise JobSpecError(f"--environment {text!r}: expected azureml://registries/REGISTRY/environments/"
+                               "NAME/labels/latest or .../versions/VERSION")
+        registry, name, which, value = match.groups()
+        if which == "labels" and value != "latest":
+            raise JobSpecError(f"--environment {text!r}: label {value!r}: a registry environment is named by "
+                               "labels/latest or versions/VERSION")
+        return JobEnvironment(name=name, version=value if which == "versions" else None, registered=True,
+                              registry=registry)
+    match = _REGISTERED_ENV.match(text.removeprefix("azureml:"))
+    if not match:
+        raise JobSpecError(f"--environment {text!r}: expected azureml:NAME@latest or azureml:NAME:VERSION "
+                           "(or azureml://registries/REGISTRY/environments/NAME/labels/latest)")
+    name, which = match.groups()
+    return JobEnvironment(name=name, version=None if which == "@latest" else which[1:], registered=True)
 
 
 def _check_input(spec: InputSpec) -> None:

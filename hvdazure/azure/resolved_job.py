@@ -60,9 +60,14 @@ class JobEnvironment:
     image: str | None = None
     conda_file: Path | None = None
     registered: bool = False  # True: the user's own, referenced and never created
+    registry: str | None = None  # a registry's (Azure ML's curated ones: "azureml"), not the workspace's
 
     @property
     def reference(self) -> str:
+        """How a job names it: `azureml:NAME:VERSION` / `azureml:NAME@latest`, or a registry's URI."""
+        if self.registry is not None:
+            which = "labels/latest" if self.version is None else f"versions/{self.version}"
+            return f"azureml://registries/{self.registry}/environments/{self.name}/{which}"
         which = "@latest" if self.version is None else f":{self.version}"
         return f"azureml:{self.name}{which}"
 

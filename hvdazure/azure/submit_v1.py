@@ -75,6 +75,24 @@ def _form(job: ResolvedJob) -> ScriptRun | HyperDriveRun:
                                "runs a script file, not `python -m hvdazure.sweep`")
 
 
+def _check_environment_and_identity(job: ResolvedJob) -> None:
+    """What azureml-core cannot send of the job's environment and identity, refused offline."""
+    if job.environment.registry is not None:
+        raise JobSpecError(f"--environment {job.environment.reference}: SDK v1 cannot use registry "
+                           "environments (azureml-core's Environment.get reads the workspace only); use "
+                           "--sdk v2, or an environment of the workspace, azureml:NAME@latest")
+
+
+def _environment_notes(job: ResolvedJob) -> tuple[str, ...]:
+    """For the dry run's report: what is sent of a registered environment, which a dry run cannot read."""
+    environment = job.environment
+    if not environment.registered:
+        return ()
+    which = "its latest version" if environment.version is None else f"version {environment.version}"
+    return (f"environment {environment.name}: the submission sends the workspace's definition of {which} "
+            "(azureml-core's Environment.get); the run configuration written here names it only",)
+
+
 class V1Backend:
     """The submit backend for `--sdk v1` (azureml-core, legacy)."""
 
@@ -85,6 +103,7 @@ class V1Backend:
         if job.inputs or job.outputs:
             raise JobSpecError("--input and --output need SDK v2 (the default); with --sdk v1, pass the "
                                "script a datastore path instead")
+        _check_environment_and_identity(job)
         _form(job).check_supported()
 
     def write_yaml(self, job: ResolvedJob, path: str | Path) -> list[Path]:
@@ -99,7 +118,8 @@ class V1Backend:
         checked = ("azureml-core loads the run configuration back (mpi: processCountPerNode "
                    f"{mpi['processCountPerNode']}, nodeCount {mpi['nodeCount']}){form.also_checked}")
         how = "the same hvdazure submit --sdk v1 without --dry-run"
-        return OfflineCheck(checked=checked, how_to_submit=how, notes=form.notes(body))
+        return OfflineCheck(checked=checked, how_to_submit=how, notes=(*_environment_notes(job),
+                                                                       *form.notes(body)))
 
     def connect(self, workspace: WorkspaceRef, credential: Any,
                 client_options: dict[str, Any]) -> V1Connection:

@@ -242,6 +242,8 @@ def ensure_environment(ml_client: Any, job: ResolvedJob) -> None:
 
     environment = build_environment(job)
     wanted = job.environment
+    if wanted.registry is not None:
+        return  # a registry's: the service resolves it (the workspace client cannot look into a registry)
     try:
         if environment is None:
             ml_client.environments.get(wanted.name, **({"version": wanted.version} if wanted.version
