@@ -84,7 +84,7 @@ def _submit(args: argparse.Namespace) -> int:
             inputs=[job_spec.parse_input(text) for text in args.input],
             outputs=[job_spec.parse_output(text) for text in args.output],
             experiment=args.experiment, display_name=args.display_name, shm_size=args.shm_size,
-            docker_args=args.docker_args, vm_size=args.vm_size,
+            docker_args=args.docker_args, vm_size=args.vm_size, identity=args.identity,
             sweep=args.sweep_from(args) if args.sweep_from else None)
         if args.dry_run:
             output_yaml = args.output_yaml or submission.DEFAULT_YAML
@@ -352,6 +352,10 @@ def _add_submit_options(parser: _Parser,
     job.add_argument("--experiment", help="experiment name (default: the code directory's name)")
     job.add_argument("--display-name", help="the job's display name")
     job.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag (repeatable)")
+    job.add_argument("--identity", metavar="user|managed|managed:CLIENT_ID",
+                     help="what the job runs as: the submitting user's identity, or the compute's managed "
+                          "identity (CLIENT_ID: a user-assigned one, also DefaultAzureCredential's in the "
+                          "job); default: Azure ML's (an AML token). SDK v1: user only")
     if add_sweep_options is not None:
         add_sweep_options(parser)
     _add_workspace_options(parser)

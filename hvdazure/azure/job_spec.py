@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from hvdazure.azure import data_inputs, sweep_spec, vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.errors import JobSpecError, check_count
+from hvdazure.azure.job_identity import with_identity
 from hvdazure.azure.resolved_job import InputSpec, JobEnvironment, OutputSpec, ResolvedJob
 from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
 from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
@@ -75,6 +76,7 @@ class JobSpec:
     docker_args: str | None = None  # extra `docker run` arguments, e.g. "--user root"
     vm_size: str | None = None  # the compute's VM size, when known before asking Azure
     sweep: SweepSpec | InJobSweepSpec | None = None  # hvdazure submit sweep | in-job-sweep
+    identity: str | None = None  # user, managed or managed:CLIENT_ID (job_identity.py); None: Azure ML's
 
 
 # --- parsing the CLI's strings --------------------------------------------------------------------------
@@ -162,6 +164,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
         outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
         f"{nodes}x{processes}", tags=tags, shm_size=spec.shm_size, docker_args=spec.docker_args or None,
         vm_size=vm_size, snapshot=snapshot, warnings=tuple(warnings))
+    job = with_identity(job, spec.identity)
     if spec.sweep is None:
         return job
     return sweep_spec.apply(spec.sweep, job, config=config, cwd=cwd)

@@ -72,6 +72,24 @@ class JobEnvironment:
         return f"azureml:{self.name}{which}"
 
 
+@dataclass(frozen=True)
+class JobIdentity:
+    """The identity the job runs as (job_identity.py says what each reaches): the submitting user's, or a
+    managed identity of the compute, user-assigned when `client_id` is given."""
+
+    kind: str  # "user" or "managed"
+    client_id: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "user":
+            return "user (the submitting user's, for the job's inputs and outputs)"
+        which = f"user-assigned, client id {self.client_id}" if self.client_id else "system-assigned"
+        return f"managed ({which}), also DefaultAzureCredential's in the job"
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"type": self.kind, "client_id": self.client_id}
+
+
 # --- the job's kind ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CommandJob:
@@ -226,6 +244,7 @@ class ResolvedJob:
     snapshot: CodeSnapshot
     warnings: tuple[str, ...] = ()
     kind: JobKind = CommandJob()
+    identity: JobIdentity | None = None  # None: Azure ML's default (an AML token)
 
     @property
     def world_size(self) -> int:
@@ -260,6 +279,8 @@ class ResolvedJob:
             f"{self.snapshot.total_bytes / 2**20:.1f} MB)",
             f"experiment: {self.experiment}; display name: {self.display_name}",
         ]
+        if self.identity:
+            lines.append(f"identity: {self.identity.describe()}")
         if self.docker_args:
             lines.append(f"docker arguments: {self.docker_args}")
         if self.env:

@@ -54,6 +54,8 @@ def build_run_config(job: ResolvedJob, workspace: Any = None) -> Any:
                                                   arguments=shlex.split(job.docker_args or "")),
     )
     config.run_config.environment_variables = dict(job.env)
+    # --identity user: azureml-core's credential passthrough (it has no managed identity: submit_v1 refuses)
+    config.run_config.credential_passthrough = job.identity is not None and job.identity.kind == "user"
     return config
 
 
@@ -98,10 +100,12 @@ def check_run_configuration(job: ResolvedJob, data: dict[str, Any], name: str) -
     found = {"script": loaded.script, "arguments": list(loaded.arguments), "nodeCount": loaded.node_count,
              "mpi": {"processCountPerNode": loaded.mpi.process_count_per_node,
                      "nodeCount": loaded.mpi.node_count},
-             "environment": {"name": loaded.environment.name, "version": loaded.environment.version}}
+             "environment": {"name": loaded.environment.name, "version": loaded.environment.version},
+             "credentialPassthrough": bool(loaded.credential_passthrough)}
     wanted = {"script": job.script, "arguments": list(job.script_args), "nodeCount": job.nodes,
               "mpi": {"processCountPerNode": job.processes_per_node, "nodeCount": job.nodes},
-              "environment": {"name": job.environment.name, "version": job.environment.version}}
+              "environment": {"name": job.environment.name, "version": job.environment.version},
+              "credentialPassthrough": job.identity is not None and job.identity.kind == "user"}
     if found != wanted:
         raise SubmitError(f"{name} does not load back as written: {found} != {wanted}")
     return found

@@ -94,8 +94,33 @@ def build_job(job: ResolvedJob) -> Any:
         "experiment_name": job.experiment,
         "display_name": job.display_name,
         "tags": job.submitted_tags,
+        "identity": identity_configuration(job),
     }
     return _form(job).build(command_fields, shared_fields)
+
+
+def _check_identity(job: ResolvedJob, body: dict[str, Any], job_file: str) -> None:
+    """The REST body runs the job as the identity asked for (no `identity`: Azure ML's default)."""
+    found = body.get("identity") or None
+    wanted: dict[str, str] | None = None
+    if job.identity is not None and job.identity.kind == "user":
+        wanted = {"identityType": "UserIdentity"}
+    elif job.identity is not None:
+        client_id = {"clientId": job.identity.client_id} if job.identity.client_id else {}
+        wanted = {"identityType": "Managed", **client_id}
+    if found != wanted:
+        raise SubmitError(f"{job_file} does not load back with the identity asked for: {found} != {wanted}")
+
+
+def identity_configuration(job: ResolvedJob) -> Any | None:
+    """azure-ai-ml's identity configuration for the job's identity (None: Azure ML's default)."""
+    from azure.ai.ml.entities import ManagedIdentityConfiguration, UserIdentityConfiguration
+
+    if job.identity is None:
+        return None
+    if job.identity.kind == "user":
+        return UserIdentityConfiguration()
+    return ManagedIdentityConfiguration(client_id=job.identity.client_id)
 
 
 def build_environment(job: ResolvedJob) -> Any | None:
@@ -174,6 +199,7 @@ class V2Backend:
             raise SubmitError(f"{job_file.name} does not say {job.nodes} nodes x {job.processes_per_node} "
                               f"MPI processes once loaded: {json.dumps(distribution)}")
         form.check_body(body, job_file.name)
+        _check_identity(job, body, job_file.name)
         return body
 
     def describe_check(self, job: ResolvedJob, body: dict[str, Any], names: list[str]) -> OfflineCheck:
