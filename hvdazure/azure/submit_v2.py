@@ -213,7 +213,7 @@ class V2Backend:
                    f"{layout['resources']['instanceCount']})")
         how = " && ".join([*(f"az ml environment create -f {n}" for n in names[:-1]),
                            f"az ml job create -f {names[-1]}"])
-        return OfflineCheck(checked=checked, how_to_submit=how)
+        return OfflineCheck(checked=checked, how_to_submit=how, notes=_lookup_notes(job))
 
     def connect(self, workspace: WorkspaceRef, credential: Any,
                 client_options: dict[str, Any]) -> V2Connection:
@@ -280,6 +280,18 @@ def ensure_environment(ml_client: Any, job: ResolvedJob) -> None:
         if environment is None:
             raise SubmitError(f"environment {wanted.reference} not found in the workspace") from None
         ml_client.environments.create_or_update(environment)
+
+def _lookup_notes(job: ResolvedJob) -> tuple[str, ...]:
+    """For the dry run's report: the references only the workspace can confirm, which a submission looks up
+    before anything is uploaded."""
+    assets = [f"{spec.name} ({asset.reference})" for spec in job.inputs
+              if (asset := data_inputs.asset_reference(spec.uri)) is not None]
+    if job.environment.registered and job.environment.registry is None:
+        assets.append(f"environment {job.environment.reference}")
+    if not assets:
+        return ()
+    return (f"looked up in the workspace when submitting, before any upload: {', '.join(assets)}",)
+
 
 def ensure_inputs(ml_client: Any, job: ResolvedJob) -> None:
     """Look up every data asset the job's inputs name (`azureml:NAME:VERSION`, `azureml:NAME@latest`) in the

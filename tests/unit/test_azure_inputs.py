@@ -133,3 +133,15 @@ def test_data_assets_are_looked_up_before_the_environment_and_the_code(project, 
     # @latest: the asset's latest version, then that version, as the SDK's own label resolver reads them
     assert paths.index("/data/digits") < paths.index("/data/digits/versions/3") < first_upload
     assert fake.job_put()["inputs"]["data"]["uri"].endswith("/data/digits/versions/3")
+
+
+def test_the_dry_run_says_which_references_the_submission_looks_up_first(project, tmp_path):  # noqa: F811
+    from hvdazure.azure import submission
+
+    job = JobSpec(script="train.py", compute="c", processes_per_node=1, environment="azureml:team@latest",
+                  inputs=[InputSpec("data", "azureml:digits@latest"), InputSpec("raw", "https://a.b/c/")],
+                  script_args=["--set", "extra.data=${{inputs.data}}", "--set", "extra.raw=${{inputs.raw}}"])
+    report = submission.dry_run(job, tmp_path / "job.yml").report()
+
+    assert ("looked up in the workspace when submitting, before any upload: data (azureml:digits@latest), "
+            "environment azureml:team@latest") in report
