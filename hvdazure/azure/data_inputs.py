@@ -160,7 +160,7 @@ def _check_asset(uri: str, option: str) -> None:
     if label is not None and label != "latest":
         raise JobSpecError(f"{option}: label {label!r} in {uri}: azure-ai-ml resolves only @latest; give the "
                            f"version, azureml:{name}:VERSION")
-    if version is not None and version == "latest":
+    if version == "latest":
         raise JobSpecError(f"{option}: {uri} names version 'latest'; the latest version is azureml:{name}"
                            "@latest")
     if version is not None and not _VERSION.match(version):
