@@ -84,7 +84,7 @@ def _submit(args: argparse.Namespace) -> int:
             inputs=[job_spec.parse_input(text) for text in args.input],
             outputs=[job_spec.parse_output(text) for text in args.output],
             experiment=args.experiment, display_name=args.display_name, shm_size=args.shm_size,
-            docker_args=args.docker_args, vm_size=args.vm_size,
+            docker_args=args.docker_args, vm_size=args.vm_size, identity=args.identity,
             sweep=args.sweep_from(args) if args.sweep_from else None)
         if args.dry_run:
             output_yaml = args.output_yaml or submission.DEFAULT_YAML
@@ -339,19 +339,25 @@ def _add_submit_options(parser: _Parser,
     environment.add_argument("--image", help="Docker image with an MPI library (docker/: hvdazure-gpu)")
     environment.add_argument("--conda-file", metavar="ENV.YML", help="with --image: conda environment on top")
     environment.add_argument("--environment", metavar="azureml:NAME@latest",
-                             help="a registered environment instead of --image")
+                             help="a registered environment instead of --image (azureml:NAME:VERSION, or a "
+                                  "registry's: azureml://registries/REG/environments/NAME/labels/latest)")
     environment.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                              help="environment variable (repeatable; NCCL defaults for the VM size added)")
     job = parser.add_argument_group("job")
     job.add_argument("--code", metavar="DIR", help="directory to upload; the job starts there (default: .)")
-    job.add_argument("--input", action="append", default=[], metavar="NAME=URI[:MODE]",
-                     help="input (repeatable): azureml:ASSET@latest, azureml://datastores/..., a local path; "
-                          "mode ro_mount (default), download, ...; read it with ${{inputs.NAME}}")
+    job.add_argument("--input", action="append", default=[], metavar="NAME=[TYPE:]URI[:MODE]",
+                     help="input (repeatable): azureml:ASSET:VERSION or @latest, azureml://datastores/..., "
+                          "an https/abfss URL, a local path; TYPE uri_folder (default) or uri_file; MODE "
+                          "ro_mount (default), download or direct; read it with ${{inputs.NAME}}")
     job.add_argument("--output", action="append", default=[], metavar="NAME[=URI][:MODE]",
                      help="output (repeatable), rw_mount by default; ${{outputs.NAME}}")
     job.add_argument("--experiment", help="experiment name (default: the code directory's name)")
     job.add_argument("--display-name", help="the job's display name")
     job.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag (repeatable)")
+    job.add_argument("--identity", metavar="user|managed|managed:CLIENT_ID",
+                     help="what the job runs as: the submitting user's identity, or the compute's managed "
+                          "identity (CLIENT_ID: a user-assigned one, also DefaultAzureCredential's in the "
+                          "job); default: Azure ML's (an AML token). SDK v1: user only")
     if add_sweep_options is not None:
         add_sweep_options(parser)
     _add_workspace_options(parser)

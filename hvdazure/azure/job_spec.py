@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdazure.azure import sweep_spec, vm_sizes
+from hvdazure.azure import data_inputs, sweep_spec, vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.errors import JobSpecError, check_count
+from hvdazure.azure.job_identity import with_identity
 from hvdazure.azure.resolved_job import InputSpec, JobEnvironment, OutputSpec, ResolvedJob
 from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
 from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
@@ -37,14 +38,14 @@ from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
 if TYPE_CHECKING:
     from hvdazure.core.config import TrainConfig
 
-INPUT_TYPES = ("uri_folder", "uri_file")
-INPUT_MODES = ("ro_mount", "download", "rw_mount", "direct", "eval_mount", "eval_download")
 OUTPUT_MODES = ("rw_mount", "upload", "direct")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # input, output and environment variable names
 _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,254}$")
 _SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$", re.I)
 _PLACEHOLDER = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 _REGISTERED_ENV = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)(@latest|:[A-Za-z0-9_.\-]+)$")  # after azureml:
+_REGISTRY_ENV = re.compile(r"^azureml://registries/([A-Za-z0-9][A-Za-z0-9_\-]*)/environments/"
+                           r"([A-Za-z0-9][A-Za-z0-9_.\-]*)/(labels|versions)/([A-Za-z0-9_.\-]+)$")
 # Variables named like secrets (HF_TOKEN, WANDB_API_KEY, AZURE_CLIENT_SECRET; not TOKENIZERS_PARALLELISM)
 # would sit in the job definition in plain text.
 _SECRET_WORDS = {"SECRET", "PASSWORD", "PASSWD", "TOKEN", "SAS", "CREDENTIAL", "CREDENTIALS", "PAT"}
@@ -75,6 +76,7 @@ class JobSpec:
     docker_args: str | None = None  # extra `docker run` arguments, e.g. "--user root"
     vm_size: str | None = None  # the compute's VM size, when known before asking Azure
     sweep: SweepSpec | InJobSweepSpec | None = None  # hvdazure submit sweep | in-job-sweep
+    identity: str | None = None  # user, managed or managed:CLIENT_ID (job_identity.py); None: Azure ML's
 
 
 # --- parsing the CLI's strings --------------------------------------------------------------------------
@@ -88,18 +90,10 @@ def parse_key_value(text: str, option: str) -> tuple[str, str]:
 
 def parse_input(text: str) -> InputSpec:
     """`NAME=[TYPE:]URI[:MODE]`, e.g. `data=azureml:digits@latest`, `data=azureml:digits:3:download`,
-    `weights=uri_file:azureml://datastores/ws/paths/w.pt`. A trailing `:MODE` is read as a mode only when
-    it is one (ro_mount, download, rw_mount, direct, ...); the type is uri_folder unless given."""
-    name, uri = parse_key_value(text, "--input")
-    kind = "uri_folder"
-    for candidate in INPUT_TYPES:
-        if uri.startswith(candidate + ":"):
-            kind, uri = candidate, uri[len(candidate) + 1:]
-    mode = "ro_mount"
-    head, sep, tail = uri.rpartition(":")
-    if sep and tail in INPUT_MODES:
-        uri, mode = head, tail
-    spec = InputSpec(name=name, uri=uri, type=kind, mode=mode)
+    `weights=uri_file:azureml://datastores/ws/paths/w.pt`; parsed strictly (data_inputs.py says what Azure
+    ML takes). The type is uri_folder and the mode ro_mount unless given."""
+    name, value = parse_key_value(text, "--input")
+    spec = data_inputs.parse_input_value(name, value)
     _check_input(spec)
     return spec
 
@@ -170,6 +164,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
         outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
         f"{nodes}x{processes}", tags=tags, shm_size=spec.shm_size, docker_args=spec.docker_args or None,
         vm_size=vm_size, snapshot=snapshot, warnings=tuple(warnings))
+    job = with_identity(job, spec.identity)
     if spec.sweep is None:
         return job
     return sweep_spec.apply(spec.sweep, job, config=config, cwd=cwd)
@@ -253,12 +248,7 @@ def _environment(spec: JobSpec, cwd: Path) -> JobEnvironment:
         raise JobSpecError("--environment names a registered environment: give it alone, or --image "
                            "(with --conda-file), not both")
     if spec.environment:
-        match = _REGISTERED_ENV.match(spec.environment.removeprefix("azureml:"))
-        if not match:
-            raise JobSpecError(f"--environment {spec.environment!r}: expected azureml:NAME@latest or "
-                               "azureml:NAME:VERSION")
-        name, which = match.groups()
-        return JobEnvironment(name=name, version=None if which == "@latest" else which[1:], registered=True)
+        return registered_environment(spec.environment)
     if not spec.image:
         raise JobSpecError("no environment: give --image REGISTRY/IMAGE:TAG (docker/README.md builds "
                            "hvdazure-gpu) or --environment azureml:NAME@latest")
@@ -276,15 +266,33 @@ def _environment(spec: JobSpec, cwd: Path) -> JobEnvironment:
                            conda_file=conda_file)
 
 
+def registered_environment(text: str) -> JobEnvironment:
+    """`--environment`: one of the workspace (`azureml:NAME@latest`, `azureml:NAME:VERSION`) or of a registry
+    (`azureml://registries/REGISTRY/environments/NAME/labels/latest` or `.../versions/VERSION`, the form of
+    Azure ML's curated environments, which the job references as it is)."""
+    if text.startswith("azureml://"):
+        match = _REGISTRY_ENV.match(text)
+        if not match:
+            raise JobSpecError(f"--environment {text!r}: expected azureml://registries/REGISTRY/environments/"
+                               "NAME/labels/latest or .../versions/VERSION")
+        registry, name, which, value = match.groups()
+        if which == "labels" and value != "latest":
+            raise JobSpecError(f"--environment {text!r}: label {value!r}: a registry environment is named by "
+                               "labels/latest or versions/VERSION")
+        return JobEnvironment(name=name, version=value if which == "versions" else None, registered=True,
+                              registry=registry)
+    match = _REGISTERED_ENV.match(text.removeprefix("azureml:"))
+    if not match:
+        raise JobSpecError(f"--environment {text!r}: expected azureml:NAME@latest or azureml:NAME:VERSION "
+                           "(or azureml://registries/REGISTRY/environments/NAME/labels/latest)")
+    name, which = match.groups()
+    return JobEnvironment(name=name, version=None if which == "@latest" else which[1:], registered=True)
+
+
 def _check_input(spec: InputSpec) -> None:
     if not _NAME.match(spec.name):
         raise JobSpecError(f"--input name {spec.name!r}: letters, digits and '_', not starting with a digit")
-    if not spec.uri:
-        raise JobSpecError(f"--input {spec.name}: no URI (expected NAME=azureml:ASSET@latest, ...)")
-    if spec.type not in INPUT_TYPES:
-        raise JobSpecError(f"--input {spec.name}: type {spec.type!r} is not one of {', '.join(INPUT_TYPES)}")
-    if spec.mode not in INPUT_MODES:
-        raise JobSpecError(f"--input {spec.name}: mode {spec.mode!r} is not one of {', '.join(INPUT_MODES)}")
+    data_inputs.check_input(spec)
     if _SECRET_VALUE.search(spec.uri):
         raise JobSpecError(f"--input {spec.name}: the URI carries a credential (a SAS token?), which would "
                            "be stored in the job; register a datastore or data asset and use azureml:...")

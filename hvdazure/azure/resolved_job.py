@@ -60,11 +60,34 @@ class JobEnvironment:
     image: str | None = None
     conda_file: Path | None = None
     registered: bool = False  # True: the user's own, referenced and never created
+    registry: str | None = None  # a registry's (Azure ML's curated ones: "azureml"), not the workspace's
 
     @property
     def reference(self) -> str:
+        """How a job names it: `azureml:NAME:VERSION` / `azureml:NAME@latest`, or a registry's URI."""
+        if self.registry is not None:
+            which = "labels/latest" if self.version is None else f"versions/{self.version}"
+            return f"azureml://registries/{self.registry}/environments/{self.name}/{which}"
         which = "@latest" if self.version is None else f":{self.version}"
         return f"azureml:{self.name}{which}"
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """The identity the job runs as (job_identity.py says what each reaches): the submitting user's, or a
+    managed identity of the compute, user-assigned when `client_id` is given."""
+
+    kind: str  # "user" or "managed"
+    client_id: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "user":
+            return "user (the submitting user's, for the job's inputs and outputs)"
+        which = f"user-assigned, client id {self.client_id}" if self.client_id else "system-assigned"
+        return f"managed ({which}), also DefaultAzureCredential's in the job"
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"type": self.kind, "client_id": self.client_id}
 
 
 # --- the job's kind ---------------------------------------------------------------------------------------
@@ -221,6 +244,7 @@ class ResolvedJob:
     snapshot: CodeSnapshot
     warnings: tuple[str, ...] = ()
     kind: JobKind = CommandJob()
+    identity: JobIdentity | None = None  # None: Azure ML's default (an AML token)
 
     @property
     def world_size(self) -> int:
@@ -255,6 +279,8 @@ class ResolvedJob:
             f"{self.snapshot.total_bytes / 2**20:.1f} MB)",
             f"experiment: {self.experiment}; display name: {self.display_name}",
         ]
+        if self.identity:
+            lines.append(f"identity: {self.identity.describe()}")
         if self.docker_args:
             lines.append(f"docker arguments: {self.docker_args}")
         if self.env:

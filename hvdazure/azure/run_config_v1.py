@@ -28,8 +28,8 @@ def build_run_config(job: ResolvedJob, workspace: Any = None) -> Any:
     spec = job.environment
     if spec.registered:
         if workspace is not None:
-            environment = Environment.get(workspace, spec.name, version=spec.version)
-        else:
+            environment = registered_environment(workspace, job)
+        else:  # a stand-in: run_configuration writes only its name and version
             environment = Environment(spec.name)
             environment.version = spec.version
     else:
@@ -40,6 +40,7 @@ def build_run_config(job: ResolvedJob, workspace: Any = None) -> Any:
             environment.python.user_managed_dependencies = True  # the image's own Python, as it is
             environment.python.interpreter_path = "python"
         environment.docker.base_image = spec.image
+        environment.version = spec.version  # named and versioned by content, as SDK v2 registers it
         environment.environment_variables.clear()  # the SDK's EXAMPLE_ENV_VAR placeholder (the setter warns)
     config = ScriptRunConfig(
         source_directory=str(job.code_dir),
@@ -53,17 +54,38 @@ def build_run_config(job: ResolvedJob, workspace: Any = None) -> Any:
                                                   arguments=shlex.split(job.docker_args or "")),
     )
     config.run_config.environment_variables = dict(job.env)
+    # --identity user: azureml-core's credential passthrough (it has no managed identity: submit_v1 refuses)
+    config.run_config.credential_passthrough = job.identity is not None and job.identity.kind == "user"
     return config
+
+
+def registered_environment(workspace: Any, job: ResolvedJob) -> Any:
+    """The workspace's environment the job names (its latest version for `@latest`), as azureml-core sends
+    it; one that is missing is one line, before the snapshot is uploaded."""
+    from azureml.core import Environment
+
+    spec = job.environment
+    try:
+        return Environment.get(workspace, spec.name, version=spec.version)
+    except Exception as exc:  # azureml-core raises a bare Exception naming the HTTP code
+        if "Code: 404" in str(exc):
+            raise SubmitError(f"environment {spec.reference} not found in the workspace") from None
+        raise
 
 
 def run_configuration(job: ResolvedJob, config: Any) -> dict[str, Any]:
     """A ScriptRunConfig as azureml-core serialises it (its repr): the `Configuration` of the request that
     starts the run, with the script and its arguments copied in as Experiment.submit does, and the code
     directory. (`RunConfiguration.save` would also write a conda_dependencies.yml of the SDK's placeholder
-    packages, which an image-based job does not use.)"""
+    packages, which an image-based job does not use.) A registered environment is written as its name and
+    version only (null: the latest): the submission sends the workspace's definition of it, which a dry run
+    cannot know, and not the SDK's default one (EXAMPLE_ENV_VAR, Python 3.8, azureml-defaults)."""
     from azureml.core.script_run_config import get_run_config_from_script_run
 
-    return {"sourceDirectory": str(job.code_dir), **json.loads(repr(get_run_config_from_script_run(config)))}
+    data = json.loads(repr(get_run_config_from_script_run(config)))
+    if job.environment.registered:
+        data["environment"] = {"name": job.environment.name, "version": job.environment.version}
+    return {"sourceDirectory": str(job.code_dir), **data}
 
 
 def check_run_configuration(job: ResolvedJob, data: dict[str, Any], name: str) -> dict[str, Any]:
@@ -77,9 +99,13 @@ def check_run_configuration(job: ResolvedJob, data: dict[str, Any], name: str) -
         raise SubmitError(f"azureml-core cannot load {name} back: {redacted_line(exc)}") from None
     found = {"script": loaded.script, "arguments": list(loaded.arguments), "nodeCount": loaded.node_count,
              "mpi": {"processCountPerNode": loaded.mpi.process_count_per_node,
-                     "nodeCount": loaded.mpi.node_count}}
+                     "nodeCount": loaded.mpi.node_count},
+             "environment": {"name": loaded.environment.name, "version": loaded.environment.version},
+             "credentialPassthrough": bool(loaded.credential_passthrough)}
     wanted = {"script": job.script, "arguments": list(job.script_args), "nodeCount": job.nodes,
-              "mpi": {"processCountPerNode": job.processes_per_node, "nodeCount": job.nodes}}
+              "mpi": {"processCountPerNode": job.processes_per_node, "nodeCount": job.nodes},
+              "environment": {"name": job.environment.name, "version": job.environment.version},
+              "credentialPassthrough": job.identity is not None and job.identity.kind == "user"}
     if found != wanted:
         raise SubmitError(f"{name} does not load back as written: {found} != {wanted}")
     return found

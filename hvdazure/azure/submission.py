@@ -57,7 +57,8 @@ class DryRunResult:
         return {"dry_run": True, "sdk": self.sdk, "files": [str(f) for f in self.files], "nodes": job.nodes,
                 "processes_per_node": job.processes_per_node, "world_size": job.world_size,
                 "command": job.command, "environment": job.environment.reference,
-                "image": job.environment.image, "warnings": list(job.warnings), **job.kind.json_fields()}
+                "image": job.environment.image, "warnings": list(job.warnings),
+                "identity": job.identity.as_dict() if job.identity else None, **job.kind.json_fields()}
 
     def report(self) -> list[str]:
         """What the dry run found, for a person: the layout, the files, what was checked, how to submit."""

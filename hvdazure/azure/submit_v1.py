@@ -75,6 +75,30 @@ def _form(job: ResolvedJob) -> ScriptRun | HyperDriveRun:
                                "runs a script file, not `python -m hvdazure.sweep`")
 
 
+def _check_environment_and_identity(job: ResolvedJob) -> None:
+    """What azureml-core cannot send of the job's environment and identity, refused offline."""
+    if job.environment.registry is not None:
+        raise JobSpecError(f"--environment {job.environment.reference}: SDK v1 cannot use registry "
+                           "environments (azureml-core's Environment.get reads the workspace only); use "
+                           "--sdk v2, or an environment of the workspace, azureml:NAME@latest")
+    if job.identity is not None and job.identity.kind == "managed":
+        raise JobSpecError("--identity managed needs SDK v2 (the default): azureml-core's run configuration "
+                           "has no managed identity, only credential passthrough (--identity user)")
+    if job.identity is not None and not isinstance(job.kind, CommandJob):
+        raise JobSpecError("--identity with --sdk v1 is for a command job only: azureml-core's HyperDrive "
+                           "submission has no credential passthrough; use SDK v2 (the default)")
+
+
+def _environment_notes(job: ResolvedJob) -> tuple[str, ...]:
+    """For the dry run's report: what is sent of a registered environment, which a dry run cannot read."""
+    environment = job.environment
+    if not environment.registered:
+        return ()
+    which = "its latest version" if environment.version is None else f"version {environment.version}"
+    return (f"environment {environment.name}: the submission sends the workspace's definition of {which} "
+            "(azureml-core's Environment.get); the run configuration written here names it only",)
+
+
 class V1Backend:
     """The submit backend for `--sdk v1` (azureml-core, legacy)."""
 
@@ -85,6 +109,7 @@ class V1Backend:
         if job.inputs or job.outputs:
             raise JobSpecError("--input and --output need SDK v2 (the default); with --sdk v1, pass the "
                                "script a datastore path instead")
+        _check_environment_and_identity(job)
         _form(job).check_supported()
 
     def write_yaml(self, job: ResolvedJob, path: str | Path) -> list[Path]:
@@ -99,7 +124,8 @@ class V1Backend:
         checked = ("azureml-core loads the run configuration back (mpi: processCountPerNode "
                    f"{mpi['processCountPerNode']}, nodeCount {mpi['nodeCount']}){form.also_checked}")
         how = "the same hvdazure submit --sdk v1 without --dry-run"
-        return OfflineCheck(checked=checked, how_to_submit=how, notes=form.notes(body))
+        return OfflineCheck(checked=checked, how_to_submit=how, notes=(*_environment_notes(job),
+                                                                       *form.notes(body)))
 
     def connect(self, workspace: WorkspaceRef, credential: Any,
                 client_options: dict[str, Any]) -> V1Connection:
@@ -111,13 +137,20 @@ class V1Connection:
 
     def __init__(self, workspace: WorkspaceRef, credential: Any, client_options: dict[str, Any]) -> None:
         from azureml.core import Workspace
-        from azureml.core.authentication import TokenAuthentication
+        from azureml.core.authentication import Audience, TokenAuthentication
 
         def token_for(audience: str) -> str:
             return credential.get_token(audience.rstrip("/") + "/.default").token
 
+        class Authentication(TokenAuthentication):
+            """TokenAuthentication with the Azure ML token that credential passthrough (--identity user)
+            submits with, which azureml-core's own class leaves unimplemented (None)."""
+
+            def _get_azureml_client_token(self) -> str:
+                return self._get_aad_token(resource=Audience.AZUREML)
+
         self._v2 = (workspace, credential, client_options)  # for create_compute
-        auth = TokenAuthentication(token_for, cloud="AzureCloud")
+        auth = Authentication(token_for, cloud="AzureCloud")
         self.workspace = Workspace(workspace.subscription_id, workspace.resource_group,
                                    workspace.workspace_name, auth=auth)
 
@@ -141,8 +174,11 @@ class V1Connection:
         serialised (a ScriptRunConfig, or a HyperDriveConfig), named and tagged."""
         from azureml.core import Experiment
 
+        # --identity user: Experiment.submit's own option sets the run's credential passthrough
+        passthrough = {"credential_passthrough": True} if job.identity is not None else {}
         with _form(job).run_config(self.workspace) as config:
-            run = Experiment(self.workspace, job.experiment).submit(config, tags=job.submitted_tags)
+            run = Experiment(self.workspace, job.experiment).submit(config, tags=job.submitted_tags,
+                                                                    **passthrough)
         run.display_name = job.display_name
         if stream:
             run.wait_for_completion(show_output=True)

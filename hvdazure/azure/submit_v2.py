@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure._version import __version__
-from hvdazure.azure import compute
+from hvdazure.azure import compute, data_inputs
 from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError, redacted_line
@@ -94,8 +94,33 @@ def build_job(job: ResolvedJob) -> Any:
         "experiment_name": job.experiment,
         "display_name": job.display_name,
         "tags": job.submitted_tags,
+        "identity": identity_configuration(job),
     }
     return _form(job).build(command_fields, shared_fields)
+
+
+def _check_identity(job: ResolvedJob, body: dict[str, Any], job_file: str) -> None:
+    """The REST body runs the job as the identity asked for (no `identity`: Azure ML's default)."""
+    found = body.get("identity") or None
+    wanted: dict[str, str] | None = None
+    if job.identity is not None and job.identity.kind == "user":
+        wanted = {"identityType": "UserIdentity"}
+    elif job.identity is not None:
+        client_id = {"clientId": job.identity.client_id} if job.identity.client_id else {}
+        wanted = {"identityType": "Managed", **client_id}
+    if found != wanted:
+        raise SubmitError(f"{job_file} does not load back with the identity asked for: {found} != {wanted}")
+
+
+def identity_configuration(job: ResolvedJob) -> Any | None:
+    """azure-ai-ml's identity configuration for the job's identity (None: Azure ML's default)."""
+    from azure.ai.ml.entities import ManagedIdentityConfiguration, UserIdentityConfiguration
+
+    if job.identity is None:
+        return None
+    if job.identity.kind == "user":
+        return UserIdentityConfiguration()
+    return ManagedIdentityConfiguration(client_id=job.identity.client_id)
 
 
 def build_environment(job: ResolvedJob) -> Any | None:
@@ -174,6 +199,7 @@ class V2Backend:
             raise SubmitError(f"{job_file.name} does not say {job.nodes} nodes x {job.processes_per_node} "
                               f"MPI processes once loaded: {json.dumps(distribution)}")
         form.check_body(body, job_file.name)
+        _check_identity(job, body, job_file.name)
         return body
 
     def describe_check(self, job: ResolvedJob, body: dict[str, Any], names: list[str]) -> OfflineCheck:
@@ -187,7 +213,7 @@ class V2Backend:
                    f"{layout['resources']['instanceCount']})")
         how = " && ".join([*(f"az ml environment create -f {n}" for n in names[:-1]),
                            f"az ml job create -f {names[-1]}"])
-        return OfflineCheck(checked=checked, how_to_submit=how)
+        return OfflineCheck(checked=checked, how_to_submit=how, notes=_lookup_notes(job))
 
     def connect(self, workspace: WorkspaceRef, credential: Any,
                 client_options: dict[str, Any]) -> V2Connection:
@@ -218,6 +244,7 @@ class V2Connection:
         ml job create -f` loads it: what a dry run validates is what is submitted."""
         from azure.ai.ml import load_job
 
+        ensure_inputs(self.ml_client, job)
         ensure_environment(self.ml_client, job)
         created = self.ml_client.jobs.create_or_update(load_job(files[-1]))
         if stream:
@@ -241,6 +268,8 @@ def ensure_environment(ml_client: Any, job: ResolvedJob) -> None:
 
     environment = build_environment(job)
     wanted = job.environment
+    if wanted.registry is not None:
+        return  # a registry's: the service resolves it (the workspace client cannot look into a registry)
     try:
         if environment is None:
             ml_client.environments.get(wanted.name, **({"version": wanted.version} if wanted.version
@@ -251,6 +280,42 @@ def ensure_environment(ml_client: Any, job: ResolvedJob) -> None:
         if environment is None:
             raise SubmitError(f"environment {wanted.reference} not found in the workspace") from None
         ml_client.environments.create_or_update(environment)
+
+def _lookup_notes(job: ResolvedJob) -> tuple[str, ...]:
+    """For the dry run's report: the references only the workspace can confirm, which a submission looks up
+    before anything is uploaded."""
+    assets = [f"{spec.name} ({asset.reference})" for spec in job.inputs
+              if (asset := data_inputs.asset_reference(spec.uri)) is not None]
+    if job.environment.registered and job.environment.registry is None:
+        assets.append(f"environment {job.environment.reference}")
+    if not assets:
+        return ()
+    return (f"looked up in the workspace when submitting, before any upload: {', '.join(assets)}",)
+
+
+def ensure_inputs(ml_client: Any, job: ResolvedJob) -> None:
+    """Look up every data asset the job's inputs name (`azureml:NAME:VERSION`, `azureml:NAME@latest`) in the
+    workspace, as the SDK itself would, but before the environment is registered and the code uploaded
+    (azure-ai-ml resolves them only after the upload): a missing one is one line naming it."""
+    from azure.ai.ml.exceptions import MlException
+    from azure.core.exceptions import ResourceNotFoundError
+
+    for spec in job.inputs:
+        asset = data_inputs.asset_reference(spec.uri)
+        if asset is None:
+            continue
+        try:  # by version: a GET of it; by label: the SDK's own resolver (the latest version, then that one)
+            ml_client.data.get(asset.name, version=asset.version, label=asset.label)
+        except ResourceNotFoundError:
+            raise SubmitError(f"--input {spec.name}: data asset {asset.reference} not found in the "
+                              "workspace") from None
+        except MlException as exc:
+            if "does not exist" in str(exc) or isinstance(exc.__cause__, ResourceNotFoundError):
+                raise SubmitError(f"--input {spec.name}: data asset {asset.reference} not found in the "
+                                  "workspace") from None
+            raise SubmitError(f"--input {spec.name}: data asset {asset.reference} cannot be resolved: "
+                              f"{redacted_line(exc)}") from None
+
 
 def _input_path(uri: str) -> str:
     """Local paths are uploaded by the SDK: resolve them from the current directory, like the CLI option."""

@@ -69,6 +69,7 @@ class FakeWorkspace:
         computes = computes or {"gpu-cluster": "v2_compute_nd96asr.json"}
         self.computes = {name: fixture(f) for name, f in computes.items()}
         self.environments: dict[str, dict] = {}
+        self.data_assets: dict[str, list[str]] = {"digits": ["1", "3"]}  # versions, oldest first
         self.blobs: dict[str, bytes] = {}
         self.refuse_uploads = False  # the storage account answers 403, naming the URL (with its SAS)
 
@@ -101,8 +102,13 @@ class FakeWorkspace:
         if re.fullmatch(r"/codes/[^/]+/versions/[^/]+", path) and method == "PUT":
             return 200, {"id": arm_id, "name": path.rsplit("/", 1)[1], "properties": body["properties"]}
         if match := re.fullmatch(r"/data/([^/]+)", path):
-            return 200, {"id": arm_id, "name": match.group(1), "properties": {"latestVersion": "3"}}
-        if re.fullmatch(r"/data/[^/]+/versions/[^/]+", path):
+            if match.group(1) not in self.data_assets:
+                return _not_found(path)
+            latest = self.data_assets[match.group(1)][-1]
+            return 200, {"id": arm_id, "name": match.group(1), "properties": {"latestVersion": latest}}
+        if match := re.fullmatch(r"/data/([^/]+)/versions/([^/]+)", path):
+            if match.group(2) not in self.data_assets.get(match.group(1), []):
+                return _not_found(path)
             return 200, {"id": arm_id, "name": path.rsplit("/", 1)[1],
                          "properties": {"dataType": "uri_folder",
                                         "dataUri": "azureml://datastores/workspaceblobstore/paths/digits/"}}

@@ -1,0 +1,167 @@
+"""What an `--input` names, parsed strictly: the forms azure-ai-ml 1.35.2 passes to Azure ML, and nothing
+it would turn into a wrong path. No Azure SDK here.
+
+`NAME=[TYPE:]URI[:MODE]`. TYPE is uri_folder (the default) or uri_file. URI is one of:
+
+- a data asset, `azureml:NAME:VERSION` or `azureml:NAME@latest`. azure-ai-ml resolves the version, and of
+  the labels only `latest` (`DataOperations._managed_label_resolver`); a name without either fails there
+  with "Version must be provided", after the code is uploaded. A real submission looks each one up in the
+  workspace before anything is uploaded (submit_v2.ensure_inputs);
+- an `azureml://` URI azure-ai-ml passes through as it is: a datastore path (`azureml://datastores/DS/
+  paths/PATH`, or its long form under `azureml://subscriptions/...`), a job's output (`azureml://jobs/JOB/
+  outputs/NAME/paths/PATH`), or a data asset by URI (`.../data/NAME/versions/VERSION` under
+  `azureml://subscriptions/...`, `azureml://locations/...` or `azureml://registries/REGISTRY/`);
+- a storage URL (https, http, abfss, abfs, wasbs, wasb, adl), passed through as well;
+- a local path, uploaded by the SDK.
+
+MODE is one of the modes azure-ai-ml's schema takes for the type (`DataInputSchema`: ro_mount, the
+default, download, direct); eval_mount and eval_download are mltable's, rw_mount and upload outputs'.
+Anything else, a mistyped mode or a type hvdazure does not pass (mltable, the model types), is one line
+naming the value: azure-ai-ml would otherwise read it as part of the path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from hvdazure.azure.errors import JobSpecError
+from hvdazure.azure.resolved_job import InputSpec
+
+INPUT_TYPES = ("uri_folder", "uri_file")
+INPUT_MODES = ("ro_mount", "download", "direct")  # for both types: azure-ai-ml's DataInputSchema
+DEFAULT_MODE = "ro_mount"
+# what Azure ML has beyond them, so that a refusal says where such a value belongs
+_OTHER_TYPES = ("mltable", "custom_model", "mlflow_model", "triton_model")
+_OTHER_MODES = {"eval_mount": "mltable inputs", "eval_download": "mltable inputs", "rw_mount": "outputs",
+                "upload": "outputs", "mount": "outputs"}
+URL_SCHEMES = ("https", "http", "abfss", "abfs", "wasbs", "wasb", "adl")
+_ASSET_NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]*"
+_ASSET = re.compile(rf"^azureml:(?P<name>{_ASSET_NAME})(?:@(?P<label>[^:@/]*)|:(?P<version>[^:@/]*))?$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_MODE_LIKE = re.compile(r"^[A-Za-z][A-Za-z_\-]*$")  # a word that can only be meant as a mode
+_SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
+_AZUREML_URIS = [re.compile(p, re.I) for p in (
+    r"^azureml://datastores/[^/]+/paths/",
+    r"^azureml://subscriptions/[^/]+/resourcegroups/[^/]+/workspaces/[^/]+/datastores/[^/]+/paths/",
+    r"^azureml://jobs/[^/]+/outputs/[^/]+/paths/",
+    r"^azureml://subscriptions/[^/]+/resourcegroups/[^/]+/workspaces/[^/]+/data/[^/]+/versions/[^/]+$",
+    r"^azureml://locations/[^/]+/workspaces/[^/]+/data/[^/]+/versions/[^/]+$",
+    r"^azureml://registries/[^/]+/data/[^/]+/versions/[^/]+$",
+)]
+
+
+@dataclass(frozen=True)
+class DataAsset:
+    """A data asset of the workspace an input names: by version, or by the label `latest`."""
+
+    name: str
+    version: str | None = None
+    label: str | None = None  # "latest" when no version is given
+
+    @property
+    def reference(self) -> str:
+        return f"azureml:{self.name}:{self.version}" if self.version else f"azureml:{self.name}@{self.label}"
+
+
+def parse_input_value(name: str, value: str) -> InputSpec:
+    """The InputSpec of `--input NAME=VALUE`, VALUE being `[TYPE:]URI[:MODE]`, split into its parts (a type
+    prefix Azure ML does not take is refused here; check_input checks the rest)."""
+    kind, uri = _split_type(name, value)
+    uri, mode = _split_mode(uri)
+    return InputSpec(name=name, uri=uri, type=kind, mode=mode or DEFAULT_MODE)
+
+
+def check_input(spec: InputSpec) -> None:
+    """Raise JobSpecError (one line naming the value) unless Azure ML takes `spec`'s type, mode and URI."""
+    option = f"--input {spec.name}"
+    if spec.type not in INPUT_TYPES:
+        raise JobSpecError(f"{option}: type {spec.type!r} is not one of {', '.join(INPUT_TYPES)}")
+    if spec.mode not in INPUT_MODES:
+        where = _OTHER_MODES.get(spec.mode)
+        detail = f" ({spec.mode} is for {where})" if where else ""
+        raise JobSpecError(f"{option}: mode {spec.mode!r} is not one of {', '.join(INPUT_MODES)} for a "
+                           f"{spec.type} input{detail}")
+    _check_uri(spec.uri, option)
+
+
+def asset_reference(uri: str) -> DataAsset | None:
+    """The workspace data asset `uri` names in the short form (`azureml:NAME:VERSION`, `azureml:NAME@latest`),
+    or None for any other form (checked by check_input first)."""
+    match = _ASSET.match(uri)
+    if not match:
+        return None
+    if match["version"] is not None:
+        return DataAsset(match["name"], version=match["version"])
+    return DataAsset(match["name"], label=match["label"])
+
+
+def _split_type(name: str, value: str) -> tuple[str, str]:
+    head, sep, tail = value.partition(":")
+    if sep and head in INPUT_TYPES:
+        return head, tail
+    names_a_type = head in _OTHER_TYPES or (
+        re.fullmatch(r"[a-z][a-z_]*", head) is not None and head not in ("azureml", *URL_SCHEMES)
+        and (tail.startswith("azureml:") or _SCHEME.match(tail) is not None))
+    if sep and names_a_type:
+        raise JobSpecError(f"--input {name}: type {head!r} is not one of {', '.join(INPUT_TYPES)}")
+    return "uri_folder", value
+
+
+def _split_mode(uri: str) -> tuple[str, str | None]:
+    """`uri` without a trailing `:MODE`, and the mode (None when there is none). A trailing word after a
+    colon is taken as a mode wherever nothing else can be meant by it, so a mistyped one is refused by
+    name instead of becoming part of the path."""
+    if uri.startswith("azureml:") and not uri.startswith("azureml://"):
+        *parts, last = uri[len("azureml:"):].split(":")
+        # NAME@LABEL:MODE, NAME:VERSION:MODE, or NAME:MODE (a version named like a mode is not one)
+        after_version = len(parts) >= 2 or bool(parts and "@" in parts[0])
+        named_mode = last in INPUT_MODES or last in _OTHER_MODES
+        if parts and _MODE_LIKE.match(last) and (after_version or named_mode):
+            return "azureml:" + ":".join(parts), last
+        return uri, None
+    head, sep, tail = uri.rpartition(":")
+    if not sep or not head or head in URL_SCHEMES or not _MODE_LIKE.match(tail):
+        return uri, None
+    return head, tail
+
+
+def _check_uri(uri: str, option: str) -> None:
+    if not uri:
+        raise JobSpecError(f"{option}: no URI (expected NAME=azureml:ASSET@latest, ...)")
+    if uri.startswith("azureml:") and not uri.startswith("azureml://"):
+        _check_asset(uri, option)
+        return
+    scheme = _SCHEME.match(uri)
+    if scheme and scheme["scheme"].lower() == "azureml":
+        if not any(pattern.match(uri) for pattern in _AZUREML_URIS):
+            raise JobSpecError(f"{option}: {uri} is not a datastore path (azureml://datastores/NAME/paths/"
+                               "PATH) or a data asset URI (.../data/NAME/versions/VERSION)")
+        return
+    if scheme:
+        if scheme["scheme"].lower() not in URL_SCHEMES:
+            raise JobSpecError(f"{option}: scheme {scheme['scheme']!r} is not one Azure ML reads "
+                               f"({', '.join(('azureml', *URL_SCHEMES))})")
+        return
+    if ":" in uri.split("/", 1)[0]:
+        raise JobSpecError(f"{option}: {uri!r} is not a data asset (azureml:NAME:VERSION), a datastore "
+                           "path (azureml://datastores/...), a storage URL or a local path")
+
+
+def _check_asset(uri: str, option: str) -> None:
+    match = _ASSET.match(uri)
+    if not match:
+        raise JobSpecError(f"{option}: {uri!r} is not a data asset reference: expected azureml:NAME:VERSION "
+                           "or azureml:NAME@latest")
+    name, label, version = match["name"], match["label"], match["version"]
+    if label is None and version is None:
+        raise JobSpecError(f"{option}: azureml:{name} has no version (Azure ML requires one): give "
+                           f"azureml:{name}:VERSION or azureml:{name}@latest")
+    if label is not None and label != "latest":
+        raise JobSpecError(f"{option}: label {label!r} in {uri}: azure-ai-ml resolves only @latest; give the "
+                           f"version, azureml:{name}:VERSION")
+    if version == "latest":
+        raise JobSpecError(f"{option}: {uri} names version 'latest'; the latest version is azureml:{name}"
+                           "@latest")
+    if version is not None and not _VERSION.match(version):
+        raise JobSpecError(f"{option}: version {version!r} in {uri}: letters, digits, '_', '.' and '-'")

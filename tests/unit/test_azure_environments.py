@@ -1,0 +1,177 @@
+"""The job's environment as each SDK sends it, offline: what the dry run prints and writes is what the
+submission sends (SDK v1 included), and registry environments (`azureml://registries/...`, the form of
+Azure ML's curated ones) are referenced by SDK v2 as they are and refused by SDK v1 in one line. The fake
+services of test_azure_submit_v2.py and test_azure_submit_v1.py record every request."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import responses
+import yaml
+from test_azure_submit_v1 import FakeCredential as V1Credential
+from test_azure_submit_v1 import FakeService
+from test_azure_submit_v2 import WS, fake, submit  # noqa: F401  (fixtures)
+
+from hvdazure.azure import submission
+from hvdazure.azure.errors import JobSpecError, SubmitError
+from hvdazure.azure.job_spec import JobSpec, resolve
+from hvdazure.azure.workspace import WorkspaceRef
+from hvdazure.cli import main
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
+IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
+TEAM_IMAGE = "myacr.azurecr.io/team:7"
+REGISTRY_LATEST = "azureml://registries/azureml/environments/acpt-pytorch-2.2-cuda12.1/labels/latest"
+REGISTRY_VERSION = "azureml://registries/azureml/environments/acpt-pytorch-2.2-cuda12.1/versions/12"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # azureml-core caches snapshots under ~/.azureml
+    (tmp_path / "home" / ".azureml").mkdir(parents=True)
+    directory = tmp_path / "project"
+    directory.mkdir()
+    (directory / "train.py").write_text("print('training')\n")
+    monkeypatch.chdir(directory)
+    return directory
+
+
+def spec(**overrides) -> JobSpec:
+    return JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 2, "processes_per_node": 8,
+                      "image": IMAGE, **overrides})
+
+
+# --- SDK v1: the dry run prints and writes what the submission sends ------------------------------------
+def test_v1_dry_run_writes_the_environment_version_it_prints(project, tmp_path):
+    result = submission.dry_run(spec(), tmp_path / "run.yml", sdk="v1")
+
+    version = result.job.environment.version
+    written = yaml.safe_load((tmp_path / "run.yml").read_text())["environment"]
+    assert re.fullmatch(r"0\.1\.0-[0-9a-f]{12}", version)
+    assert (written["name"], written["version"]) == ("hvdazure-gpu", version)
+    assert f"environment: azureml:hvdazure-gpu:{version} (image {IMAGE})" in result.report()
+
+
+def test_v1_dry_run_names_a_registered_environment_instead_of_the_sdks_placeholder(project, tmp_path):
+    result = submission.dry_run(spec(image=None, environment="azureml:team@latest"), tmp_path / "run.yml",
+                                sdk="v1")
+
+    text = (tmp_path / "run.yml").read_text()
+    assert yaml.safe_load(text)["environment"] == {"name": "team", "version": None}
+    for placeholder in ("EXAMPLE_ENV_VAR", "python=3.8", "azureml-defaults"):
+        assert placeholder not in text
+    assert ("environment team: the submission sends the workspace's definition of its latest version "
+            "(azureml-core's Environment.get); the run configuration written here names it only"
+            in result.report())
+
+
+class EnvironmentService(FakeService):
+    """FakeService with the workspace's environments (azureml-core's environment service)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.environments = {"team": {"2": {"name": "team", "version": "2", "environmentVariables": {},
+                                            "python": {"userManagedDependencies": True,
+                                                       "interpreterPath": "python"},
+                                            "docker": {"baseImage": TEAM_IMAGE}}}}
+
+    def _answer(self, method, url, request):
+        if match := re.search(r"/environment/v1\.0/.*/environments/([^/]+)(?:/versions/([^/]+))?$", url):
+            versions = self.environments.get(match.group(1), {})
+            version = match.group(2) or (max(versions) if versions else None)
+            if version in versions:
+                return 200, versions[version]
+            return 404, {"error": {"code": "NotFound", "message": "environment not found"}}
+        return super()._answer(method, url, request)
+
+
+@pytest.fixture
+def service():
+    fake_service = EnvironmentService()
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as recorder:
+        for method in ("GET", "POST", "PUT", "PATCH", "HEAD"):
+            recorder.add_callback(method, re.compile(r"https://.*"), callback=fake_service,
+                                  content_type="application/json")
+        yield fake_service
+
+
+def submit_v1(**overrides):
+    return submission.submit(spec(processes_per_node=None, **overrides), WorkspaceRef("sub-id", "rg", "ws"),
+                             sdk="v1", credential=V1Credential())
+
+
+def test_v1_submission_sends_the_environment_version_the_dry_run_printed(project, service):
+    submit_v1()
+
+    sent = service.snapshot_run()["Configuration"]["environment"]
+    assert (sent["name"], sent["version"]) == ("hvdazure-gpu", resolve(spec()).environment.version)
+
+
+def test_v1_submission_sends_the_workspaces_latest_registered_environment(project, service):
+    submit_v1(image=None, environment="azureml:team@latest")
+
+    sent = service.snapshot_run()["Configuration"]["environment"]
+    assert (sent["name"], sent["version"], sent["docker"]["baseImage"]) == ("team", "2", TEAM_IMAGE)
+    assert "EXAMPLE_ENV_VAR" not in str(sent)
+
+
+def test_v1_a_missing_registered_environment_is_one_line_before_the_snapshot(project, service):
+    with pytest.raises(SubmitError) as error:
+        submit_v1(image=None, environment="azureml:team:7")
+
+    assert str(error.value) == "environment azureml:team:7 not found in the workspace"
+    assert not [u for m, u, _ in service.calls if "snapshot" in u or "blob.core" in u]
+
+
+# --- registry environments ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("reference", [REGISTRY_LATEST, REGISTRY_VERSION])
+def test_v2_references_a_registry_environment_as_azure_ml_writes_it(project, tmp_path, reference):
+    result = submission.dry_run(spec(image=None, environment=reference), tmp_path / "job.yml")
+
+    assert [f.name for f in result.files] == ["job.yml"]  # nothing to register
+    assert yaml.safe_load((tmp_path / "job.yml").read_text())["environment"] == reference
+    assert result.body["environmentId"] == reference
+    assert f"environment: {reference}" in result.report()
+
+
+def test_v2_submits_a_registry_environment_without_looking_in_the_workspace(project, fake):  # noqa: F811
+    submit(fake, image=None, environment=REGISTRY_LATEST)
+
+    assert not [p for _, p, _ in fake.calls if "/environments/" in p]
+    assert fake.job_put()["environmentId"] == REGISTRY_LATEST
+
+
+def test_v1_refuses_a_registry_environment_in_one_line_before_any_request(project, service):
+    with pytest.raises(JobSpecError) as error:
+        submit_v1(image=None, environment=REGISTRY_LATEST)
+
+    assert str(error.value) == (f"--environment {REGISTRY_LATEST}: SDK v1 cannot use registry environments "
+                                "(azureml-core's Environment.get reads the workspace only); use --sdk v2, or "
+                                "an environment of the workspace, azureml:NAME@latest")
+    assert service.calls == []
+
+
+@pytest.mark.parametrize(("reference", "message"), [
+    ("azureml://registries/azureml/environments/acpt/labels/prod",
+     "label 'prod': a registry environment is named by labels/latest or versions/VERSION"),
+    ("azureml://registries/azureml/environments/acpt", "expected azureml://registries/REGISTRY/environments/"),
+    ("azureml://registries/azureml/models/acpt/versions/1", "expected azureml://registries/REGISTRY/"),
+])
+def test_a_malformed_registry_environment_is_refused(project, reference, message):
+    with pytest.raises(JobSpecError) as error:
+        resolve(spec(image=None, environment=reference))
+
+    assert message in str(error.value)
+
+
+def test_cli_dry_run_v1_with_a_registry_environment_is_one_line(project, capsys):
+    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--environment", REGISTRY_VERSION,
+                 "--dry-run", "--sdk", "v1"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"hvdazure: error: --environment {REGISTRY_VERSION}: SDK v1 cannot use registry")
+    assert err.count("\n") == 1
