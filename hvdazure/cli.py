@@ -8,7 +8,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from hvdazure._version import __version__
 
@@ -188,7 +188,8 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser that, when `trailing_dest` is set, stores everything after the first `--` there
     verbatim (a submitted script's own arguments), so that options may come before or after the script;
     and that hands the arguments to one of its `variants` when they start with its name (`hvdazure submit
-    sweep ...`), parsing them itself otherwise (`hvdazure submit SCRIPT ...`)."""
+    sweep ...`), parsing them itself otherwise (`hvdazure submit SCRIPT ...`); and whose errors are one
+    line. Every parser of the CLI is one (subparsers take their parent's class)."""
 
     trailing_dest: str | None = None
     variants: dict[str, argparse.ArgumentParser] | None = None
@@ -203,6 +204,11 @@ class _Parser(argparse.ArgumentParser):
         namespace, extras = super().parse_known_args(args[:split], namespace)
         setattr(namespace, self.trailing_dest, args[split + 1:])
         return namespace, extras
+
+    def error(self, message: str) -> NoReturn:
+        """One line and exit status 2, as every other refusal of the CLI: argparse's own error prints the
+        whole usage first, which buries the line that says what is wrong (the usage is a --help away)."""
+        self.exit(2, f"hvdazure: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def _add_workspace_options(parser: argparse.ArgumentParser) -> None:
@@ -509,7 +515,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hvdazure",
         description="Horovod data-parallel training for PyTorch and TensorFlow, from a laptop to Azure ML.",
     )
