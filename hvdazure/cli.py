@@ -338,7 +338,8 @@ def _add_submit_options(parser: _Parser,
                         help="create the compute if it does not exist (--vm-size, up to --nodes nodes, "
                              "scaling to 0 when idle); see also `hvdazure azure compute create`")
     layout.add_argument("--shm-size", metavar="SIZE",
-                        help="shared memory per container, e.g. 16g (default: 2g)")
+                        help="shared memory per container: a number and a unit, b, k, m or g, e.g. 16g "
+                             "(default: 2g; a bare number is refused, Docker would read bytes)")
     layout.add_argument("--docker-args", metavar="ARGS",
                         help="extra `docker run` arguments, e.g. --docker-args='--user root'")
     environment = parser.add_argument_group("environment")

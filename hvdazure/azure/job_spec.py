@@ -42,7 +42,7 @@ INPUT_MODES = ("ro_mount", "download", "rw_mount", "direct", "eval_mount", "eval
 OUTPUT_MODES = ("rw_mount", "upload", "direct")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # input, output and environment variable names
 _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,254}$")
-_SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$", re.I)
+_SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]$", re.I)
 _PLACEHOLDER = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 _REGISTERED_ENV = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)(@latest|:[A-Za-z0-9_.\-]+)$")  # after azureml:
 # Variables named like secrets (HF_TOKEN, WANDB_API_KEY, AZURE_CLIENT_SECRET; not TOKENIZERS_PARALLELISM)
@@ -160,15 +160,14 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     if not _EXPERIMENT.match(experiment):
         raise JobSpecError(f"--experiment {experiment!r}: letters, digits, '_' and '-' only, starting with a "
                            "letter or digit")
-    if spec.shm_size is not None and not _SHM_SIZE.match(str(spec.shm_size)):
-        raise JobSpecError(f"--shm-size {spec.shm_size!r}: a size such as 16g, 512m")
+    shm = shm_size(spec.shm_size)
     tags = {str(k): str(v) for k, v in spec.tags.items()}
     warnings = [w for w in (snapshot.size_warning(), *_unreferenced(args, inputs, outputs)) if w]
     job = ResolvedJob(
         code_dir=code_dir, script=script, script_args=args, compute=spec.compute.strip(), nodes=nodes,
         processes_per_node=processes, environment=_environment(spec, cwd), env=env, inputs=inputs,
         outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
-        f"{nodes}x{processes}", tags=tags, shm_size=spec.shm_size, docker_args=spec.docker_args or None,
+        f"{nodes}x{processes}", tags=tags, shm_size=shm, docker_args=spec.docker_args or None,
         vm_size=vm_size, snapshot=snapshot, warnings=tuple(warnings))
     if spec.sweep is None:
         return job
@@ -204,6 +203,22 @@ def check_train_config_args(script_args: Sequence[str], code_dir: Path) -> Train
         return TrainConfig._from_cli(argv, {})  # the job's own parsing, minus its exit(2)
     except ConfigError as exc:
         raise JobSpecError(f"the script's arguments: {exc}") from None
+
+
+def shm_size(size: str | None) -> str | None:
+    """`--shm-size` as Azure ML's docs spell it (`16g`): a whole number above 0 and a unit Docker knows, b,
+    k, m or g. Docker reads the unit in either case (`16G` is `16g`), and a bare number as bytes, so `16`
+    would be a 16-byte /dev/shm: refused."""
+    if size is None:
+        return None
+    text = str(size)
+    if text.isdigit():
+        raise JobSpecError(f"--shm-size {text!r}: give a unit, such as 16g: Docker reads a bare number as "
+                           "bytes")
+    if not _SHM_SIZE.match(text):
+        raise JobSpecError(f"--shm-size {text!r}: a whole number and a unit, b, k, m or g, such as 16g or "
+                           "512m")
+    return text.lower()
 
 
 def is_local_path(uri: str) -> bool:

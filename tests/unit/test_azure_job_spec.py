@@ -298,9 +298,25 @@ def test_config_files_are_read_from_the_code_directory_and_placeholders_stand_fo
 
 
 def test_shm_size_and_experiment_names_are_checked(project):
-    assert refused(shm_size="lots") == "--shm-size 'lots': a size such as 16g, 512m"
+    assert refused(shm_size="lots") == ("--shm-size 'lots': a whole number and a unit, b, k, m or g, such as "
+                                        "16g or 512m")
     assert refused(experiment="my experiment").startswith("--experiment 'my experiment': letters, digits")
     assert resolve(spec(shm_size="16g", experiment="digits_v2")).shm_size == "16g"
+
+
+@pytest.mark.parametrize("size", ["16", "0g", "1.5g", "16gb", "16GiB", "2t", "16 g", "-1g"])
+def test_a_shm_size_docker_would_misread_or_refuse_is_refused(project, size):
+    message = refused(shm_size=size)
+
+    assert message.startswith(f"--shm-size {size!r}: ")
+    if size == "16":  # Docker reads a bare number as bytes: a 16-byte /dev/shm
+        assert message == "--shm-size '16': give a unit, such as 16g: Docker reads a bare number as bytes"
+
+
+@pytest.mark.parametrize(("size", "written"), [("16g", "16g"), ("16G", "16g"), ("512m", "512m"),
+                                               ("1048576k", "1048576k"), ("4096B", "4096b")])
+def test_a_shm_size_with_a_unit_is_written_as_azure_ml_spells_it(project, size, written):
+    assert resolve(spec(shm_size=size)).shm_size == written
 
 
 # --- secrets and workspaces -------------------------------------------------------------------------------
