@@ -8,7 +8,8 @@ Azure is checked here, before anything is uploaded, each problem as one line nam
 - nodes and processes per node are integers of at least 1; the script and the code directory exist, the
   script is inside the code directory and not excluded by its .amlignore / .gitignore;
 - inputs, outputs, environment variables and tags parse; `${{inputs.x}}` / `${{outputs.x}}` in the script's
-  arguments name declared ones; no credential is put into the job in plain text;
+  arguments name declared ones;
+- no credential is put into the job in plain text, by any field (credential_check.py, first of all);
 - the script's `--config` / `--set` arguments are parsed by `TrainConfig`, with the same code the job runs.
 
 The job runs `python SCRIPT ARGS` from the top of the code directory on every rank: Azure ML starts
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdazure.azure import sweep_spec, vm_sizes
+from hvdazure.azure import credential_check, sweep_spec, vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.errors import JobSpecError, check_count
 from hvdazure.azure.resolved_job import InputSpec, JobEnvironment, OutputSpec, ResolvedJob
@@ -45,10 +46,6 @@ _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,254}$")
 _SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]$", re.I)
 _PLACEHOLDER = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 _REGISTERED_ENV = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)(@latest|:[A-Za-z0-9_.\-]+)$")  # after azureml:
-# Variables named like secrets (HF_TOKEN, WANDB_API_KEY, AZURE_CLIENT_SECRET; not TOKENIZERS_PARALLELISM)
-# would sit in the job definition in plain text.
-_SECRET_WORDS = {"SECRET", "PASSWORD", "PASSWD", "TOKEN", "SAS", "CREDENTIAL", "CREDENTIALS", "PAT"}
-_SECRET_VALUE = re.compile(r"[?&]sig=|eyJ[A-Za-z0-9\-_]{8,}\.|AccountKey=|SharedAccessSignature=", re.I)
 
 
 @dataclass(frozen=True)
@@ -129,6 +126,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     `vm_size` is the compute's size as Azure reports it, when known (else `spec.vm_size`); `snapshot` a
     scan of the same code directory made earlier (a second resolve need not walk it again)."""
     cwd = Path.cwd() if cwd is None else cwd
+    credential_check.check_spec(spec)  # first: later checks name values in their messages
     vm_size = vm_size or spec.vm_size
     nodes = check_count(spec.nodes, "--nodes")
     processes = _processes_per_node(spec.processes_per_node, vm_size)
@@ -300,9 +298,7 @@ def _check_input(spec: InputSpec) -> None:
         raise JobSpecError(f"--input {spec.name}: type {spec.type!r} is not one of {', '.join(INPUT_TYPES)}")
     if spec.mode not in INPUT_MODES:
         raise JobSpecError(f"--input {spec.name}: mode {spec.mode!r} is not one of {', '.join(INPUT_MODES)}")
-    if _SECRET_VALUE.search(spec.uri):
-        raise JobSpecError(f"--input {spec.name}: the URI carries a credential (a SAS token?), which would "
-                           "be stored in the job; register a datastore or data asset and use azureml:...")
+    credential_check.refuse_value(f"--input {spec.name}", spec.uri, credential_check.DATA_ASSET)
 
 
 def _check_output(spec: OutputSpec) -> None:
@@ -311,9 +307,7 @@ def _check_output(spec: OutputSpec) -> None:
     if spec.mode not in OUTPUT_MODES:
         raise JobSpecError(f"--output {spec.name}: mode {spec.mode!r} is not one of "
                            f"{', '.join(OUTPUT_MODES)}")
-    if spec.uri and _SECRET_VALUE.search(spec.uri):
-        raise JobSpecError(f"--output {spec.name}: the URI carries a credential (a SAS token?); use a "
-                           "datastore path, azureml://datastores/NAME/paths/...")
+    credential_check.refuse_value(f"--output {spec.name}", spec.uri or "", credential_check.DATASTORE_PATH)
 
 
 def _check_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -321,13 +315,7 @@ def _check_env(env: Mapping[str, str]) -> dict[str, str]:
     for name, value in env.items():
         if not _NAME.match(str(name)):
             raise JobSpecError(f"--env {name!r}: not a valid environment variable name")
-        words = str(name).upper().split("_")
-        secret_name = bool(_SECRET_WORDS & set(words)) or words[-1] == "KEY" or "CONNECTION_STRING" in str(
-            name).upper()
-        if secret_name or _SECRET_VALUE.search(str(value)):
-            raise JobSpecError(f"--env {name}: looks like a credential, and the job definition stores "
-                               "variables in plain text; give the job an identity or read it from Key Vault")
-        checked[str(name)] = str(value)
+        checked[str(name)] = str(value)  # credentials were refused by credential_check.check_spec
     return checked
 
 

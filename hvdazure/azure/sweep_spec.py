@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hvdazure.azure import credential_check
 from hvdazure.azure.errors import JobSpecError, check_count
 from hvdazure.azure.resolved_job import (
     GOALS,
@@ -137,6 +138,7 @@ def resolve_sweep(spec: SweepSpec, cwd: Path) -> SweepJob:
     if not space_file.is_file():
         raise JobSpecError(f"--space {spec.space}: search space file not found")
     space = _load_space(space_file)
+    credential_check.check_search_space(space)  # the job holds the search space
     parameters = search_parameters(space)
     if not isinstance(spec.metric, str) or not spec.metric.strip():
         raise JobSpecError("--metric: name the MLflow metric every trial logs, e.g. eval_loss")
@@ -250,6 +252,7 @@ def _in_job_sweep(spec: InJobSweepSpec, job: ResolvedJob, cwd: Path) -> InJobSwe
                            f"{job.processes_per_node} process(es) = {job.world_size} ranks: every rank "
                            "must belong to a trial")
     check_count(spec.seed, "--seed", least=0)
+    credential_check.check_search_space(_load_space(space_path))  # uploaded with the code
     local = SweepOptions(script=str(job.code_dir / job.script), space=str(space_path),
                          metric=spec.metric, trials=trials, ranks_per_trial=ranks, mode=spec.mode,
                          sampler=spec.sampler, pruner=spec.pruner, seed=spec.seed, output=IN_JOB_OUTPUT,

@@ -229,7 +229,7 @@ def test_inputs_parse(text, expected):
     ("=azureml:x@latest", "--input expects KEY=VALUE"),
     ("1data=azureml:x@latest", "--input name '1data': letters, digits and '_'"),
     ("data=", "--input data: no URI"),
-    ("data=https://acct.blob.core.windows.net/c?sig=secret", "--input data: the URI carries a credential"),
+    ("data=https://acct.blob.core.windows.net/c?sig=secret", "--input data: looks like a credential"),
 ])
 def test_inputs_that_do_not_parse_are_refused(text, message):
     with pytest.raises(JobSpecError, match="^" + message.replace("?", r"\?")):
