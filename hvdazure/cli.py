@@ -92,8 +92,8 @@ def _submit(args: argparse.Namespace) -> int:
         elif args.output_yaml:
             return _fail("--output-yaml goes with --dry-run")
         else:
-            cluster = compute.ClusterSpec(args.compute, args.vm_size or "", max_nodes=args.nodes) \
-                if args.create_compute else None
+            cluster = compute.ClusterSpec(args.compute, args.vm_size or "", max_nodes=None) \
+                if args.create_compute else None  # sized for the job: a sweep's concurrent trials
             result = submission.submit(spec, lambda: _workspace(args), sdk=args.sdk, stream=args.stream,
                                        create_compute=cluster)
     except errors.SubmitError as exc:
@@ -112,7 +112,8 @@ def _sweep_job_spec(args: argparse.Namespace) -> SweepSpec:
                                args.slack_factor, args.truncation_percentage)
     return SweepSpec(space=args.space, metric=args.metric, mode=args.mode, trials=args.trials,
                      max_concurrent_trials=args.max_concurrent_trials, sampler=args.sampler, seed=args.seed,
-                     early_termination=policy, max_duration=args.max_duration)
+                     early_termination=policy, max_duration=args.max_duration,
+                     trial_timeout=args.trial_timeout)
 
 
 def _in_job_sweep_spec(args: argparse.Namespace) -> InJobSweepSpec:
@@ -299,6 +300,9 @@ def _add_sweep_job_options(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-duration", type=int, metavar="SECONDS",
                         help="end the sweep job after this long, cancelling running trials (they get no "
                              "grace to save a checkpoint, unlike `hvdazure sweep --timeout`)")
+    limits.add_argument("--trial-timeout", type=int, metavar="SECONDS",
+                        help="cancel a trial that runs longer than this, at least 60 (SDK v1: the trial "
+                             "run's max_run_duration_seconds); the sweep goes on with the next")
     limits.add_argument("--early-termination", choices=("none", *POLICIES), metavar="POLICY",
                         help="cancel trials that are behind, by Azure ML's policy: none (default), bandit "
                              "(outside --slack-factor of the best), median (below the median of running "
@@ -335,8 +339,9 @@ def _add_submit_options(parser: _Parser,
     layout.add_argument("--vm-size", metavar="SIZE",
                         help="the compute's VM size, for a dry run's defaults and for --create-compute")
     layout.add_argument("--create-compute", action="store_true",
-                        help="create the compute if it does not exist (--vm-size, up to --nodes nodes, "
-                             "scaling to 0 when idle); see also `hvdazure azure compute create`")
+                        help="create the compute if it does not exist (--vm-size, up to --nodes nodes, or "
+                             "--nodes x --max-concurrent-trials for a sweep job; scaling to 0 when idle); "
+                             "see also `hvdazure azure compute create`")
     layout.add_argument("--shm-size", metavar="SIZE",
                         help="shared memory per container: a number and a unit, b, k, m or g, e.g. 16g "
                              "(default: 2g; a bare number is refused, Docker would read bytes)")

@@ -160,7 +160,8 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
                            "letter or digit")
     shm = shm_size(spec.shm_size)
     tags = {str(k): str(v) for k, v in spec.tags.items()}
-    warnings = [w for w in (snapshot.size_warning(), *_unreferenced(args, inputs, outputs)) if w]
+    warnings = [w for w in (snapshot.size_warning(), _more_processes_than_gpus(processes, vm_size),
+                            *_unreferenced(args, inputs, outputs)) if w]
     job = ResolvedJob(
         code_dir=code_dir, script=script, script_args=args, compute=spec.compute.strip(), nodes=nodes,
         processes_per_node=processes, environment=_environment(spec, cwd), env=env, inputs=inputs,
@@ -242,6 +243,16 @@ def _processes_per_node(value: int | None, vm_size: str | None) -> int:
     known = f"VM size {vm_size} is not in hvdazure's table" if vm_size else "the compute's VM size is unknown"
     raise JobSpecError(f"--processes-per-node is required: {known} (one process per GPU is usual; sizes "
                        f"known: {', '.join(vm_sizes.known_sizes())})")
+
+
+def _more_processes_than_gpus(processes: int, vm_size: str | None) -> str | None:
+    """A warning when the ranks of a node would share its GPUs (a CPU rank per core is the user's choice,
+    so not an error)."""
+    size = vm_sizes.lookup(vm_size)
+    if size is None or processes <= size.gpus:
+        return None
+    return (f"--processes-per-node {processes} is more than the {size.gpus} GPU(s) of a {size.name} node: "
+            "ranks would share GPUs (one process per GPU is usual)")
 
 
 def _code_and_script(spec: JobSpec, cwd: Path) -> tuple[Path, str]:

@@ -69,6 +69,16 @@ def test_processes_per_node_default_to_the_gpus_of_a_known_vm_size(project):
     assert job.processes_per_node == 8
 
 
+def test_more_processes_per_node_than_the_vm_sizes_gpus_is_a_warning_naming_both(project):
+    job = resolve(spec(processes_per_node=16), vm_size="Standard_ND96asr_v4")
+
+    assert ("--processes-per-node 16 is more than the 8 GPU(s) of a Standard_ND96asr_v4 node: ranks would "
+            "share GPUs (one process per GPU is usual)") in job.warnings
+    for fits in (resolve(spec(processes_per_node=8), vm_size="Standard_ND96asr_v4"),
+                 resolve(spec(processes_per_node=16), vm_size="Standard_D4s_v5"), resolve(spec())):
+        assert not [w for w in fits.warnings if "GPU(s)" in w]
+
+
 def test_processes_per_node_are_required_when_the_vm_size_is_unknown(project):
     assert refused(processes_per_node=None).startswith(
         "--processes-per-node is required: the compute's VM size is unknown")
