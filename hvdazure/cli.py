@@ -272,7 +272,7 @@ def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
                     "--ranks-per-trial ranks packed onto its GPUs, with the options of `hvdazure sweep` "
                     "(the job's layout gives the ranks, and results go to ./outputs/sweep, uploaded with the "
                     "job; every trial logs to MLflow as a child run of the job's run). SPACE.yaml must be in "
-                    "the code directory. SDK v2 only.",
+                    "the code directory. SDK v1: a ScriptRunConfig whose command is the same.",
         epilog="the script's own arguments go after --. example:\n"
                "  hvdazure submit in-job-sweep train.py --space space.yaml --metric eval_loss \\\n"
                "      --trials 24 --ranks-per-trial 4 --pruner median --compute gpu-cluster --nodes 2 ...",
