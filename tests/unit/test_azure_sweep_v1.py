@@ -313,3 +313,11 @@ def test_a_v1_in_job_sweep_submits_a_run_whose_command_is_the_sweep(project, ser
         "eval_loss --mode min --sampler tpe --pruner none --seed 0 --output ./outputs/sweep --mlflow -- "
         "--set epochs=3")
     assert (configuration["script"], configuration["arguments"]) == (None, [])
+
+
+def test_a_submitted_hyperdrive_run_gives_each_trial_the_trial_timeout(project, service):
+    workspace = WorkspaceRef("sub-id", "rg", "ws")
+    submission.submit(spec(trial_timeout=5400), workspace, sdk="v1", credential=FakeCredential())
+
+    (experiment,) = service.experiments
+    assert experiment["platform_config"]["Definition"]["Overrides"]["maxRunDurationSeconds"] == 5400
