@@ -18,7 +18,7 @@ _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")  # a TrainConfig field or extr
 def argument_names(args: Sequence[str]) -> list[str]:
     """One name per argument, never its value: `--set extra.data_url` for `--set=extra.data_url=...` and
     for the word after `--set`, `--data-url` for `--data-url=...` and for the word after `--data-url`, and
-    `argument 3` for a word that belongs to no option."""
+    its position (`3`, counted from 1) for a word that belongs to no option."""
     names = []
     owner: str | None = None  # the option whose value the next word may be
     for index, arg in enumerate(args):
@@ -30,7 +30,7 @@ def argument_names(args: Sequence[str]) -> list[str]:
             name = _set_name(arg) if owner == "--set" else owner
             owner = None
         else:
-            name = f"argument {index + 1}"
+            name = str(index + 1)
         names.append(name)
     return names
 

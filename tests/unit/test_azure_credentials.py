@@ -45,7 +45,7 @@ CASES = [  # (what the job is given, the field the refusal names, the kind of cr
     ({"script_args": ["--epochs", "3", "--data-url", SAS_URL]}, "the script's argument --data-url",
      "a SAS signature, sig="),
     ({"script_args": [f"--data-url={SAS_URL}"]}, "the script's argument --data-url", "a SAS signature, sig="),
-    ({"script_args": ["fit", SAS_URL]}, "the script's argument argument 2", "a SAS signature, sig="),
+    ({"script_args": ["fit", SAS_URL]}, "the script's argument 2", "a SAS signature, sig="),
     ({"script_args": ["--header", "Authorization: Bearer hf_abcdef"]}, "the script's argument --header",
      "a bearer token"),
     ({"script_args": ["--set", "extra.hf_token=hf_abcdef"]}, "the script's argument --set extra.hf_token",
@@ -135,3 +135,14 @@ def test_one_rule_redacts_what_it_refuses():
 ])
 def test_names_that_say_they_hold_a_secret(name, expected):
     assert named_like_credential(name) is expected
+
+
+def test_the_scripts_arguments_are_named_by_their_option_never_their_value():
+    from hvdazure.azure.script_args import argument_names, set_fields
+
+    args = ["--set", "extra.url=x", "--set=lr=0.1", "--data-url", "y", "--n=-1", "fit", "-v", "--set",
+            "?sig=z"]
+
+    assert argument_names(args) == ["--set", "--set extra.url", "--set lr", "--data-url", "--data-url", "--n",
+                                    "7", "-v", "--set", "--set"]
+    assert set_fields(args) == ["extra.url", "lr"]
