@@ -8,7 +8,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from hvdazure._version import __version__
 
@@ -92,8 +92,8 @@ def _submit(args: argparse.Namespace) -> int:
         elif args.output_yaml:
             return _fail("--output-yaml goes with --dry-run")
         else:
-            cluster = compute.ClusterSpec(args.compute, args.vm_size or "", max_nodes=args.nodes) \
-                if args.create_compute else None
+            cluster = compute.ClusterSpec(args.compute, args.vm_size or "", max_nodes=None) \
+                if args.create_compute else None  # sized for the job: a sweep's concurrent trials
             result = submission.submit(spec, lambda: _workspace(args), sdk=args.sdk, stream=args.stream,
                                        create_compute=cluster)
     except errors.SubmitError as exc:
@@ -112,7 +112,8 @@ def _sweep_job_spec(args: argparse.Namespace) -> SweepSpec:
                                args.slack_factor, args.truncation_percentage)
     return SweepSpec(space=args.space, metric=args.metric, mode=args.mode, trials=args.trials,
                      max_concurrent_trials=args.max_concurrent_trials, sampler=args.sampler, seed=args.seed,
-                     early_termination=policy, max_duration=args.max_duration)
+                     early_termination=policy, max_duration=args.max_duration,
+                     trial_timeout=args.trial_timeout)
 
 
 def _in_job_sweep_spec(args: argparse.Namespace) -> InJobSweepSpec:
@@ -188,7 +189,8 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser that, when `trailing_dest` is set, stores everything after the first `--` there
     verbatim (a submitted script's own arguments), so that options may come before or after the script;
     and that hands the arguments to one of its `variants` when they start with its name (`hvdazure submit
-    sweep ...`), parsing them itself otherwise (`hvdazure submit SCRIPT ...`)."""
+    sweep ...`), parsing them itself otherwise (`hvdazure submit SCRIPT ...`); and whose errors are one
+    line. Every parser of the CLI is one (subparsers take their parent's class)."""
 
     trailing_dest: str | None = None
     variants: dict[str, argparse.ArgumentParser] | None = None
@@ -203,6 +205,11 @@ class _Parser(argparse.ArgumentParser):
         namespace, extras = super().parse_known_args(args[:split], namespace)
         setattr(namespace, self.trailing_dest, args[split + 1:])
         return namespace, extras
+
+    def error(self, message: str) -> NoReturn:
+        """One line and exit status 2, as every other refusal of the CLI: argparse's own error prints the
+        whole usage first, which buries the line that says what is wrong (the usage is a --help away)."""
+        self.exit(2, f"hvdazure: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
 def _add_workspace_options(parser: argparse.ArgumentParser) -> None:
@@ -265,7 +272,7 @@ def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
                     "--ranks-per-trial ranks packed onto its GPUs, with the options of `hvdazure sweep` "
                     "(the job's layout gives the ranks, and results go to ./outputs/sweep, uploaded with the "
                     "job; every trial logs to MLflow as a child run of the job's run). SPACE.yaml must be in "
-                    "the code directory. SDK v2 only.",
+                    "the code directory. SDK v1: a ScriptRunConfig whose command is the same.",
         epilog="the script's own arguments go after --. example:\n"
                "  hvdazure submit in-job-sweep train.py --space space.yaml --metric eval_loss \\\n"
                "      --trials 24 --ranks-per-trial 4 --pruner median --compute gpu-cluster --nodes 2 ...",
@@ -293,6 +300,9 @@ def _add_sweep_job_options(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-duration", type=int, metavar="SECONDS",
                         help="end the sweep job after this long, cancelling running trials (they get no "
                              "grace to save a checkpoint, unlike `hvdazure sweep --timeout`)")
+    limits.add_argument("--trial-timeout", type=int, metavar="SECONDS",
+                        help="cancel a trial that runs longer than this, at least 60 (SDK v1: the trial "
+                             "run's max_run_duration_seconds); the sweep goes on with the next")
     limits.add_argument("--early-termination", choices=("none", *POLICIES), metavar="POLICY",
                         help="cancel trials that are behind, by Azure ML's policy: none (default), bandit "
                              "(outside --slack-factor of the best), median (below the median of running "
@@ -329,10 +339,12 @@ def _add_submit_options(parser: _Parser,
     layout.add_argument("--vm-size", metavar="SIZE",
                         help="the compute's VM size, for a dry run's defaults and for --create-compute")
     layout.add_argument("--create-compute", action="store_true",
-                        help="create the compute if it does not exist (--vm-size, up to --nodes nodes, "
-                             "scaling to 0 when idle); see also `hvdazure azure compute create`")
+                        help="create the compute if it does not exist (--vm-size, up to --nodes nodes, or "
+                             "--nodes x --max-concurrent-trials for a sweep job; scaling to 0 when idle); "
+                             "see also `hvdazure azure compute create`")
     layout.add_argument("--shm-size", metavar="SIZE",
-                        help="shared memory per container, e.g. 16g (default: 2g)")
+                        help="shared memory per container: a number and a unit, b, k, m or g, e.g. 16g "
+                             "(default: 2g; a bare number is refused, Docker would read bytes)")
     layout.add_argument("--docker-args", metavar="ARGS",
                         help="extra `docker run` arguments, e.g. --docker-args='--user root'")
     environment = parser.add_argument_group("environment")
@@ -515,7 +527,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hvdazure",
         description="Horovod data-parallel training for PyTorch and TensorFlow, from a laptop to Azure ML.",
     )

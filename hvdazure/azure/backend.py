@@ -40,6 +40,7 @@ class OfflineCheck:
     checked: str  # what the SDK loaded back and compared
     how_to_submit: str  # the command that submits what was written
     notes: tuple[str, ...] = ()  # what the job runs beyond the summary (a HyperDrive trial's entry)
+    command: str | None = None  # what the SDK runs, where that is not the job's command (HyperDrive's trial)
 
 
 class WorkspaceConnection(Protocol):

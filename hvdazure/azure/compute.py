@@ -13,11 +13,13 @@ from hvdazure.azure.errors import JobSpecError
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """An AmlCompute cluster: `min_nodes` 0 lets it scale to nothing when idle for `idle_seconds`."""
+    """An AmlCompute cluster: `min_nodes` 0 lets it scale to nothing when idle for `idle_seconds`.
+    `max_nodes` None: as many as the job it is created for holds at once (`hvdazure submit
+    --create-compute`; submission.submit sizes it, for a sweep job nodes x concurrent trials)."""
 
     name: str
     vm_size: str
-    max_nodes: int
+    max_nodes: int | None
     min_nodes: int = 0
     low_priority: bool = False  # cheaper, preemptible VMs (hvdazure checkpoints on preemption)
     idle_seconds: int = 600
@@ -27,6 +29,8 @@ class ClusterSpec:
             raise JobSpecError(f"compute name {self.name!r}: 2 to 32 letters, digits and '-'")
         if not self.vm_size:
             raise JobSpecError("--vm-size is required to create a compute cluster (e.g. Standard_ND96asr_v4)")
+        if self.max_nodes is None:
+            raise JobSpecError("--max-nodes: give the cluster's largest number of nodes")
         for option, value, least in (("--max-nodes", self.max_nodes, 1), ("--min-nodes", self.min_nodes, 0),
                                      ("--idle-seconds", self.idle_seconds, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:

@@ -1,8 +1,10 @@
-"""Errors of a submission, the one rule for every message hvdazure prints about one (no secrets), and the
-count check every option of a job goes through.
+"""Errors of a submission, the one rule for what counts as a credential (kept out of every message
+hvdazure prints, and out of every job it submits), and the count check every option of a job goes through.
 
 Azure SDK exceptions can carry SAS URLs (`...?sv=...&sig=...`), bearer tokens or storage keys in their text
 (a failed blob upload names the URL it used). Everything shown to the user passes through `redact` first.
+The same patterns say whether a value of a job is a credential (`credential_in`, applied to every field of
+a job by credential_check.py), and `named_like_credential` whether a name says it holds one.
 """
 
 from __future__ import annotations
@@ -18,22 +20,42 @@ class JobSpecError(SubmitError, ValueError):
     """The job as asked is invalid (found offline, before anything is uploaded)."""
 
 
-_SECRETS = [
-    # SAS query parameters: the signature is the secret; the rest would only help to reuse it
-    (re.compile(r"([?&](?:sig|se|sp|sv|sr|st|skoid|sktid|skt|ske|sks|skv|spr|srt|ss)=)[^&\s'\"]*", re.I),
-     r"\1REDACTED"),
-    (re.compile(r"(Bearer\s+)[A-Za-z0-9\-_.~+/=]+", re.I), r"\1REDACTED"),
-    (re.compile(r"((?:AccountKey|SharedAccessSignature|SharedAccessKey|password|client_secret)\s*[=:]\s*)"
-                r"[^;\s'\"&]+", re.I), r"\1REDACTED"),
-    (re.compile(r"eyJ[A-Za-z0-9\-_]{8,}\.[A-Za-z0-9\-_]{8,}\.[A-Za-z0-9\-_]*"), "REDACTED-JWT"),
+# (what it is, named in a refusal instead of the value; the pattern; what replaces the secret part)
+_CREDENTIALS = [
+    ("a SAS signature, sig=", re.compile(r"([?&]sig=)[^&\s'\"]*", re.I), r"\1REDACTED"),
+    ("a bearer token", re.compile(r"(Bearer\s+)[A-Za-z0-9\-_.~+/=]+", re.I), r"\1REDACTED"),
+    ("a key or password", re.compile(r"((?:AccountKey|SharedAccessSignature|SharedAccessKey|password|"
+                                     r"client_secret)\s*[=:]\s*)[^;\s'\"&]+", re.I), r"\1REDACTED"),
+    ("a JWT", re.compile(r"eyJ[A-Za-z0-9\-_]{8,}\.[A-Za-z0-9\-_]*(?:\.[A-Za-z0-9\-_]*)?"), "REDACTED-JWT"),
 ]
+# A SAS URL's other query parameters are no credential alone, but would help to reuse its signature: they
+# are removed from messages, and not refused in a job.
+_SAS_PARAMETERS = re.compile(r"([?&](?:se|sp|sv|sr|st|skoid|sktid|skt|ske|sks|skv|spr|srt|ss)=)[^&\s'\"]*",
+                             re.I)
+# Names of variables, tags and settings that hold secrets (HF_TOKEN, WANDB_API_KEY, AZURE_CLIENT_SECRET,
+# extra.db_password; not TOKENIZERS_PARALLELISM): the words, and a last word KEY
+_CREDENTIAL_WORDS = {"SECRET", "PASSWORD", "PASSWD", "TOKEN", "SAS", "CREDENTIAL", "CREDENTIALS", "PAT"}
 
 
 def redact(text: str) -> str:
     """`text` without SAS signatures, bearer tokens, JWTs, storage keys or passwords."""
-    for pattern, replacement in _SECRETS:
+    for _, pattern, replacement in _CREDENTIALS:
         text = pattern.sub(replacement, text)
-    return text
+    return _SAS_PARAMETERS.sub(r"\1REDACTED", text)
+
+
+def credential_in(text: str) -> str | None:
+    """What kind of credential `text` holds ("a SAS signature, sig="), or None: what `redact` removes, less
+    the parts of a SAS URL that are no credential alone."""
+    return next((what for what, pattern, _ in _CREDENTIALS if pattern.search(text)), None)
+
+
+def named_like_credential(name: str) -> bool:
+    """True for a name that says it holds a secret: HF_TOKEN, WANDB_API_KEY, extra.db_password,
+    AZURE_STORAGE_CONNECTION_STRING (words split at anything but letters and digits)."""
+    words = [word for word in re.split(r"[^A-Z0-9]+", name.upper()) if word]
+    return bool(_CREDENTIAL_WORDS & set(words)) or words[-1:] == ["KEY"] or "CONNECTION_STRING" in "_".join(
+        words)
 
 
 def redacted_line(exc: BaseException) -> str:

@@ -8,7 +8,8 @@ Azure is checked here, before anything is uploaded, each problem as one line nam
 - nodes and processes per node are integers of at least 1; the script and the code directory exist, the
   script is inside the code directory and not excluded by its .amlignore / .gitignore;
 - inputs, outputs, environment variables and tags parse; `${{inputs.x}}` / `${{outputs.x}}` in the script's
-  arguments name declared ones; no credential is put into the job in plain text;
+  arguments name declared ones;
+- no credential is put into the job in plain text, by any field (credential_check.py, first of all);
 - the script's `--config` / `--set` arguments are parsed by `TrainConfig`, with the same code the job runs.
 
 The job runs `python SCRIPT ARGS` from the top of the code directory on every rank: Azure ML starts
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdazure.azure import data_inputs, sweep_spec, vm_sizes
+from hvdazure.azure import credential_check, data_inputs, sweep_spec, vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.errors import JobSpecError, check_count
 from hvdazure.azure.job_identity import with_identity
@@ -41,15 +42,11 @@ if TYPE_CHECKING:
 OUTPUT_MODES = ("rw_mount", "upload", "direct")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # input, output and environment variable names
 _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,254}$")
-_SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]?$", re.I)
+_SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]$", re.I)
 _PLACEHOLDER = re.compile(r"\$\{\{\s*([^}]*?)\s*\}\}")
 _REGISTERED_ENV = re.compile(r"^([A-Za-z0-9][A-Za-z0-9_.\-]*)(@latest|:[A-Za-z0-9_.\-]+)$")  # after azureml:
 _REGISTRY_ENV = re.compile(r"^azureml://registries/([A-Za-z0-9][A-Za-z0-9_\-]*)/environments/"
                            r"([A-Za-z0-9][A-Za-z0-9_.\-]*)/(labels|versions)/([A-Za-z0-9_.\-]+)$")
-# Variables named like secrets (HF_TOKEN, WANDB_API_KEY, AZURE_CLIENT_SECRET; not TOKENIZERS_PARALLELISM)
-# would sit in the job definition in plain text.
-_SECRET_WORDS = {"SECRET", "PASSWORD", "PASSWD", "TOKEN", "SAS", "CREDENTIAL", "CREDENTIALS", "PAT"}
-_SECRET_VALUE = re.compile(r"[?&]sig=|eyJ[A-Za-z0-9\-_]{8,}\.|AccountKey=|SharedAccessSignature=", re.I)
 
 
 @dataclass(frozen=True)
@@ -123,6 +120,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     `vm_size` is the compute's size as Azure reports it, when known (else `spec.vm_size`); `snapshot` a
     scan of the same code directory made earlier (a second resolve need not walk it again)."""
     cwd = Path.cwd() if cwd is None else cwd
+    credential_check.check_spec(spec)  # first: later checks name values in their messages
     vm_size = vm_size or spec.vm_size
     nodes = check_count(spec.nodes, "--nodes")
     processes = _processes_per_node(spec.processes_per_node, vm_size)
@@ -154,15 +152,15 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     if not _EXPERIMENT.match(experiment):
         raise JobSpecError(f"--experiment {experiment!r}: letters, digits, '_' and '-' only, starting with a "
                            "letter or digit")
-    if spec.shm_size is not None and not _SHM_SIZE.match(str(spec.shm_size)):
-        raise JobSpecError(f"--shm-size {spec.shm_size!r}: a size such as 16g, 512m")
+    shm = shm_size(spec.shm_size)
     tags = {str(k): str(v) for k, v in spec.tags.items()}
-    warnings = [w for w in (snapshot.size_warning(), *_unreferenced(args, inputs, outputs)) if w]
+    warnings = [w for w in (snapshot.size_warning(), _more_processes_than_gpus(processes, vm_size),
+                            *_unreferenced(args, inputs, outputs)) if w]
     job = ResolvedJob(
         code_dir=code_dir, script=script, script_args=args, compute=spec.compute.strip(), nodes=nodes,
         processes_per_node=processes, environment=_environment(spec, cwd), env=env, inputs=inputs,
         outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
-        f"{nodes}x{processes}", tags=tags, shm_size=spec.shm_size, docker_args=spec.docker_args or None,
+        f"{nodes}x{processes}", tags=tags, shm_size=shm, docker_args=spec.docker_args or None,
         vm_size=vm_size, snapshot=snapshot, warnings=tuple(warnings))
     job = with_identity(job, spec.identity)
     if spec.sweep is None:
@@ -201,6 +199,22 @@ def check_train_config_args(script_args: Sequence[str], code_dir: Path) -> Train
         raise JobSpecError(f"the script's arguments: {exc}") from None
 
 
+def shm_size(size: str | None) -> str | None:
+    """`--shm-size` as Azure ML's docs spell it (`16g`): a whole number above 0 and a unit Docker knows, b,
+    k, m or g. Docker reads the unit in either case (`16G` is `16g`), and a bare number as bytes, so `16`
+    would be a 16-byte /dev/shm: refused."""
+    if size is None:
+        return None
+    text = str(size)
+    if text.isdigit():
+        raise JobSpecError(f"--shm-size {text!r}: give a unit, such as 16g: Docker reads a bare number as "
+                           "bytes")
+    if not _SHM_SIZE.match(text):
+        raise JobSpecError(f"--shm-size {text!r}: a whole number and a unit, b, k, m or g, such as 16g or "
+                           "512m")
+    return text.lower()
+
+
 def is_local_path(uri: str) -> bool:
     """True for a path on this machine (uploaded with the job), False for azureml:, https:, abfss:, ..."""
     return ":" not in uri.split("/", 1)[0]
@@ -224,6 +238,16 @@ def _processes_per_node(value: int | None, vm_size: str | None) -> int:
     known = f"VM size {vm_size} is not in hvdazure's table" if vm_size else "the compute's VM size is unknown"
     raise JobSpecError(f"--processes-per-node is required: {known} (one process per GPU is usual; sizes "
                        f"known: {', '.join(vm_sizes.known_sizes())})")
+
+
+def _more_processes_than_gpus(processes: int, vm_size: str | None) -> str | None:
+    """A warning when the ranks of a node would share its GPUs (a CPU rank per core is the user's choice,
+    so not an error)."""
+    size = vm_sizes.lookup(vm_size)
+    if size is None or processes <= size.gpus:
+        return None
+    return (f"--processes-per-node {processes} is more than the {size.gpus} GPU(s) of a {size.name} node: "
+            "ranks would share GPUs (one process per GPU is usual)")
 
 
 def _code_and_script(spec: JobSpec, cwd: Path) -> tuple[Path, str]:
@@ -293,9 +317,7 @@ def _check_input(spec: InputSpec) -> None:
     if not _NAME.match(spec.name):
         raise JobSpecError(f"--input name {spec.name!r}: letters, digits and '_', not starting with a digit")
     data_inputs.check_input(spec)
-    if _SECRET_VALUE.search(spec.uri):
-        raise JobSpecError(f"--input {spec.name}: the URI carries a credential (a SAS token?), which would "
-                           "be stored in the job; register a datastore or data asset and use azureml:...")
+    credential_check.refuse_value(f"--input {spec.name}", spec.uri, credential_check.DATA_ASSET)
 
 
 def _check_output(spec: OutputSpec) -> None:
@@ -304,9 +326,7 @@ def _check_output(spec: OutputSpec) -> None:
     if spec.mode not in OUTPUT_MODES:
         raise JobSpecError(f"--output {spec.name}: mode {spec.mode!r} is not one of "
                            f"{', '.join(OUTPUT_MODES)}")
-    if spec.uri and _SECRET_VALUE.search(spec.uri):
-        raise JobSpecError(f"--output {spec.name}: the URI carries a credential (a SAS token?); use a "
-                           "datastore path, azureml://datastores/NAME/paths/...")
+    credential_check.refuse_value(f"--output {spec.name}", spec.uri or "", credential_check.DATASTORE_PATH)
 
 
 def _check_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -314,13 +334,7 @@ def _check_env(env: Mapping[str, str]) -> dict[str, str]:
     for name, value in env.items():
         if not _NAME.match(str(name)):
             raise JobSpecError(f"--env {name!r}: not a valid environment variable name")
-        words = str(name).upper().split("_")
-        secret_name = bool(_SECRET_WORDS & set(words)) or words[-1] == "KEY" or "CONNECTION_STRING" in str(
-            name).upper()
-        if secret_name or _SECRET_VALUE.search(str(value)):
-            raise JobSpecError(f"--env {name}: looks like a credential, and the job definition stores "
-                               "variables in plain text; give the job an identity or read it from Key Vault")
-        checked[str(name)] = str(value)
+        checked[str(name)] = str(value)  # credentials were refused by credential_check.check_spec
     return checked
 
 

@@ -104,6 +104,9 @@ class CommandJob:
     def json_fields(self) -> dict[str, Any]:
         return {}
 
+    def nodes_at_once(self, job: ResolvedJob) -> int:
+        return job.nodes
+
 
 @dataclass(frozen=True)
 class EarlyTermination:
@@ -162,6 +165,7 @@ class SweepJob:
     max_concurrent_trials: int
     early_termination: EarlyTermination | None
     max_duration: int | None  # seconds for the whole sweep job
+    trial_timeout: int | None = None  # seconds for each trial
 
     def rank_argv(self, job: ResolvedJob) -> tuple[str, ...]:
         """A trial's command (SDK v2): the script, then each sampled value as `--set NAME=VALUE`, which Azure
@@ -173,7 +177,8 @@ class SweepJob:
     def summary(self, job: ResolvedJob) -> list[str]:
         seed = f" (seed {self.seed})" if self.seed is not None else ""
         policy = self.early_termination.describe() if self.early_termination else "none"
-        limit = f"; the sweep stops after {self.max_duration} s" if self.max_duration else ""
+        limit = (f"; each trial stops after {self.trial_timeout} s" if self.trial_timeout else "") + (
+            f"; the sweep stops after {self.max_duration} s" if self.max_duration else "")
         parameters = "; ".join(f"{p.name} {p.describe()}" + (f" as {p.key}" if p.key != p.name else "")
                                for p in self.parameters)
         return [f"sweep job: {self.max_total_trials} trial(s) of {job.nodes} node(s) x "
@@ -189,8 +194,13 @@ class SweepJob:
             "type": "sweep_job", "metric": self.metric, "goal": self.goal, "sampler": self.sampler,
             "seed": self.seed, "max_total_trials": self.max_total_trials,
             "max_concurrent_trials": self.max_concurrent_trials, "max_duration": self.max_duration,
+            "trial_timeout": self.trial_timeout,
             "early_termination": dataclasses.asdict(policy) if policy else None,
             "search_space": {p.key: {"name": p.name, "type": p.kind, **p.args} for p in self.parameters}}}
+
+    def nodes_at_once(self, job: ResolvedJob) -> int:
+        """Every concurrent trial holds the nodes of one command job."""
+        return job.nodes * self.max_concurrent_trials
 
 
 @dataclass(frozen=True)
@@ -214,6 +224,9 @@ class InJobSweep:
 
     def json_fields(self) -> dict[str, Any]:
         return {"sweep": {"type": "in_job", **self.options.to_dict()}}
+
+    def nodes_at_once(self, job: ResolvedJob) -> int:
+        return job.nodes
 
 
 JobKind = CommandJob | SweepJob | InJobSweep
@@ -256,6 +269,11 @@ class ResolvedJob:
         return self.kind.rank_argv(self)
 
     @property
+    def nodes_at_once(self) -> int:
+        """The nodes the job holds at its busiest: what a cluster created for it must allow."""
+        return self.kind.nodes_at_once(self)
+
+    @property
     def command(self) -> str:
         """The job's command line; `${{inputs.x}}` placeholders stay as Azure ML substitutes them."""
         return shlex.join(self.argv)
@@ -265,8 +283,9 @@ class ResolvedJob:
         """The tags the job is submitted with: the user's, and the hvdazure version that submitted it."""
         return {"hvdazure": __version__, **self.tags}
 
-    def summary(self) -> list[str]:
-        """What a person checks before spending GPU hours, one fact per line (no secrets: see job_spec)."""
+    def summary(self, command: str | None = None) -> list[str]:
+        """What a person checks before spending GPU hours, one fact per line (no secrets: see job_spec).
+        `command`: what the SDK runs, where that is not `self.command` (an SDK v1 sweep's trial)."""
         environment = self.environment
         lines = [
             f"MPI layout: {self.nodes} node(s) x {self.processes_per_node} process(es) = world size "
@@ -274,7 +293,7 @@ class ResolvedJob:
             f"environment: {environment.reference}"
             + (f" (image {environment.image})" if environment.image else "")
             + (f" + conda file {environment.conda_file.name}" if environment.conda_file else ""),
-            f"command: {self.command}",
+            f"command: {command or self.command}",
             f"code: {self.code_dir} ({len(self.snapshot.files)} files, "
             f"{self.snapshot.total_bytes / 2**20:.1f} MB)",
             f"experiment: {self.experiment}; display name: {self.display_name}",

@@ -2,6 +2,10 @@
 serialised and loaded back. The command job (submit_v1.py) runs it as it is, and a HyperDrive sweep
 (sweep_v1.py) as each trial's configuration.
 
+A job whose ranks run `python SCRIPT ARGS` is the configuration's script and arguments; any other (an in-job
+sweep's `python -m hvdazure.sweep ...`) is its `command`, which azureml-core 1.61 takes instead: as one
+shell-quoted string, since azureml-core joins a list with spaces, unquoted, before sending it.
+
 The configuration has `MpiConfiguration(process_count_per_node, node_count)`, Docker on
 (`DockerConfiguration(use_docker=True, shm_size=...)`), and an `Environment` on the Docker image: with the
 image alone its Python is used as it is (`user_managed_dependencies`), with a conda file that file is
@@ -19,9 +23,11 @@ from hvdazure.azure.errors import SubmitError, redacted_line
 from hvdazure.azure.resolved_job import ResolvedJob
 
 
-def build_run_config(job: ResolvedJob, workspace: Any = None) -> Any:
+def build_run_config(job: ResolvedJob, workspace: Any = None,
+                     max_run_duration_seconds: int | None = None) -> Any:
     """The ScriptRunConfig for `job`. A registered environment is looked up in `workspace` when given
-    (a dry run has none and references it by name and version)."""
+    (a dry run has none and references it by name and version); `max_run_duration_seconds`: when the
+    service cancels the run (default: azureml-core's, 30 days)."""
     from azureml.core import Environment, ScriptRunConfig
     from azureml.core.runconfig import DockerConfiguration, MpiConfiguration
 
@@ -42,10 +48,12 @@ def build_run_config(job: ResolvedJob, workspace: Any = None) -> Any:
         environment.docker.base_image = spec.image
         environment.version = spec.version  # named and versioned by content, as SDK v2 registers it
         environment.environment_variables.clear()  # the SDK's EXAMPLE_ENV_VAR placeholder (the setter warns)
+    entry = {"script": job.script, "arguments": list(job.script_args)} if runs_script(job) else {
+        "command": job.command}
     config = ScriptRunConfig(
         source_directory=str(job.code_dir),
-        script=job.script,
-        arguments=list(job.script_args),
+        **entry,
+        max_run_duration_seconds=max_run_duration_seconds or ScriptRunConfig.MAX_DURATION_SECONDS_DEFAULT,
         compute_target=job.compute,
         environment=environment,
         distributed_job_config=MpiConfiguration(process_count_per_node=job.processes_per_node,
@@ -97,15 +105,23 @@ def check_run_configuration(job: ResolvedJob, data: dict[str, Any], name: str) -
         loaded = RunConfiguration._get_runconfig_using_dict(data)  # what RunConfiguration.load does
     except Exception as exc:
         raise SubmitError(f"azureml-core cannot load {name} back: {redacted_line(exc)}") from None
-    found = {"script": loaded.script, "arguments": list(loaded.arguments), "nodeCount": loaded.node_count,
+    found = {"script": loaded.script, "arguments": list(loaded.arguments),
+             "command": loaded.command or None, "nodeCount": loaded.node_count,
              "mpi": {"processCountPerNode": loaded.mpi.process_count_per_node,
                      "nodeCount": loaded.mpi.node_count},
              "environment": {"name": loaded.environment.name, "version": loaded.environment.version},
              "credentialPassthrough": bool(loaded.credential_passthrough)}
-    wanted = {"script": job.script, "arguments": list(job.script_args), "nodeCount": job.nodes,
+    script, arguments, command = (job.script, list(job.script_args), None) if runs_script(job) else (
+        None, [], job.command)
+    wanted = {"script": script, "arguments": arguments, "command": command, "nodeCount": job.nodes,
               "mpi": {"processCountPerNode": job.processes_per_node, "nodeCount": job.nodes},
               "environment": {"name": job.environment.name, "version": job.environment.version},
               "credentialPassthrough": job.identity is not None and job.identity.kind == "user"}
     if found != wanted:
         raise SubmitError(f"{name} does not load back as written: {found} != {wanted}")
     return found
+
+
+def runs_script(job: ResolvedJob) -> bool:
+    """True when the job's ranks run `python SCRIPT ARGS`, which a ScriptRunConfig's script does."""
+    return job.argv == ("python", job.script, *job.script_args)

@@ -3,8 +3,9 @@
 Order of a submission, cheapest checks first, nothing uploaded before the last step:
 1. the JobSpec is validated offline (job_spec.resolve), and the SDK the user chose is importable;
 2. the workspace is named and a credential obtains a token (one line if not);
-3. the compute is looked up (or created with --create-compute): its VM size gives the processes per node
-   and the NCCL settings when they were not given;
+3. the compute is looked up (or created with --create-compute, sized for the nodes the job holds at once:
+   a sweep job's concurrent trials): its VM size gives the processes per node and the NCCL settings when
+   they were not given; a cluster too small for the job is warned about;
 4. the job is written as YAML into a temporary directory and validated by the SDK, as in a dry run;
 5. the environment is registered if new, the code uploaded and the job created.
 
@@ -56,13 +57,14 @@ class DryRunResult:
         job = self.job
         return {"dry_run": True, "sdk": self.sdk, "files": [str(f) for f in self.files], "nodes": job.nodes,
                 "processes_per_node": job.processes_per_node, "world_size": job.world_size,
-                "command": job.command, "environment": job.environment.reference,
+                "command": self.check.command or job.command, "environment": job.environment.reference,
                 "image": job.environment.image, "warnings": list(job.warnings),
                 "identity": job.identity.as_dict() if job.identity else None, **job.kind.json_fields()}
 
     def report(self) -> list[str]:
         """What the dry run found, for a person: the layout, the files, what was checked, how to submit."""
-        return [f"dry run (SDK {self.sdk}): nothing was uploaded or submitted", *self.job.summary(),
+        return [f"dry run (SDK {self.sdk}): nothing was uploaded or submitted",
+                *self.job.summary(self.check.command),
                 *self.check.notes, f"wrote {', '.join(_display_path(f) for f in self.files)}",
                 f"validated offline: {self.check.checked}", f"to submit: {self.check.how_to_submit}"]
 
@@ -97,6 +99,7 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
     first = resolve(_with_placeholder_processes(spec))
     backend.check_supported(first)
     if create_compute is not None:
+        create_compute = _sized_for(create_compute, first)
         create_compute.validate()
     workspace = workspace() if callable(workspace) else workspace or WorkspaceRef.from_options()
     # 2. credentials
@@ -106,7 +109,10 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
         connection = backend.connect(workspace, credential, client_options or {})
         # 3. the compute
         if create_compute is not None:
-            vm_size = connection.create_compute(create_compute).vm_size
+            cluster = connection.create_compute(create_compute)
+            vm_size = cluster.vm_size
+            for warning in _too_small(cluster, first):
+                warn(warning)
         else:
             vm_size = connection.compute_vm_size(spec.compute)
         if spec.vm_size and vm_size and spec.vm_size.lower() != vm_size.lower():
@@ -169,6 +175,28 @@ def _display_path(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def _sized_for(cluster: ClusterSpec, job: ResolvedJob) -> ClusterSpec:
+    """A cluster of no given size, sized for the nodes `job` holds at once (a sweep job's concurrent
+    trials each hold `--nodes`)."""
+    if cluster.max_nodes is not None:
+        return cluster
+    return dataclasses.replace(cluster, max_nodes=job.nodes_at_once)
+
+
+def _too_small(cluster: ComputeInfo, job: ResolvedJob) -> list[str]:
+    """What a cluster with fewer nodes than `job` holds at once means for it (one that exists is used as it
+    is, and one of a size given may be smaller)."""
+    most, needed = cluster.max_nodes, job.nodes_at_once
+    if most is None or most >= needed:
+        return []
+    if most < job.nodes:
+        return [f"compute {cluster.name} has up to {most} node(s), fewer than the {job.nodes} the job runs "
+                "on: it cannot start until the cluster allows more"]
+    return [f"compute {cluster.name} has up to {most} node(s), so {most // job.nodes} of the sweep's "
+            f"{needed // job.nodes} concurrent trials of {job.nodes} node(s) run at once ({needed} nodes "
+            "would run them all): the others queue"]
 
 
 def _with_placeholder_processes(spec: JobSpec) -> JobSpec:

@@ -3,12 +3,12 @@
 azureml-core has been out of support since 2026-06-30; it is imported only here and in the modules this one
 uses (run_config_v1.py, sweep_v1.py), only for `--sdk v1`. `V1Backend` is the submit backend (backend.py)
 for it. The job's kind decides its form once (`_form`): a command job is a `ScriptRunConfig`
-(run_config_v1.py), an Azure ML sweep job a HyperDrive run whose trial is that configuration (sweep_v1.py).
+(run_config_v1.py), and so is an in-job sweep (its `command` is the ranks' `python -m hvdazure.sweep ...`);
+an Azure ML sweep job is a HyperDrive run whose trial is that configuration (sweep_v1.py).
 `Experiment.submit` uploads the snapshot and starts the run.
 
 Inputs and outputs (`--input`, `--output`) are SDK v2 features here; v1 jobs read data from a datastore
-path the script is given. So is `hvdazure submit in-job-sweep` (its ranks run `python -m hvdazure.sweep`,
-which a ScriptRunConfig's script cannot be). Clusters are created with SDK v2 (`--create-compute`).
+path the script is given. Clusters are created with SDK v2 (`--create-compute`).
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ class ScriptRun:
     def notes(self, body: dict[str, Any]) -> tuple[str, ...]:
         return ()
 
+    def command(self) -> str | None:
+        """What the run runs, where that is not the job's command: nothing here."""
+        return None
+
     @contextmanager
     def run_config(self, workspace: Any) -> Iterator[Any]:
         """The ScriptRunConfig to submit (the one write_yaml serialises, its environment from `workspace`)."""
@@ -66,13 +70,10 @@ class ScriptRun:
 def _form(job: ResolvedJob) -> ScriptRun | HyperDriveRun:
     """The one place the job's kind decides what SDK v1 is sent."""
     match job.kind:
-        case CommandJob():
+        case CommandJob() | InJobSweep():  # the in-job sweep: ScriptRunConfig(command=...)
             return ScriptRun(job)
         case SweepJob() as sweep:
             return HyperDriveRun(job, sweep)
-        case InJobSweep():
-            raise JobSpecError("submit in-job-sweep needs SDK v2 (the default): an SDK v1 ScriptRunConfig "
-                               "runs a script file, not `python -m hvdazure.sweep`")
 
 
 def _check_environment_and_identity(job: ResolvedJob) -> None:
@@ -125,7 +126,8 @@ class V1Backend:
                    f"{mpi['processCountPerNode']}, nodeCount {mpi['nodeCount']}){form.also_checked}")
         how = "the same hvdazure submit --sdk v1 without --dry-run"
         return OfflineCheck(checked=checked, how_to_submit=how, notes=(*_environment_notes(job),
-                                                                       *form.notes(body)))
+                                                                       *form.notes(body)),
+                            command=form.command())
 
     def connect(self, workspace: WorkspaceRef, credential: Any,
                 client_options: dict[str, Any]) -> V1Connection:

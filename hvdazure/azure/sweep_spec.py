@@ -15,8 +15,9 @@ One search space file (hvdazure/sweep/space.py, in Azure ML's distributions) and
 What Azure ML would refuse only after the upload, or not at all, is refused here in one line: search-space
 keys must be identifiers (`extra.hidden` becomes the key `extra_hidden`; two names that become one key are an
 error); grid sampling takes choice parameters only, Bayesian sampling choice, uniform and quniform and no
-early termination; counts, percentages and factors out of range; an in-job sweep whose trials do not divide
-the job's ranks.
+early termination; counts, percentages and factors out of range; a trial timeout under a minute (azure-ai-ml
+raises it to 60 s); an in-job sweep whose trials do not divide the job's ranks. A `--set FIELD=...` of the
+script's own that the search space overrides in every trial is a warning naming the field.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hvdazure.azure import credential_check, script_args
 from hvdazure.azure.errors import JobSpecError, check_count
 from hvdazure.azure.resolved_job import (
     GOALS,
@@ -61,6 +63,7 @@ class SweepSpec:
     seed: int | None = None  # random sampling only
     early_termination: EarlyTermination | None = None
     max_duration: int | None = None  # seconds for the whole sweep job; running trials are cancelled then
+    trial_timeout: int | None = None  # seconds for each trial (SDK v1: the trial run's max_run_duration)
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def apply(sweep: SweepSpec | InJobSweepSpec, job: ResolvedJob, *, config: TrainC
     (None: they give none)."""
     match sweep:
         case InJobSweepSpec():
-            return dataclasses.replace(job, kind=_in_job_sweep(sweep, job, cwd))
+            return _in_job_sweep(sweep, job, cwd)
         case SweepSpec():
             return _sweep_job(sweep, job, config, cwd)
     raise JobSpecError(f"sweep {sweep!r}: expected a SweepSpec or an InJobSweepSpec")
@@ -124,6 +127,7 @@ def _sweep_job(spec: SweepSpec, job: ResolvedJob, config: TrainConfig | None, cw
                            f"{sweep.metric} there and Azure ML's sweep would never see it: leave it "
                            "unset (inside Azure ML, MLflow logs into each trial's own run)")
     warnings = [*job.warnings, *_metric_warning(sweep.metric)]
+    warnings += _overridden(job.script_args, [p.name for p in sweep.parameters], sweep.space_file.name)
     warnings += [f"--output {out.name} has a fixed URI: every trial of the sweep writes to {out.uri}"
                  for out in job.outputs if out.uri]
     # Azure ML reads the objective from each trial's MLflow run: the trainer logs only with mlflow on
@@ -137,6 +141,7 @@ def resolve_sweep(spec: SweepSpec, cwd: Path) -> SweepJob:
     if not space_file.is_file():
         raise JobSpecError(f"--space {spec.space}: search space file not found")
     space = _load_space(space_file)
+    credential_check.check_search_space(space)  # the job holds the search space
     parameters = search_parameters(space)
     if not isinstance(spec.metric, str) or not spec.metric.strip():
         raise JobSpecError("--metric: name the MLflow metric every trial logs, e.g. eval_loss")
@@ -163,7 +168,26 @@ def resolve_sweep(spec: SweepSpec, cwd: Path) -> SweepJob:
     return SweepJob(space_file=space_file, parameters=parameters, metric=spec.metric.strip(),
                     goal=GOALS[spec.mode], sampler=spec.sampler, seed=spec.seed, max_total_trials=trials,
                     max_concurrent_trials=concurrent, early_termination=spec.early_termination,
-                    max_duration=duration)
+                    max_duration=duration, trial_timeout=_trial_timeout(spec.trial_timeout))
+
+
+def _trial_timeout(seconds: int | None) -> int | None:
+    """azure-ai-ml raises a timeout under 60 s to 60 s (the service reads shorter ones as days), so one
+    that short is refused rather than changed."""
+    if seconds is None:
+        return None
+    check_count(seconds, "--trial-timeout", least=0)
+    if seconds < 60:
+        raise JobSpecError(f"--trial-timeout must be at least 60, got {seconds}: azure-ai-ml raises shorter "
+                           "timeouts to 60 s")
+    return seconds
+
+
+def _overridden(args: tuple[str, ...], searched: list[str], space_name: str) -> list[str]:
+    """A warning for each `--set FIELD=...` of the script's own that every trial overrides (the trial's
+    values come after the script's arguments, and the last --set wins)."""
+    return [f"the script's argument --set {name} is overridden by the search space ({space_name}): every "
+            f"trial sets {name}" for name in dict.fromkeys(script_args.set_fields(args)) if name in searched]
 
 
 def search_parameters(space: SearchSpace) -> tuple[SearchParameter, ...]:
@@ -227,8 +251,9 @@ def _metric_warning(metric: str) -> list[str]:
             f"eval_{metric}); no trial reports this one unless the script logs it itself"]
 
 
-def _in_job_sweep(spec: InJobSweepSpec, job: ResolvedJob, cwd: Path) -> InJobSweep:
-    """Checks the job's own `python -m hvdazure.sweep` would make, with its own code, before the upload."""
+def _in_job_sweep(spec: InJobSweepSpec, job: ResolvedJob, cwd: Path) -> ResolvedJob:
+    """Checks the job's own `python -m hvdazure.sweep` would make, with its own code, before the upload;
+    the job with the sweep as its kind."""
     from hvdazure.sweep.options import SweepOptions
     from hvdazure.sweep.space import SpaceError
 
@@ -250,6 +275,8 @@ def _in_job_sweep(spec: InJobSweepSpec, job: ResolvedJob, cwd: Path) -> InJobSwe
                            f"{job.processes_per_node} process(es) = {job.world_size} ranks: every rank "
                            "must belong to a trial")
     check_count(spec.seed, "--seed", least=0)
+    searched = _load_space(space_path)
+    credential_check.check_search_space(searched)  # uploaded with the code
     local = SweepOptions(script=str(job.code_dir / job.script), space=str(space_path),
                          metric=spec.metric, trials=trials, ranks_per_trial=ranks, mode=spec.mode,
                          sampler=spec.sampler, pruner=spec.pruner, seed=spec.seed, output=IN_JOB_OUTPUT,
@@ -259,7 +286,11 @@ def _in_job_sweep(spec: InJobSweepSpec, job: ResolvedJob, cwd: Path) -> InJobSwe
             local.check()
         except ImportError:  # no Optuna here: the job checks its distributions, the grid is checked now
             if local.sampler == "grid":
-                _load_space(space_path).grid()
+                searched.grid()
     except SpaceError as exc:
         raise JobSpecError(str(exc)) from None
-    return InJobSweep(options=dataclasses.replace(local, script=job.script, space=space))
+    warnings = (*job.warnings, *_overridden(job.script_args, [p.name for p in searched.parameters],
+                                            space_path.name))
+    return dataclasses.replace(job, kind=InJobSweep(options=dataclasses.replace(local, script=job.script,
+                                                                                 space=space)),
+                               warnings=warnings)

@@ -10,9 +10,10 @@ hvdazure writes it there for the upload and removes it after (one the user keeps
 The HyperDriveConfig holds the search: the parameter space under `--KEY` names (Azure ML's distributions,
 parameter_expressions), the sampling (RandomParameterSampling with an optional seed, GridParameterSampling,
 BayesianParameterSampling), the primary metric and its goal, max_total_runs, max_concurrent_runs,
-max_duration_minutes and the early termination policy. A dry run writes its settings (what the HyperDrive
-service is sent, less the workspace's addresses) and the trial's run configuration as YAML, and loads both
-back with the SDKs.
+max_duration_minutes and the early termination policy. HyperDrive has no timeout per trial: `--trial-timeout`
+is the trial run's `max_run_duration_seconds`. A dry run writes its settings (what the HyperDrive service is
+sent, less the workspace's addresses) and the trial's run configuration as YAML, and loads both back with
+the SDKs; it prints the trial's command as v1 runs it (the entry file), not SDK v2's placeholders.
 
 `HyperDriveRun` is how submit_v1's backend sends a job of this kind (an Azure ML sweep job, `hvdazure submit
 sweep ... --sdk v1`).
@@ -96,7 +97,8 @@ class HyperDriveRun:
             with warnings.catch_warnings():  # its advice on Bayesian run counts; hvdazure prints the job
                 warnings.simplefilter("ignore")
                 return hyperdrive.HyperDriveConfig(
-                    run_config=run_config_v1.build_run_config(self.trial(), workspace),
+                    run_config=run_config_v1.build_run_config(self.trial(), workspace,
+                                                              max_run_duration_seconds=sweep.trial_timeout),
                     hyperparameter_sampling=getattr(hyperdrive, _SAMPLING[sweep.sampler])(space, properties),
                     primary_metric_name=sweep.metric,
                     primary_metric_goal=hyperdrive.PrimaryMetricGoal.from_str(sweep.goal),
@@ -137,6 +139,10 @@ class HyperDriveRun:
         data = yaml.safe_load(path.read_text())
         written, run_data = data["hyperdrive"], data["run_configuration"]
         found = run_config_v1.check_run_configuration(self.trial(), run_data, path.name)
+        timeout = self.sweep.trial_timeout
+        if timeout is not None and run_data.get("maxRunDurationSeconds") != timeout:
+            raise SubmitError(f"{path.name} does not give each trial {timeout} s: maxRunDurationSeconds "
+                              f"{run_data.get('maxRunDurationSeconds')}")
         try:
             sampling = _sampling_from_dict(written["generator_config"])
             sampling._properties = written["generator_config"].get("properties")  # its _from_dict drops them
@@ -158,9 +164,13 @@ class HyperDriveRun:
         return {**found, "hyperdrive": written}
 
     def notes(self, body: dict[str, Any]) -> tuple[str, ...]:
-        """What HyperDrive's trials run instead of the job's command."""
-        entry = shlex.join(["python", body["script"], *body["arguments"]])
-        return (f"HyperDrive trial: {entry} --KEY VALUE ... (HyperDrive appends each sampled value)",)
+        """How HyperDrive's trials get their values, after the command that `command` prints."""
+        return (f"HyperDrive appends each sampled value to that command as --KEY VALUE, which {ENTRY_FILE} "
+                f"hands {self.job.script} as --set NAME=VALUE",)
+
+    def command(self) -> str:
+        """What each trial runs: the entry file, not the job's command with SDK v2's placeholders."""
+        return shlex.join(self.trial().argv)
 
     @contextmanager
     def run_config(self, workspace: Any) -> Iterator[Any]:

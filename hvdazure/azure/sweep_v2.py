@@ -57,7 +57,7 @@ def build(sweep: SweepJob, trial: Any, **job_fields: Any) -> Any:
         sampling_algorithm=_sampling_algorithm(sweep),
         limits=SweepJobLimits(max_total_trials=sweep.max_total_trials,
                               max_concurrent_trials=sweep.max_concurrent_trials,
-                              timeout=sweep.max_duration),
+                              timeout=sweep.max_duration, trial_timeout=sweep.trial_timeout),
         early_termination=_early_termination(sweep),
         **job_fields,
     )

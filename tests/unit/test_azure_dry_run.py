@@ -115,6 +115,24 @@ def test_docker_arguments_reach_the_rest_body(project, tmp_path):
     assert result.body["resources"]["dockerArgs"] == "--user root"
 
 
+def test_a_shm_size_reaches_both_sdks_with_its_unit_in_lower_case(project, tmp_path):
+    v2 = submission.dry_run(spec(shm_size="16G"), tmp_path / "job.yml")
+    submission.dry_run(spec(shm_size="16G"), tmp_path / "run.yml", sdk="v1")
+
+    assert v2.body["resources"]["shmSize"] == "16g"
+    assert yaml.safe_load((tmp_path / "run.yml").read_text())["docker"]["shmSize"] == "16g"
+
+
+def test_cli_refuses_a_shm_size_without_a_unit_in_one_line(project, capsys):
+    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run",
+                 "--shm-size", "16"])
+
+    assert code == 2
+    assert capsys.readouterr().err == ("hvdazure: error: --shm-size '16': give a unit, such as 16g: Docker "
+                                       "reads a bare number as bytes\n")
+    assert not (project / "hvdazure-job.yml").exists()
+
+
 def test_the_processes_per_node_of_a_dry_run_come_from_vm_size(project, tmp_path):
     result = submission.dry_run(spec(processes_per_node=None, vm_size="Standard_ND96isr_H100_v5"),
                                 tmp_path / "job.yml")

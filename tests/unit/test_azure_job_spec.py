@@ -69,6 +69,16 @@ def test_processes_per_node_default_to_the_gpus_of_a_known_vm_size(project):
     assert job.processes_per_node == 8
 
 
+def test_more_processes_per_node_than_the_vm_sizes_gpus_is_a_warning_naming_both(project):
+    job = resolve(spec(processes_per_node=16), vm_size="Standard_ND96asr_v4")
+
+    assert ("--processes-per-node 16 is more than the 8 GPU(s) of a Standard_ND96asr_v4 node: ranks would "
+            "share GPUs (one process per GPU is usual)") in job.warnings
+    for fits in (resolve(spec(processes_per_node=8), vm_size="Standard_ND96asr_v4"),
+                 resolve(spec(processes_per_node=16), vm_size="Standard_D4s_v5"), resolve(spec())):
+        assert not [w for w in fits.warnings if "GPU(s)" in w]
+
+
 def test_processes_per_node_are_required_when_the_vm_size_is_unknown(project):
     assert refused(processes_per_node=None).startswith(
         "--processes-per-node is required: the compute's VM size is unknown")
@@ -229,7 +239,7 @@ def test_inputs_parse(text, expected):
     ("=azureml:x@latest", "--input expects KEY=VALUE"),
     ("1data=azureml:x@latest", "--input name '1data': letters, digits and '_'"),
     ("data=", "--input data: no URI"),
-    ("data=https://acct.blob.core.windows.net/c?sig=secret", "--input data: the URI carries a credential"),
+    ("data=https://acct.blob.core.windows.net/c?sig=secret", "--input data: looks like a credential"),
 ])
 def test_inputs_that_do_not_parse_are_refused(text, message):
     with pytest.raises(JobSpecError, match="^" + message.replace("?", r"\?")):
@@ -298,9 +308,25 @@ def test_config_files_are_read_from_the_code_directory_and_placeholders_stand_fo
 
 
 def test_shm_size_and_experiment_names_are_checked(project):
-    assert refused(shm_size="lots") == "--shm-size 'lots': a size such as 16g, 512m"
+    assert refused(shm_size="lots") == ("--shm-size 'lots': a whole number and a unit, b, k, m or g, such as "
+                                        "16g or 512m")
     assert refused(experiment="my experiment").startswith("--experiment 'my experiment': letters, digits")
     assert resolve(spec(shm_size="16g", experiment="digits_v2")).shm_size == "16g"
+
+
+@pytest.mark.parametrize("size", ["16", "0g", "1.5g", "16gb", "16GiB", "2t", "16 g", "-1g"])
+def test_a_shm_size_docker_would_misread_or_refuse_is_refused(project, size):
+    message = refused(shm_size=size)
+
+    assert message.startswith(f"--shm-size {size!r}: ")
+    if size == "16":  # Docker reads a bare number as bytes: a 16-byte /dev/shm
+        assert message == "--shm-size '16': give a unit, such as 16g: Docker reads a bare number as bytes"
+
+
+@pytest.mark.parametrize(("size", "written"), [("16g", "16g"), ("16G", "16g"), ("512m", "512m"),
+                                               ("1048576k", "1048576k"), ("4096B", "4096b")])
+def test_a_shm_size_with_a_unit_is_written_as_azure_ml_spells_it(project, size, written):
+    assert resolve(spec(shm_size=size)).shm_size == written
 
 
 # --- secrets and workspaces -------------------------------------------------------------------------------

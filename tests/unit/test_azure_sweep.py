@@ -19,6 +19,7 @@ import yaml
 from test_azure_submit_v2 import BLOB_HOST, WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport
 
 from hvdazure.azure import submission, submit_v2, sweep_spec
+from hvdazure.azure.compute import ClusterSpec
 from hvdazure.azure.errors import JobSpecError, SubmitError
 from hvdazure.azure.job_spec import JobSpec, OutputSpec, resolve
 from hvdazure.cli import main
@@ -353,9 +354,16 @@ def test_an_in_job_sweep_the_job_could_not_run_is_refused_in_one_line(project, t
         submission.dry_run(spec(sweep=in_job(**overrides)), tmp_path / "job.yml")
 
 
-def test_an_in_job_sweep_needs_sdk_v2(project, tmp_path):
-    with pytest.raises(JobSpecError, match=r"^submit in-job-sweep needs SDK v2 \(the default\)"):
-        submission.dry_run(spec(sweep=in_job()), tmp_path / "run.yml", sdk="v1")
+def test_an_in_job_sweep_with_sdk_v1_is_a_run_of_the_same_command(project, tmp_path):
+    job = spec(sweep=in_job(ranks_per_trial=2))
+    v2 = submission.dry_run(job, tmp_path / "job.yml")
+    v1 = submission.dry_run(job, tmp_path / "run.yml", sdk="v1")  # ScriptRunConfig(command=...)
+
+    written = yaml.safe_load((tmp_path / "run.yml").read_text())
+    assert written["command"] == shlex.join(v2.job.argv)  # quoted: azureml-core would join a list unquoted
+    assert (written["script"], written["arguments"]) == (None, [])
+    assert written["mpi"] == {"processCountPerNode": 4, "nodeCount": 2}
+    assert v1.as_dict()["command"] == v2.as_dict()["command"] == shlex.join(v2.job.argv)
 
 
 # --- submitted up to HTTP ---------------------------------------------------------------------------------
@@ -501,3 +509,95 @@ def test_cli_refuses_options_that_do_not_go_with_the_job_before_anything_is_writ
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (project / "hvdazure-job.yml").exists()
+
+
+# --- limits, cluster size and overridden arguments ----------------------------------------------------------
+def test_a_trial_timeout_reaches_the_sweep_jobs_limits(project, tmp_path):
+    result = submission.dry_run(spec(sweep=sweep(trial_timeout=5400, max_duration=36000)),
+                                tmp_path / "job.yml")
+
+    _, body = load(tmp_path / "job.yml")
+    assert (body["limits"]["trialTimeout"], body["limits"]["timeout"]) == ("PT1H30M", "PT10H")
+    assert "early termination: none; each trial stops after 5400 s; the sweep stops after 36000 s" \
+        in result.report()
+    assert result.as_dict()["sweep"]["trial_timeout"] == 5400
+
+
+@pytest.mark.parametrize(("timeout", "message"), [
+    (0, "--trial-timeout must be at least 60, got 0"),
+    (30, "--trial-timeout must be at least 60, got 30"),
+])
+def test_a_trial_timeout_azure_would_change_is_refused(project, tmp_path, timeout, message):
+    with pytest.raises(JobSpecError, match=f"^{message}"):
+        submission.dry_run(spec(sweep=sweep(trial_timeout=timeout)), tmp_path / "job.yml")
+
+
+def test_cli_takes_a_trial_timeout(project, capsys):
+    code = main(["submit", "sweep", *JOB, "--json", "--space", "space.yaml", "--metric", "eval_loss",
+                 "--trial-timeout", "3600"])
+
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["sweep"]["trial_timeout"] == 3600
+
+
+@pytest.mark.parametrize("kind", [sweep, in_job])
+def test_a_set_argument_the_search_space_overrides_is_a_warning_naming_the_field(project, tmp_path, kind):
+    args = ["--set", "lr=0.1", "--set=extra.hidden=16", "--set", "epochs=3"]
+    result = submission.dry_run(spec(script_args=args, sweep=kind()), tmp_path / "job.yml")
+
+    overridden = [w for w in result.job.warnings if "overridden by the search space" in w]
+    assert overridden == [
+        "the script's argument --set lr is overridden by the search space (space.yaml): every trial sets lr",
+        "the script's argument --set extra.hidden is overridden by the search space (space.yaml): every "
+        "trial sets extra.hidden"]
+
+
+def sized(fake: FakeWorkspace, cluster: ClusterSpec, **overrides) -> list[str]:
+    """Submit with create_compute=cluster; the warnings printed."""
+    warnings: list[str] = []
+    job = spec(processes_per_node=None, compute=cluster.name, **overrides)
+    submission.submit(job, WORKSPACE, credential=FakeCredential(), create_compute=cluster,
+                      warn=warnings.append, client_options={"transport": RecordingTransport(fake)})
+    return warnings
+
+
+def test_create_compute_for_a_sweep_sizes_the_cluster_for_its_concurrent_trials(project, fake):
+    warnings = sized(fake, ClusterSpec("sweep-cluster", "Standard_ND96asr_v4", max_nodes=None),
+                     sweep=sweep(trials=12, max_concurrent_trials=3))
+
+    (put,) = [b for m, p, b in fake.calls if m == "PUT" and p == "/computes/sweep-cluster"]
+    assert put["properties"]["properties"]["scaleSettings"]["maxNodeCount"] == 6  # 3 trials x 2 nodes
+    assert not [w for w in warnings if "node(s)" in w]
+
+
+def test_create_compute_for_a_command_job_sizes_the_cluster_for_its_nodes(project, fake):
+    sized(fake, ClusterSpec("job-cluster", "Standard_ND96asr_v4", max_nodes=None), sweep=None)
+
+    (put,) = [b for m, p, b in fake.calls if m == "PUT" and p == "/computes/job-cluster"]
+    assert put["properties"]["properties"]["scaleSettings"]["maxNodeCount"] == 2
+
+
+@pytest.mark.parametrize(("cluster", "message"), [
+    (ClusterSpec("gpu-cluster", "Standard_ND96asr_v4", max_nodes=None),  # exists, with 4 nodes at most
+     "compute gpu-cluster has up to 4 node(s), so 2 of the sweep's 3 concurrent trials of 2 node(s) run at "
+     "once (6 nodes would run them all): the others queue"),
+    (ClusterSpec("small-cluster", "Standard_ND96asr_v4", max_nodes=2),
+     "compute small-cluster has up to 2 node(s), so 1 of the sweep's 3 concurrent trials of 2 node(s) run at "
+     "once (6 nodes would run them all): the others queue"),
+])
+def test_a_cluster_too_small_for_the_concurrent_trials_is_a_warning_saying_why(project, fake, cluster,
+                                                                               message):
+    warnings = sized(fake, cluster, sweep=sweep(trials=12, max_concurrent_trials=3))
+
+    assert message in warnings
+
+
+def test_cli_create_compute_leaves_the_cluster_size_to_the_job(project, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(submission, "submit", lambda spec, workspace, **kw: seen.update(kw) or 1 / 0)
+
+    with pytest.raises(ZeroDivisionError):
+        main(["submit", "sweep", "train.py", "--compute", "new-cluster", "--vm-size", "Standard_ND96asr_v4",
+              "--image", IMAGE, "--space", "space.yaml", "--metric", "eval_loss", "--create-compute"])
+
+    assert seen["create_compute"] == ClusterSpec("new-cluster", "Standard_ND96asr_v4", max_nodes=None)

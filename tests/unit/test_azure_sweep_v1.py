@@ -112,8 +112,11 @@ def test_v1_dry_run_writes_the_hyperdrive_settings_and_the_trial_and_loads_both_
     assert written["run_configuration"]["arguments"] == ENTRY_ARGS
     assert result.body["hyperdrive"] == written["hyperdrive"]
     report = result.report()
-    assert ("HyperDrive trial: python hvdazure_hyperdrive.py " + " ".join(ENTRY_ARGS)
-            + " --KEY VALUE ... (HyperDrive appends each sampled value)") in report
+    assert "command: python hvdazure_hyperdrive.py " + " ".join(ENTRY_ARGS) in report  # what v1 runs
+    assert ("HyperDrive appends each sampled value to that command as --KEY VALUE, which "
+            "hvdazure_hyperdrive.py hands train.py as --set NAME=VALUE") in report
+    assert not [line for line in report if "search_space" in line]
+    assert result.as_dict()["command"] == "python hvdazure_hyperdrive.py " + " ".join(ENTRY_ARGS)
     assert report[-2].endswith("and azureml-train-core the HyperDriveConfig")
 
 
@@ -284,3 +287,37 @@ def test_the_entry_exits_2_with_one_line_when_hyperdrive_passed_no_value(tmp_pat
                            "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
 
     assert (proc.returncode, proc.stderr) == (2, "hvdazure: error: HyperDrive passed no value for --lr\n")
+
+
+def test_a_trial_timeout_is_each_hyperdrive_trials_max_run_duration(project, tmp_path):
+    config = hyperdrive(spec(trial_timeout=5400)).build_config()
+    submission.dry_run(spec(trial_timeout=5400), tmp_path / "run.yml", sdk="v1")
+
+    assert config.run_config.run_config.max_run_duration_seconds == 5400
+    written = yaml.safe_load((tmp_path / "run.yml").read_text())
+    assert written["run_configuration"]["maxRunDurationSeconds"] == 5400
+
+
+def test_a_v1_in_job_sweep_submits_a_run_whose_command_is_the_sweep(project, service):
+    from hvdazure.azure.sweep_spec import InJobSweepSpec
+
+    job = JobSpec(script="train.py", compute="gpu-cluster", nodes=2, image=IMAGE,
+                  script_args=["--set", "epochs=3"],
+                  sweep=InJobSweepSpec("space.yaml", "eval_loss", ranks_per_trial=4))
+    submission.submit(job, WorkspaceRef("sub-id", "rg", "ws"), sdk="v1", credential=FakeCredential())
+
+    configuration = service.snapshot_run()["Configuration"]
+    assert configuration["mpi"] == {"processCountPerNode": 8, "nodeCount": 2}  # ND96asr_v4: 8 GPUs
+    assert configuration["command"] == (
+        "python -m hvdazure.sweep train.py --space space.yaml --trials 10 --ranks-per-trial 4 --metric "
+        "eval_loss --mode min --sampler tpe --pruner none --seed 0 --output ./outputs/sweep --mlflow -- "
+        "--set epochs=3")
+    assert (configuration["script"], configuration["arguments"]) == (None, [])
+
+
+def test_a_submitted_hyperdrive_run_gives_each_trial_the_trial_timeout(project, service):
+    workspace = WorkspaceRef("sub-id", "rg", "ws")
+    submission.submit(spec(trial_timeout=5400), workspace, sdk="v1", credential=FakeCredential())
+
+    (experiment,) = service.experiments
+    assert experiment["platform_config"]["Definition"]["Overrides"]["maxRunDurationSeconds"] == 5400

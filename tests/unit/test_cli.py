@@ -95,3 +95,41 @@ def test_a_network_interface_this_machine_lacks_fails_in_one_line_before_any_ran
     err = capsys.readouterr().err
     assert err.startswith("hvdazure: error: --network-interface nosuch0: no such interface here (here: lo ")
     assert err.count("\n") == 1
+
+
+IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
+SUBMIT = ["train.py", "--compute", "gpu-cluster", "--image", IMAGE, "--dry-run"]
+SWEEP_JOB = [*SUBMIT, "--space", "space.yaml", "--metric", "eval_loss"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["submit", *SUBMIT, "--nodes", "two"], "argument --nodes: invalid int value: 'two'"),
+    (["submit", *SUBMIT, "-ppn", "x"], "argument --processes-per-node/-ppn: invalid int value: 'x'"),
+    (["submit", "train.py", "--image", IMAGE], "the following arguments are required: --compute"),
+    (["submit", *SUBMIT, "--nodse", "2"], "unrecognized arguments: --nodse 2"),
+    (["submit", "sweep", *SWEEP_JOB, "--trials", "many"], "argument --trials: invalid int value: 'many'"),
+    (["submit", "sweep", *SWEEP_JOB, "--early-termination", "asha"],
+     "argument --early-termination: invalid choice: 'asha'"),
+    (["submit", "in-job-sweep", *SWEEP_JOB, "--ranks-per-trial", "a"],
+     "argument --ranks-per-trial: invalid int value: 'a'"),
+    (["run", "-np", "two", "t.py"], "argument -np/--num-proc: invalid int value: 'two'"),
+    (["run", "-np", "2", "--gloo", "--mpi", "t.py"], "argument --mpi: not allowed with argument --gloo"),
+    (["sweep", "-np", "x", "t.py", "--space", "s.yaml", "--metric", "m"],
+     "argument -np/--num-proc: invalid int value: 'x'"),
+    (["sweep", "-np", "2", "t.py", "--metric", "m"], "the following arguments are required: --space"),
+    (["bench", "nosuch"], "argument NAME: invalid choice: 'nosuch'"),
+    (["data", "pack", "in", "out", "--samples-per-shard", "x"],
+     "argument --samples-per-shard: invalid int value: 'x'"),
+    (["data", "index"], "the following arguments are required: SOURCE"),
+    (["azure", "compute", "create", "c", "--vm-size", "S", "--max-nodes", "x"],
+     "argument --max-nodes: invalid int value: 'x'"),
+    (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+])
+def test_an_option_the_parser_refuses_is_one_line_with_status_2_and_no_usage(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.startswith(f"hvdazure: error: {message}")
+    assert err.count("\n") == 1, err
