@@ -46,6 +46,11 @@ class OfflineCheck:
 class WorkspaceConnection(Protocol):
     """A backend connected to one workspace with one credential."""
 
+    def check_references(self, job: ResolvedJob) -> None:
+        """Look up what the job names in the workspace (data assets, a registered environment): a missing
+        one is a SubmitError naming it, before any cluster is created or anything uploaded."""
+        ...
+
     def compute_vm_size(self, compute: str) -> str | None:
         """The compute's VM size; an unknown compute is a SubmitError now, not after the upload."""
         ...

@@ -4,7 +4,8 @@ hvdazure prints, and out of every job it submits), and the count check every opt
 Azure SDK exceptions can carry SAS URLs (`...?sv=...&sig=...`), bearer tokens or storage keys in their text
 (a failed blob upload names the URL it used). Everything shown to the user passes through `redact` first.
 The same patterns say whether a value of a job is a credential (`credential_in`, applied to every field of
-a job by credential_check.py), and `named_like_credential` whether a name says it holds one.
+a job by job_spec.check_credentials through credential_check.py), and `named_like_credential` whether a name
+says it holds one.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,7 @@ from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.errors import JobSpecError, check_count
 from hvdazure.azure.job_identity import with_identity
 from hvdazure.azure.resolved_job import InputSpec, JobEnvironment, OutputSpec, ResolvedJob
+from hvdazure.azure.script_args import argument_names
 from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
 from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
 
@@ -74,6 +75,51 @@ class JobSpec:
     vm_size: str | None = None  # the compute's VM size, when known before asking Azure
     sweep: SweepSpec | InJobSweepSpec | None = None  # hvdazure submit sweep | in-job-sweep
     identity: str | None = None  # user, managed or managed:CLIENT_ID (job_identity.py); None: Azure ML's
+
+
+# --- credentials: none in any field of the job -------------------------------------------------------------
+def check_credentials(spec: JobSpec) -> None:
+    """No credential in any field of `spec` that goes into the job (credential_check.py's rule), in the order
+    of the CLI's options."""
+    for where, value, advice in _spec_fields(spec):
+        credential_check.refuse_value(where, value, advice)
+    for where, name in _names(spec):
+        credential_check.refuse_name(where, name)
+
+
+def _spec_fields(spec: JobSpec) -> Iterator[tuple[str, object, str]]:
+    yield "the script", spec.script, credential_check.KEY_VAULT
+    args = [str(a) for a in spec.script_args]
+    for name, arg in zip(argument_names(args), args, strict=True):
+        yield f"the script's argument {name}", arg, credential_check.KEY_VAULT
+    for key, value in credential_check.items(spec.env):
+        yield f"--env {credential_check.shown(key)}", f"{key}={value}", credential_check.KEY_VAULT
+    for item in spec.inputs:
+        yield f"--input {credential_check.shown(item.name)}", item.uri, credential_check.DATA_ASSET
+    for out in spec.outputs:
+        yield f"--output {credential_check.shown(out.name)}", out.uri or "", credential_check.DATASTORE_PATH
+    for key, value in credential_check.items(spec.tags):
+        yield f"--tag {credential_check.shown(key)}", f"{key}={value}", credential_check.KEY_VAULT
+    options: list[tuple[str, str | None]] = [
+        ("--compute", spec.compute), ("--code", spec.code_dir), ("--image", spec.image),
+        ("--environment", spec.environment), ("--experiment", spec.experiment),
+        ("--display-name", spec.display_name), ("--shm-size", spec.shm_size),
+        ("--docker-args", spec.docker_args)]
+    if spec.sweep is not None:
+        options += [("--space", spec.sweep.space), ("--metric", spec.sweep.metric)]
+    for option, text in options:
+        yield option, text or "", credential_check.KEY_VAULT
+
+
+def _names(spec: JobSpec) -> Iterator[tuple[str, str]]:
+    """What is given as NAME=VALUE, by name: variables, tags and the script's --set fields."""
+    for key, _ in credential_check.items(spec.env):
+        yield f"--env {key}", key
+    for key, _ in credential_check.items(spec.tags):
+        yield f"--tag {key}", key
+    for name in argument_names([str(a) for a in spec.script_args]):
+        if name.startswith("--set "):
+            yield f"the script's argument {name}", name.removeprefix("--set ")
 
 
 # --- parsing the CLI's strings --------------------------------------------------------------------------
@@ -120,7 +166,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     `vm_size` is the compute's size as Azure reports it, when known (else `spec.vm_size`); `snapshot` a
     scan of the same code directory made earlier (a second resolve need not walk it again)."""
     cwd = Path.cwd() if cwd is None else cwd
-    credential_check.check_spec(spec)  # first: later checks name values in their messages
+    check_credentials(spec)  # first: later checks name values in their messages
     vm_size = vm_size or spec.vm_size
     nodes = check_count(spec.nodes, "--nodes")
     processes = _processes_per_node(spec.processes_per_node, vm_size)
@@ -334,7 +380,7 @@ def _check_env(env: Mapping[str, str]) -> dict[str, str]:
     for name, value in env.items():
         if not _NAME.match(str(name)):
             raise JobSpecError(f"--env {name!r}: not a valid environment variable name")
-        checked[str(name)] = str(value)  # credentials were refused by credential_check.check_spec
+        checked[str(name)] = str(value)  # credentials were refused by check_credentials
     return checked
 
 

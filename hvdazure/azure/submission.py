@@ -107,7 +107,9 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
     workspace_module.check_credential(credential)
     try:
         connection = backend.connect(workspace, credential, client_options or {})
-        # 3. the compute
+        # 3. what the job names in the workspace, before a cluster is created or anything uploaded
+        connection.check_references(first)
+        # 4. the compute
         if create_compute is not None:
             cluster = connection.create_compute(create_compute)
             vm_size = cluster.vm_size
@@ -120,7 +122,7 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
         job = resolve(spec, vm_size=vm_size, snapshot=first.snapshot)
         for warning in job.warnings:
             warn(warning)
-        # 4. the dry run's validation, on the job about to be sent; 5. upload and submit
+        # 5. the dry run's validation, on the job about to be sent; 6. upload and submit
         with tempfile.TemporaryDirectory(prefix="hvdazure-submit-") as tmp:
             files = backend.write_yaml(job, Path(tmp) / DEFAULT_YAML)
             backend.validate_offline(job, files)

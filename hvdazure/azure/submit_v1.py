@@ -85,9 +85,10 @@ def _check_environment_and_identity(job: ResolvedJob) -> None:
     if job.identity is not None and job.identity.kind == "managed":
         raise JobSpecError("--identity managed needs SDK v2 (the default): azureml-core's run configuration "
                            "has no managed identity, only credential passthrough (--identity user)")
-    if job.identity is not None and not isinstance(job.kind, CommandJob):
-        raise JobSpecError("--identity with --sdk v1 is for a command job only: azureml-core's HyperDrive "
-                           "submission has no credential passthrough; use SDK v2 (the default)")
+    if job.identity is not None and isinstance(job.kind, SweepJob):
+        raise JobSpecError("--identity with --sdk v1 is not for a HyperDrive sweep: azureml-core's "
+                           "HyperDrive submission has no credential passthrough; use SDK v2 (the default), "
+                           "or --in-job-sweep")
 
 
 def _environment_notes(job: ResolvedJob) -> tuple[str, ...]:
@@ -155,6 +156,10 @@ class V1Connection:
         auth = Authentication(token_for, cloud="AzureCloud")
         self.workspace = Workspace(workspace.subscription_id, workspace.resource_group,
                                    workspace.workspace_name, auth=auth)
+
+    def check_references(self, job: ResolvedJob) -> None:
+        if job.environment.registered:  # SDK v1 takes no inputs: the environment is all it names
+            run_config_v1.registered_environment(self.workspace, job)
 
     def compute_vm_size(self, compute: str) -> str | None:
         from azureml.core.compute import ComputeTarget

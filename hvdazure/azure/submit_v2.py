@@ -226,6 +226,10 @@ class V2Connection:
     def __init__(self, ml_client: Any) -> None:
         self.ml_client = ml_client
 
+    def check_references(self, job: ResolvedJob) -> None:
+        ensure_inputs(self.ml_client, job)
+        check_registered_environment(self.ml_client, job)
+
     def compute_vm_size(self, compute: str) -> str | None:
         from azure.core.exceptions import ResourceNotFoundError
 
@@ -244,7 +248,6 @@ class V2Connection:
         ml job create -f` loads it: what a dry run validates is what is submitted."""
         from azure.ai.ml import load_job
 
-        ensure_inputs(self.ml_client, job)
         ensure_environment(self.ml_client, job)
         created = self.ml_client.jobs.create_or_update(load_job(files[-1]))
         if stream:
@@ -260,25 +263,33 @@ def client(workspace: WorkspaceRef, credential: Any, **kwargs: Any) -> Any:
                     **kwargs)
 
 
+def check_registered_environment(ml_client: Any, job: ResolvedJob) -> None:
+    """A registered environment the user named must exist: looked up before the code is uploaded (the SDK
+    itself resolves `@latest` only after the upload). A registry's is left to the service (the workspace
+    client cannot look into a registry); one hvdazure builds is registered by ensure_environment."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    wanted = job.environment
+    if not wanted.registered or wanted.registry is not None:
+        return
+    try:
+        ml_client.environments.get(wanted.name, **({"version": wanted.version} if wanted.version
+                                                    else {"label": "latest"}))
+    except ResourceNotFoundError:
+        raise SubmitError(f"environment {wanted.reference} not found in the workspace") from None
+
+
 def ensure_environment(ml_client: Any, job: ResolvedJob) -> None:
-    """Register the job's environment unless that name and version exist (versions follow the content).
-    A registered environment the user named must exist: checked now, before the code is uploaded (the SDK
-    itself resolves `@latest` only after the upload)."""
+    """Register the environment hvdazure builds for the job unless that name and version exist (versions
+    follow the content); a registered one was looked up by check_registered_environment."""
     from azure.core.exceptions import ResourceNotFoundError
 
     environment = build_environment(job)
-    wanted = job.environment
-    if wanted.registry is not None:
-        return  # a registry's: the service resolves it (the workspace client cannot look into a registry)
+    if environment is None:
+        return
     try:
-        if environment is None:
-            ml_client.environments.get(wanted.name, **({"version": wanted.version} if wanted.version
-                                                        else {"label": "latest"}))
-            return
         ml_client.environments.get(environment.name, version=environment.version)
     except ResourceNotFoundError:
-        if environment is None:
-            raise SubmitError(f"environment {wanted.reference} not found in the workspace") from None
         ml_client.environments.create_or_update(environment)
 
 def _lookup_notes(job: ResolvedJob) -> tuple[str, ...]:

@@ -189,6 +189,19 @@ def test_inside_the_job_default_azure_credential_asks_azure_ml_for_the_user_assi
     assert request.headers["secret"] == "fake-msi-secret"
 
 
+def test_a_v1_in_job_sweep_runs_with_credential_passthrough(v1_project, service):  # noqa: F811
+    """An in-job sweep is one ScriptRunConfig run (the sweep runs inside it), which credential passthrough
+    covers as it covers a command job."""
+    from hvdazure.azure.sweep_spec import InJobSweepSpec
+
+    (v1_project / "space.yaml").write_text("lr: {type: choice, values: [0.1, 0.01]}\n")
+    submit_v1(identity="user", sweep=InJobSweepSpec("space.yaml", "eval_loss", ranks_per_trial=4))
+
+    configuration = service.snapshot_run()["Configuration"]
+    assert configuration["credentialPassthrough"] is True
+    assert configuration["command"].startswith("python -m hvdazure.sweep train.py")
+
+
 def test_v1_refuses_an_identity_for_a_hyperdrive_sweep(project):
-    with pytest.raises(JobSpecError, match=r"^--identity with --sdk v1 is for a command job only"):
+    with pytest.raises(JobSpecError, match=r"^--identity with --sdk v1 is not for a HyperDrive sweep"):
         submission.dry_run(spec(identity="user", sweep=sweep(space="space.yaml")), "run.yml", sdk="v1")

@@ -6,14 +6,22 @@ uploaded (the fake workspace of test_azure_submit_v2.py records every request, b
 from __future__ import annotations
 
 import pytest
-from test_azure_submit_v2 import FakeWorkspace, fake, project, submit  # noqa: F401  (fixtures)
+from test_azure_submit_v2 import (  # noqa: F401  (fixtures)
+    IMAGE,
+    WORKSPACE,
+    FakeCredential,
+    FakeWorkspace,
+    RecordingTransport,
+    fake,
+    project,
+    submit,
+)
 
 from hvdazure.azure.errors import JobSpecError, SubmitError
 from hvdazure.azure.job_spec import InputSpec, JobSpec, parse_input, resolve
 from hvdazure.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -145,3 +153,26 @@ def test_the_dry_run_says_which_references_the_submission_looks_up_first(project
 
     assert ("looked up in the workspace when submitting, before any upload: data (azureml:digits@latest), "
             "environment azureml:team@latest") in report
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"inputs": [InputSpec("data", "azureml:faces@latest")],
+      "script_args": ["--set", "extra.data=${{inputs.data}}"]},
+     "--input data: data asset azureml:faces@latest not found in the workspace"),
+    ({"image": None, "environment": "azureml:team-env:4"},
+     "environment azureml:team-env:4 not found in the workspace"),
+])
+def test_a_missing_reference_stops_the_submission_before_a_cluster_is_created(project, fake, overrides,  # noqa: F811
+                                                                               message):
+    from hvdazure.azure import submission
+    from hvdazure.azure.compute import ClusterSpec
+
+    spec = JobSpec(**{"script": "train.py", "compute": "nc-cluster", "nodes": 2, "image": IMAGE, **overrides})
+    with pytest.raises(SubmitError) as error:
+        submission.submit(spec, WORKSPACE, credential=FakeCredential(),
+                          create_compute=ClusterSpec("nc-cluster", "Standard_NC48ads_A100_v4", max_nodes=2),
+                          client_options={"transport": RecordingTransport(fake)})
+
+    assert str(error.value) == message
+    assert not [p for _, p, _ in fake.calls if p.startswith("/computes/")]
+    assert _uploads_or_registrations(fake) == []

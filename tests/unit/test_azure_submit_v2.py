@@ -274,7 +274,9 @@ def test_a_registered_environment_is_looked_up_before_the_upload_and_referenced_
         "id": WS + "/environments/team-env/versions/2", "name": "2", "properties": {"image": IMAGE}}
     submit(fake, image=None, environment="azureml:team-env@latest")
 
-    assert fake.arm_calls()[1] == ("GET", "/environments/team-env/versions")
+    # looked up first: before the compute, the environment's registration or the upload
+    assert fake.arm_calls()[0] == ("GET", "/environments/team-env/versions")
+    assert ("GET", "/computes/gpu-cluster") in fake.arm_calls()[1:]
     assert fake.job_put()["environmentId"] == WS + "/environments/team-env/versions/2"
 
 
