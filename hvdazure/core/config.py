@@ -22,6 +22,14 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and the value."""
 
 
+class ControllerError(ConfigError):
+    """A configuration value the controller Horovod runs on cannot serve (Adasum under Gloo), found on
+    every rank once Horovod has started, before training. Uncaught, it ends the script with the bad-input
+    status 2, as a bad `--set` does, so that the launcher lets every rank name it."""
+
+    exit_status = 2
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Training settings. `batch_size` is per worker; the LR is scaled for the global batch."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from hvdazure._version import __version__
 from hvdazure.core import run_context
-from hvdazure.core.backend import Backend, Collectives, DataError, RankStep
+from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.cluster import detect_environment
@@ -212,6 +212,7 @@ class Trainer(ABC):
         self.collectives = backend.start(self.comm)
         if self._context is not None:
             self._context.shutdowns.append(backend.shutdown)
+        refuse_adasum_without_mpi(c.reduce_op, self.collectives.controller)
         run_context.check_world(self.comm, self.collectives.size)
         self.rank, self.world_size = self.collectives.rank, self.collectives.size
         self.local_rank = self.collectives.local_rank
@@ -425,6 +426,9 @@ def _show_user_errors_in_one_line() -> None:
     def hook(kind: type[BaseException], error: BaseException, traceback: Any) -> None:
         if issubclass(kind, _USER_ERRORS):
             sys.stderr.write(f"hvdazure: error: {error}\n")
+            status = getattr(error, "exit_status", 1)
+            if status != 1:  # Python exits with a SystemExit raised here (else 1)
+                raise SystemExit(status)
         else:
             previous(kind, error, traceback)
 

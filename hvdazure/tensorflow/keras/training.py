@@ -16,6 +16,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from hvdazure.core.backend import horovod_controller, refuse_adasum_without_mpi
 from hvdazure.tensorflow.collectives import init_horovod
 from hvdazure.tensorflow.gradients import allreduce_gradients, allreduce_options, dense_gradients
 
@@ -41,6 +42,7 @@ def data_parallel(model: keras.Model, *, reduce_op: str = "average", compression
     Batches from `shard_for_fit` get the exact step mean: each rank's loss is weighted by its share of the
     step's samples, and a rank left without samples in a short last step runs no forward pass but still
     joins the allreduce with zeros. Other datasets get Horovod's plain average of the ranks' gradients."""
+    refuse_adasum_without_mpi(reduce_op, horovod_controller(hvd))  # not at the first step, on every rank
     allreduce_args = allreduce_options(reduce_op, compression, gradient_predivide_factor)
     model.train_step = DataParallelStep(model, allreduce_args, ranks_averaged=1 if reduce_op == "sum" else
                                         hvd.size())
