@@ -192,9 +192,10 @@ class Backend(ABC):
         """A metric value as float64, on its device (no synchronisation); see MetricAccumulator."""
         return float(value)
 
-    def min_samples_per_micro_batch(self) -> tuple[int, str]:
-        """The fewest samples a training micro-batch may hold, and why (e.g. BatchNorm layers need 2)."""
-        return 1, ""
+    def min_samples_per_micro_batch(self) -> tuple[int, str, bool]:
+        """The fewest samples a training micro-batch may hold, why (e.g. BatchNorm layers need 2), and
+        whether that counts all ranks' samples of the micro-batch together (synchronized BatchNorm)."""
+        return 1, "", False
 
     def framework_versions(self) -> dict[str, str]:
         """Versions recorded in each checkpoint's manifest, beside hvdazure's and Python's."""

@@ -55,6 +55,7 @@ class TrainConfig:
     gradient_predivide_factor: float = 1.0
     grad_clip_norm: float | None = None
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # mixed precision via autocast
+    sync_batchnorm: bool = False  # BatchNorm statistics over all ranks' samples (exact at any world size)
     # data
     seed: int = 0
     num_workers: int = 0  # DataLoader worker processes per rank
