@@ -121,8 +121,9 @@ class FrameworkCheckpointContent(ABC):
 @dataclass(frozen=True)
 class RankStep:
     """This rank's part of one optimizer step: its micro-batches, their batches (loaded as they are
-    iterated, in order; None for an empty micro-batch, which gets no forward pass) and each one's loss
-    weight (its share of the step's samples, see MicroBatch.loss_weight)."""
+    iterated, in order; None for an empty micro-batch, which gets no forward pass unless the model has
+    synchronized BatchNorm layers: then one on a batch of no samples) and each one's loss weight (its
+    share of the step's samples, see MicroBatch.loss_weight)."""
 
     micro_batches: list[MicroBatch]
     batches: Iterator[Any]

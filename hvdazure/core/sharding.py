@@ -10,8 +10,9 @@ The remainder is neither dropped nor padded: the last step holds the N mod G sam
 as possible over micro-batches and ranks, so every sample is used exactly once per epoch and none twice.
 A cell gets at least 2 samples whenever the step holds enough to allow it within `batch_size` (layers such
 as BatchNorm cannot train on one sample), so a short last step may use fewer cells. A (rank, micro-batch)
-cell can be left empty: that rank runs no forward pass for it but still takes part in the step's
-gradient allreduce (with zeros), so every rank runs the same number of steps and collectives (no hang),
+cell can be left empty: that rank runs no forward pass for it (with synchronized BatchNorm, one on no
+samples, whose statistics' allreduces need every rank) but still takes part in the step's gradient
+allreduce (with zeros), so every rank runs the same number of steps and collectives (no hang),
 and each cell's `loss_weight` (its share of the step's samples) makes the averaged gradient the exact mean
 over the step.
 
