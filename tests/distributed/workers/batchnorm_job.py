@@ -3,7 +3,8 @@ another in one job, for the tests to compare N ranks x b with 1 process x N*b (t
 
 extra: framework ("torch"; or "tf": TensorFlowTrainer, then Keras `model.fit` through
        hvdazure.tensorflow.keras with hk.SyncBatchNormalization), trainings (a list of [n_train,
-       global_batch]: each training's per-rank batch_size is global_batch / world size).
+       global_batch, grad_accum_steps]: each training's per-rank batch_size is global_batch / world size;
+       Keras fit, which has no accumulation, runs those with grad_accum_steps 1 only).
 Each rank reports, per training, the final weights and the BatchNorm running statistics (in the weights
 for Keras: moving mean and variance), and how many batches the BatchNorm layer counted (PyTorch).
 """
@@ -102,9 +103,12 @@ def main() -> None:
              "tf": {"tf": tf_training, "keras_fit": keras_fit_training}}[config.extra["framework"]]
     results: dict[str, list[dict]] = {kind: [] for kind in kinds}
     for kind, run in kinds.items():
-        for n_train, global_batch in config.extra["trainings"]:
+        for n_train, global_batch, accum in config.extra["trainings"]:
+            if kind == "keras_fit" and accum != 1:
+                continue
             extra = {**config.extra, "n_train": n_train}
-            results[kind].append(run(config.replace(batch_size=global_batch // world_size, extra=extra)))
+            results[kind].append(run(config.replace(batch_size=global_batch // world_size,
+                                                    grad_accum_steps=accum, extra=extra)))
     report_rank(detect_cluster().rank, {"world_size": world_size, **results})
 
 
