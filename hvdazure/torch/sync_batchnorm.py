@@ -23,8 +23,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 
 class SyncBatchNorm(_BatchNorm):
-    """BatchNorm over all ranks' samples of the micro-batch, for inputs (N, C, ...) of any rank >= 2;
-    evaluation uses the running statistics, as BatchNorm does. `sync_name` names its collectives (unique
+    """BatchNorm over all ranks' samples of the micro-batch in training, for inputs (N, C, ...) of any rank
+    >= 2; evaluation is BatchNorm's. `sync_name` names its collectives (unique
     per layer: the module's path in the model, as `convert_sync_batchnorm` sets it). On one rank it is
     BatchNorm itself."""
 
@@ -41,8 +41,9 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
-        use_batch_stats = self.training or not self.track_running_stats
-        if not use_batch_stats or hvd.size() == 1:
+        # Only training synchronizes: ranks evaluate different numbers of batches (some none), so a layer
+        # without running statistics normalises an evaluation batch by its own, as BatchNorm does.
+        if not self.training or hvd.size() == 1:
             return super().forward(input)
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, self,
                                             f"hvdazure.sync_bn.{self.sync_name}")
@@ -50,7 +51,7 @@ class SyncBatchNorm(_BatchNorm):
     def _update_running_stats(self, count: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> None:
         """Move the running statistics as BatchNorm does (the unbiased variance; momentum None: the
         cumulative average), once per micro-batch with samples on some rank."""
-        if not (self.training and self.track_running_stats) or self.running_mean is None:
+        if not self.track_running_stats or self.running_mean is None:
             return
         assert self.running_var is not None and self.num_batches_tracked is not None
         self.num_batches_tracked.add_(1)
