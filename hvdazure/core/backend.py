@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from hvdazure.core.config import ControllerError
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan
 
@@ -30,10 +31,12 @@ class DataError(ValueError):
 
 
 class Collectives(ABC):
-    """Collectives over all ranks of the job; every rank calls each one at the same point."""
+    """Collectives over all ranks of the job; every rank calls each one at the same point. `controller`:
+    what Horovod coordinates the ranks with ("gloo" or "mpi"; see `horovod_controller`)."""
 
-    def __init__(self, rank: int, size: int, local_rank: int) -> None:
+    def __init__(self, rank: int, size: int, local_rank: int, controller: str = "none") -> None:
         self.rank, self.size, self.local_rank = rank, size, local_rank
+        self.controller = controller
 
     @abstractmethod
     def allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
@@ -47,6 +50,21 @@ class Collectives(ABC):
     @abstractmethod
     def allgather_bytes(self, data: bytes) -> list[bytes]:
         """Every rank's `data`, in rank order, on every rank."""
+
+
+def horovod_controller(hvd: Any) -> str:
+    """The controller a started Horovod runs on, asked of Horovod itself: "gloo" or "mpi". `hvd` is the
+    binding's Horovod module (horovod.torch, horovod.tensorflow: both answer the same question)."""
+    return "gloo" if hvd.gloo_enabled() else "mpi"
+
+
+def refuse_adasum_without_mpi(reduce_op: str, controller: str) -> None:
+    """A ControllerError for `reduce_op` 'adasum' on a controller other than MPI: Horovod has Adasum only
+    under MPI, and under Gloo every rank would die at its first step (`No Adasum operation enabled`)."""
+    if reduce_op == "adasum" and controller != "mpi":
+        raise ControllerError(f"config field 'reduce_op': 'adasum' needs the MPI controller, but Horovod "
+                              f"runs on {controller}; run with `hvdazure run --mpi` (or `horovodrun "
+                              f"--mpi`), or use reduce_op 'average'")
 
 
 def split_rows(joined: Sequence[float]) -> list[list[float]]:
@@ -103,8 +121,9 @@ class FrameworkCheckpointContent(ABC):
 @dataclass(frozen=True)
 class RankStep:
     """This rank's part of one optimizer step: its micro-batches, their batches (loaded as they are
-    iterated, in order; None for an empty micro-batch, which gets no forward pass) and each one's loss
-    weight (its share of the step's samples, see MicroBatch.loss_weight)."""
+    iterated, in order; None for an empty micro-batch, which gets no forward pass unless the model has
+    synchronized BatchNorm layers: then one on a batch of no samples) and each one's loss weight (its
+    share of the step's samples, see MicroBatch.loss_weight)."""
 
     micro_batches: list[MicroBatch]
     batches: Iterator[Any]
@@ -174,9 +193,10 @@ class Backend(ABC):
         """A metric value as float64, on its device (no synchronisation); see MetricAccumulator."""
         return float(value)
 
-    def min_samples_per_micro_batch(self) -> tuple[int, str]:
-        """The fewest samples a training micro-batch may hold, and why (e.g. BatchNorm layers need 2)."""
-        return 1, ""
+    def min_samples_per_micro_batch(self) -> tuple[int, str, bool]:
+        """The fewest samples a training micro-batch may hold, why (e.g. BatchNorm layers need 2), and
+        whether that counts all ranks' samples of the micro-batch together (synchronized BatchNorm)."""
+        return 1, "", False
 
     def framework_versions(self) -> dict[str, str]:
         """Versions recorded in each checkpoint's manifest, beside hvdazure's and Python's."""

@@ -22,6 +22,14 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and the value."""
 
 
+class ControllerError(ConfigError):
+    """A configuration value the controller Horovod runs on cannot serve (Adasum under Gloo), found on
+    every rank once Horovod has started, before training. Uncaught, it ends the script with the bad-input
+    status 2, as a bad `--set` does, so that the launcher lets every rank name it."""
+
+    exit_status = 2
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Training settings. `batch_size` is per worker; the LR is scaled for the global batch."""
@@ -47,6 +55,7 @@ class TrainConfig:
     gradient_predivide_factor: float = 1.0
     grad_clip_norm: float | None = None
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # mixed precision via autocast
+    sync_batchnorm: bool = False  # BatchNorm statistics over all ranks' samples (exact at any world size)
     # data
     seed: int = 0
     num_workers: int = 0  # DataLoader worker processes per rank

@@ -10,8 +10,9 @@ The remainder is neither dropped nor padded: the last step holds the N mod G sam
 as possible over micro-batches and ranks, so every sample is used exactly once per epoch and none twice.
 A cell gets at least 2 samples whenever the step holds enough to allow it within `batch_size` (layers such
 as BatchNorm cannot train on one sample), so a short last step may use fewer cells. A (rank, micro-batch)
-cell can be left empty: that rank runs no forward pass for it but still takes part in the step's
-gradient allreduce (with zeros), so every rank runs the same number of steps and collectives (no hang),
+cell can be left empty: that rank runs no forward pass for it (with synchronized BatchNorm, one on no
+samples, whose statistics' allreduces need every rank) but still takes part in the step's gradient
+allreduce (with zeros), so every rank runs the same number of steps and collectives (no hang),
 and each cell's `loss_weight` (its share of the step's samples) makes the averaged gradient the exact mean
 over the step.
 
@@ -169,19 +170,30 @@ class ShardPlan:
         """Optimizer steps from position `start_sample` to the end of the epoch."""
         return -(-(self.num_samples - start_sample) // self.global_batch_size)
 
-    def smallest_micro_batch(self, start_sample: int = 0) -> int:
+    def smallest_micro_batch(self, start_sample: int = 0, across_ranks: bool = False) -> int:
         """The fewest samples any non-empty micro-batch of any rank gets, from `start_sample` to the end of
-        the epoch (only the last step can be short)."""
+        the epoch (only the last step can be short). `across_ranks`: of micro-batch k, all ranks' samples
+        together (what a synchronized BatchNorm normalises over), for every k that has samples somewhere."""
         last = (self.num_samples - start_sample) % self.global_batch_size or self.global_batch_size
-        return last // self._cells_used(last) if last < self.global_batch_size else self.batch_size
+        full = last == self.global_batch_size
+        if not across_ranks:
+            return self.batch_size if full else last // self._cells_used(last)
+        if full:
+            return self.batch_size * self.world_size
+        used, ranks = self._cells_used(last), self.world_size
+        sizes = [sum(_size(last, used, k * ranks + r) for r in range(ranks))
+                 for k in range(self.grad_accum_steps)]
+        return min(size for size in sizes if size)
 
-    def nearest_batch_sizes(self, min_micro_batch: int, count: int = 2) -> list[int]:
+    def nearest_batch_sizes(self, min_micro_batch: int, count: int = 2,
+                            across_ranks: bool = False) -> list[int]:
         """Up to `count` batch sizes nearest this one whose epochs give no micro-batch fewer than
-        `min_micro_batch` samples (for an error message's suggestion); ascending."""
+        `min_micro_batch` samples (`across_ranks`: see smallest_micro_batch), for an error message's
+        suggestion; ascending."""
         candidates = sorted(range(min_micro_batch, 2 * self.batch_size + min_micro_batch + 1),
                             key=lambda b: (abs(b - self.batch_size), b))
-        fits = [b for b in candidates if b != self.batch_size
-                and replace(self, batch_size=b).smallest_micro_batch() >= min_micro_batch]
+        fits = [b for b in candidates if b != self.batch_size and replace(self, batch_size=b)
+                .smallest_micro_batch(across_ranks=across_ranks) >= min_micro_batch]
         return sorted(fits[:count])
 
     def _cells_used(self, step_samples: int) -> int:
@@ -228,6 +240,14 @@ def _piece(total: int, parts: int, index: int) -> tuple[int, int]:
     base, extra = divmod(total, parts)
     begin = index * base + min(index, extra)
     return begin, begin + base + (1 if index < extra else 0)
+
+
+def _size(total: int, parts: int, index: int) -> int:
+    """The size of cell `index` of a step of `total` samples in `parts` used cells (0 past them)."""
+    if index >= parts:
+        return 0
+    begin, end = _piece(total, parts, index)
+    return end - begin
 
 
 def eval_range(num_samples: int, world_size: int, rank: int) -> range:

@@ -23,7 +23,7 @@ from typing import Any
 
 from hvdazure._version import __version__
 from hvdazure.core import run_context
-from hvdazure.core.backend import Backend, Collectives, DataError, RankStep
+from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.cluster import detect_environment
@@ -212,6 +212,7 @@ class Trainer(ABC):
         self.collectives = backend.start(self.comm)
         if self._context is not None:
             self._context.shutdowns.append(backend.shutdown)
+        refuse_adasum_without_mpi(c.reduce_op, self.collectives.controller)
         run_context.check_world(self.comm, self.collectives.size)
         self.rank, self.world_size = self.collectives.rank, self.collectives.size
         self.local_rank = self.collectives.local_rank
@@ -293,18 +294,20 @@ class Trainer(ABC):
     def _check_micro_batch_sizes(self) -> None:
         """A ConfigError on every rank, before training, if the plan gives some rank a micro-batch smaller
         than the model can train on (the short last step of an epoch, e.g. 1 sample for BatchNorm)."""
-        need, why = self._backend.min_samples_per_micro_batch()
+        need, why, across = self._backend.min_samples_per_micro_batch()
         plan = self.shard_plan
-        smallest = min(plan.smallest_micro_batch(0), plan.smallest_micro_batch(self.state.samples_in_epoch))
+        smallest = min(plan.smallest_micro_batch(0, across),
+                       plan.smallest_micro_batch(self.state.samples_in_epoch, across))
         if smallest >= need:
             return
         c = self.config
-        fits = plan.nearest_batch_sizes(min_micro_batch=need)
+        fits = plan.nearest_batch_sizes(min_micro_batch=need, across_ranks=across)
+        counted = " (all ranks together)" if across else ""
         raise ConfigError(
-            f"config field 'batch_size': {c.batch_size} leaves a micro-batch of {smallest} sample(s) in the "
-            f"last step of an epoch ({plan.num_samples} samples, global batch {plan.global_batch_size} = "
-            f"{c.batch_size} x {self.world_size} rank(s) x {c.grad_accum_steps} micro-batch(es)), and {why}; "
-            f"try batch_size {' or '.join(map(str, fits))}")
+            f"config field 'batch_size': {c.batch_size} leaves a micro-batch of {smallest} sample(s)"
+            f"{counted} in the last step of an epoch ({plan.num_samples} samples, global batch "
+            f"{plan.global_batch_size} = {c.batch_size} x {self.world_size} rank(s) x "
+            f"{c.grad_accum_steps} micro-batch(es)), and {why}; try batch_size {' or '.join(map(str, fits))}")
 
     def _default_callbacks(self) -> list[Callback]:
         c = self.config
@@ -425,6 +428,9 @@ def _show_user_errors_in_one_line() -> None:
     def hook(kind: type[BaseException], error: BaseException, traceback: Any) -> None:
         if issubclass(kind, _USER_ERRORS):
             sys.stderr.write(f"hvdazure: error: {error}\n")
+            status = getattr(error, "exit_status", 1)
+            if status != 1:  # Python exits with a SystemExit raised here (else 1)
+                raise SystemExit(status)
         else:
             previous(kind, error, traceback)
 

@@ -29,6 +29,7 @@ from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broad
 from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
 from hvdazure.tensorflow.data import ShardedData, data_view, sample_order
 from hvdazure.tensorflow.gradients import allreduce_gradients, allreduce_options, dense_gradients
+from hvdazure.tensorflow.sync_batchnorm import convert_sync_batchnorm, has_sync_batchnorm
 
 if TYPE_CHECKING:
     from hvdazure.tensorflow.trainer import TensorFlowTrainer
@@ -84,6 +85,11 @@ class TensorFlowBackend(Backend):
         if not self.model.built:
             raise TypeError("build_model() must return a built model: start it with keras.Input(shape) or "
                             "call model.build(input_shape)")
+        if c.sync_batchnorm:
+            convert_sync_batchnorm(self.model)
+        # Synchronized BatchNorm layers meet across ranks in every forward pass: a rank without samples in a
+        # micro-batch runs one on an empty batch (loss weight 0) instead of none.
+        self._forward_empty = hvd.size() > 1 and has_sync_batchnorm(self.model)
         optimizer = self.hooks.build_optimizer(peak_lr)
         if c.precision == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -112,11 +118,14 @@ class TensorFlowBackend(Backend):
         with_vote, vote = stop_vote is not None, _float64(stop_vote or 0.0)
         steps = self._compiled
         work = list(step)
+        if self._forward_empty:  # synchronized BatchNorm layers must meet the other ranks' here too
+            work = [(mb, self._train_data.take([]) if batch is None else batch, w) for mb, batch, w in work]
         if len(work) == 1 and work[0][1] is not None:  # forward, backward and update in one call
             micro_batch, batch, weight = work[0]
             self.micro_batch = micro_batch
             metrics, votes = steps.train(batch, _float64(weight), vote, with_vote)
-            meter.add(metrics, len(micro_batch.indices))
+            if not micro_batch.is_empty:  # an empty batch's mean loss is NaN, and counts for nothing
+                meter.add(metrics, len(micro_batch.indices))
         else:
             total = None
             for micro_batch, batch, weight in work:
@@ -126,7 +135,8 @@ class TensorFlowBackend(Backend):
                 gradients, metrics = steps.gradients(batch, _float64(weight))
                 total = gradients if total is None else [
                     a + g for a, g in zip(total, gradients, strict=True)]
-                meter.add(metrics, len(micro_batch.indices))
+                if not micro_batch.is_empty:
+                    meter.add(metrics, len(micro_batch.indices))
             if total is None:
                 total = [tf.zeros_like(v) for v in self.model.trainable_variables]
             votes = steps.apply(total, vote, with_vote)

@@ -10,12 +10,12 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.backend import Collectives, split_rows
+from hvdazure.core.backend import Collectives, horovod_controller, split_rows
 
 
 class TensorFlowCollectives(Collectives):
     def __init__(self) -> None:
-        super().__init__(hvd.rank(), hvd.size(), hvd.local_rank())
+        super().__init__(hvd.rank(), hvd.size(), hvd.local_rank(), horovod_controller(hvd))
 
     def allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:
         # Each row travels with its length in front, so one allgather of rows of any lengths suffices. Numbers

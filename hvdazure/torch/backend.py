@@ -26,6 +26,7 @@ from hvdazure.data.dataset import ShardedDataset
 from hvdazure.torch.checkpoint_content import TorchCheckpointContent
 from hvdazure.torch.collectives import TorchCollectives
 from hvdazure.torch.data import (
+    empty_batch,
     eval_batches,
     make_loader,
     random_access,
@@ -33,6 +34,7 @@ from hvdazure.torch.data import (
     to_device,
     train_loader,
 )
+from hvdazure.torch.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, has_sync_batchnorm
 
 if TYPE_CHECKING:
     from hvdazure.torch.trainer import TorchTrainer
@@ -88,7 +90,14 @@ class TorchBackend(Backend):
         if c.precision == "fp16" and self.device.type != "cuda":
             raise ConfigError("config field 'precision': 'fp16' needs CUDA (GradScaler); use 'bf16' on CPU")
         torch.manual_seed(c.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
-        self.model = self.hooks.build_model().to(self.device)
+        self.model = self.hooks.build_model()
+        if c.sync_batchnorm:
+            self.model = convert_sync_batchnorm(self.model)
+        self.model = self.model.to(self.device)
+        # Synchronized BatchNorm layers meet across ranks in every forward pass: a rank without samples in a
+        # micro-batch runs one on an empty batch (loss weight 0) instead of none.
+        self._forward_empty = hvd.size() > 1 and has_sync_batchnorm(self.model)
+        self._empty_batch: Any = None
         optimizer = self.hooks.build_optimizer(self.model.parameters(), peak_lr)
         # Per-group LR multipliers the user set survive warmup/schedule updates.
         self._lr_factors = [group["lr"] / peak_lr for group in optimizer.param_groups]
@@ -134,17 +143,26 @@ class TorchBackend(Backend):
             self.model.train()
         for micro_batch, batch, weight in step:
             if batch is None:
-                # Nothing to train on: no forward pass (BatchNorm statistics and gradients stay untouched);
-                # the optimizer step's synchronize() still allreduces zeros for this rank's gradients.
-                continue
+                if not self._forward_empty:
+                    # Nothing to train on: no forward pass (BatchNorm statistics and gradients stay
+                    # untouched); the optimizer step's synchronize() still allreduces zeros for this rank.
+                    continue
+                batch = self._no_samples()  # its synchronized BatchNorm layers must meet the other ranks'
             self.micro_batch = micro_batch
             with self._autocast():
                 loss, metrics = _loss_and_metrics(self.hooks.training_step(self.model, batch))
             scaled = loss if weight == 1.0 else loss * weight  # exactly 1.0 for a full step, no accumulation
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            meter.add({"loss": loss.detach(), **metrics}, len(micro_batch.indices))
+            if not micro_batch.is_empty:  # an empty batch's mean loss is NaN, and counts for nothing
+                meter.add({"loss": loss.detach(), **metrics}, len(micro_batch.indices))
         self._optimizer_step()
         return votes()[0] if votes is not None else 0.0
+
+    def _no_samples(self) -> Any:
+        """A training batch of no samples, in the structure of the data's batches (made once, of sample 0)."""
+        if self._empty_batch is None:
+            self._empty_batch = to_device(empty_batch(self._train_data, self.collate), self.device)
+        return self._empty_batch
 
     def _optimizer_step(self) -> None:
         opt, clip = self.optimizer, self.config.grad_clip_norm
@@ -191,13 +209,18 @@ class TorchBackend(Backend):
             return value.detach().to(torch.float64)
         return float(value)
 
-    def min_samples_per_micro_batch(self) -> tuple[int, str]:
+    def min_samples_per_micro_batch(self) -> tuple[int, str, bool]:
         # BatchNorm1d on (batch, features) inputs raises on a batch of 1 in training; 2d/3d layers have
-        # spatial positions to average over and train on one sample.
+        # spatial positions to average over and train on one sample. A synchronized one needs 2 samples in
+        # the micro-batch of all ranks together, so one sample per rank is fine.
         for name, module in self.model.named_modules():
             if isinstance(module, torch.nn.BatchNorm1d):
-                return 2, f"the model's BatchNorm1d layer {name!r} cannot train on 1 sample"
-        return 1, ""
+                return 2, f"the model's BatchNorm1d layer {name!r} cannot train on 1 sample", False
+        for name, module in self.model.named_modules():
+            if isinstance(module, SyncBatchNorm) and module.batchnorm1d:
+                why = f"the model's synchronized BatchNorm1d layer {name!r} cannot train on 1 sample"
+                return 2, why, True
+        return 1, "", False
 
     def framework_versions(self) -> dict[str, str]:
         return {"torch": torch.__version__, "horovod": horovod.__version__}

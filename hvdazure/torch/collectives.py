@@ -9,12 +9,12 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvdazure.core.backend import Collectives, split_rows
+from hvdazure.core.backend import Collectives, horovod_controller, split_rows
 
 
 class TorchCollectives(Collectives):
     def __init__(self, device: torch.device) -> None:
-        super().__init__(hvd.rank(), hvd.size(), hvd.local_rank())
+        super().__init__(hvd.rank(), hvd.size(), hvd.local_rank(), horovod_controller(hvd))
         self.device = device
 
     def allgather_floats(self, values: Sequence[Any]) -> list[list[float]]:

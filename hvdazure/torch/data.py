@@ -112,6 +112,23 @@ def eval_batches(num_samples: int, batch_size: int, world_size: int, rank: int) 
     return [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
 
 
+def empty_batch(dataset: Dataset | ShardedDataset, collate_fn: Callable | None) -> Any:
+    """A batch of no samples in the structure of the data's batches: sample 0's batch, cut to no rows (for
+    a rank that must run a forward pass without samples, see sync_batchnorm.py)."""
+    return _no_rows(next(iter(make_loader(dataset, [[0]], collate_fn, 0))))
+
+
+def _no_rows(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, dict):
+        return {k: _no_rows(v) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        rows = [_no_rows(v) for v in batch]
+        return type(batch)(*rows) if hasattr(batch, "_fields") else type(batch)(rows)
+    return batch
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move every tensor in a (nested) batch to `device`."""
     if isinstance(batch, torch.Tensor):

@@ -44,7 +44,8 @@ def test_an_int_is_accepted_for_a_float_field_and_stored_as_float(name: str) -> 
     ("grad_clip_norm", True), ("warmup_epochs", False), ("warmup_steps", 1.5), ("seed", 0.0),
     ("lr_scaling", "cubic"), ("lr_scaling", None), ("schedule", "linear"), ("precision", "fp8"),
     ("compression", True), ("reduce_op", "mean"), ("monitor_mode", "minimum"), ("tensorboard", 1),
-    ("progress_bar", "yes"), ("monitor", 3), ("output_dir", None), ("mlflow_tracking_uri", 5),
+    ("progress_bar", "yes"), ("sync_batchnorm", "yes"), ("sync_batchnorm", 1), ("monitor", 3),
+    ("output_dir", None), ("mlflow_tracking_uri", 5),
     ("extra", [1]), ("extra", None),
 ])
 def test_a_value_of_the_wrong_type_names_the_field_and_the_value(name: str, value: Any) -> None:

@@ -153,6 +153,24 @@ def test_smallest_micro_batch_is_that_of_the_short_last_step(num_samples: int, b
         assert min(sizes) == smallest
 
 
+@pytest.mark.parametrize(("num_samples", "batch_size", "world_size", "accum"), [
+    (37, 4, 2, 1), (35, 4, 2, 1), (33, 4, 2, 1), (10, 1, 2, 1), (11, 1, 2, 1), (11, 1, 3, 1), (37, 2, 2, 2),
+    (23, 3, 2, 3), (32, 4, 2, 1), (5, 4, 4, 2),
+])
+def test_smallest_micro_batch_across_ranks_is_the_fewest_samples_of_one_micro_batch_of_all_ranks(
+        num_samples: int, batch_size: int, world_size: int, accum: int) -> None:
+    plans = _plans(num_samples, batch_size, world_size, accum)
+    groups = [sum(len(cell.indices) for cell in step[k * world_size : (k + 1) * world_size])
+              for step in _steps(plans) for k in range(accum)]
+    assert plans[0].smallest_micro_batch(across_ranks=True) == min(g for g in groups if g)
+
+
+def test_one_sample_per_rank_is_no_one_sample_micro_batch_across_ranks() -> None:
+    assert ShardPlan(10, 1, 2, 0).smallest_micro_batch(across_ranks=True) == 2
+    assert ShardPlan(11, 1, 2, 0).smallest_micro_batch(across_ranks=True) == 1  # the last step: 1 sample
+    assert ShardPlan(11, 1, 2, 0).nearest_batch_sizes(2, across_ranks=True) == [2, 3]
+
+
 def test_nearest_batch_sizes_avoid_a_micro_batch_of_one() -> None:
     plan = ShardPlan(33, 4, 2, 0)
     assert plan.nearest_batch_sizes(min_micro_batch=2) == [3, 5]

@@ -22,6 +22,8 @@ from hvdazure.tensorflow.keras.callbacks import (
 )
 from hvdazure.tensorflow.keras.datasets import FitData, shard_for_evaluate, shard_for_fit
 from hvdazure.tensorflow.keras.training import data_parallel, init
+from hvdazure.tensorflow.sync_batchnorm import SyncBatchNormalization
 
 __all__ = ["BroadcastInitialState", "Checkpoint", "FitData", "LearningRateSchedule", "MetricAverage",
-           "data_parallel", "init", "shard_for_evaluate", "shard_for_fit", "sum_metric_states"]
+           "SyncBatchNormalization", "data_parallel", "init", "shard_for_evaluate", "shard_for_fit",
+           "sum_metric_states"]

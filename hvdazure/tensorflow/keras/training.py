@@ -16,8 +16,10 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from hvdazure.core.backend import horovod_controller, refuse_adasum_without_mpi
 from hvdazure.tensorflow.collectives import init_horovod
 from hvdazure.tensorflow.gradients import allreduce_gradients, allreduce_options, dense_gradients
+from hvdazure.tensorflow.sync_batchnorm import has_sync_batchnorm
 
 # The dict key under which shard_for_fit's batches carry the number of samples in the whole optimizer step.
 STEP_SAMPLES = "hvdazure_step_samples"
@@ -41,9 +43,11 @@ def data_parallel(model: keras.Model, *, reduce_op: str = "average", compression
     Batches from `shard_for_fit` get the exact step mean: each rank's loss is weighted by its share of the
     step's samples, and a rank left without samples in a short last step runs no forward pass but still
     joins the allreduce with zeros. Other datasets get Horovod's plain average of the ranks' gradients."""
+    refuse_adasum_without_mpi(reduce_op, horovod_controller(hvd))  # not at the first step, on every rank
     allreduce_args = allreduce_options(reduce_op, compression, gradient_predivide_factor)
-    model.train_step = DataParallelStep(model, allreduce_args, ranks_averaged=1 if reduce_op == "sum" else
-                                        hvd.size())
+    ranks_averaged = 1 if reduce_op == "sum" else hvd.size()
+    model.train_step = DataParallelStep(model, allreduce_args, ranks_averaged,
+                                        forward_empty=hvd.size() > 1 and has_sync_batchnorm(model))
     model.train_function = None  # a train function made before holds the old step
     return model
 
@@ -52,8 +56,10 @@ class DataParallelStep:
     """The train_step `data_parallel` installs: Keras's own step (forward pass, compiled loss and metrics,
     loss scaling) with a weighted loss, a skipped forward pass on an empty batch, and the allreduce."""
 
-    def __init__(self, model: keras.Model, allreduce_args: dict[str, Any], ranks_averaged: int) -> None:
+    def __init__(self, model: keras.Model, allreduce_args: dict[str, Any], ranks_averaged: int,
+                 forward_empty: bool = False) -> None:
         self.model, self.allreduce_args, self.ranks_averaged = model, allreduce_args, ranks_averaged
+        self.forward_empty = forward_empty  # SyncBatchNormalization layers: every rank runs every forward
 
     def __call__(self, data: Any) -> dict[str, Any]:
         model = self.model
@@ -71,6 +77,8 @@ class DataParallelStep:
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
                 loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+                if self.forward_empty:  # the loss of no samples may be NaN; it must count for nothing
+                    loss = tf.where(rows > 0, loss, tf.zeros_like(loss))
                 model._loss_tracker.update_state(loss, sample_weight=rows)  # as Keras's own train_step does
                 weighted = loss * tf.cast(self._loss_weight(rows, step_samples), loss.dtype)
                 scaled = model.optimizer.scale_loss(weighted)
@@ -80,7 +88,10 @@ class DataParallelStep:
         def no_samples() -> list[tf.Tensor]:
             return [tf.zeros_like(v) for v in variables]
 
-        gradients = tf.cond(rows > 0, forward_and_backward, no_samples)
+        if self.forward_empty:  # the layers' allreduces need every rank, samples or not
+            gradients = forward_and_backward()
+        else:
+            gradients = tf.cond(rows > 0, forward_and_backward, no_samples)
         gradients = allreduce_gradients(gradients, self.allreduce_args)
         model.optimizer.apply(gradients, variables)
         return model.get_metrics_result()
