@@ -19,15 +19,16 @@ from typing import Any, Literal, get_args, get_origin
 
 
 class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and the value."""
+    """A configuration value is invalid; the message names the field and the value. Uncaught, it ends the
+    script with the bad-input status 2, as a bad `--set` does, whenever it is found (a batch size the plan
+    cannot split is found once the world size is known), so that the launcher lets every rank name it."""
+
+    exit_status = 2
 
 
 class ControllerError(ConfigError):
     """A configuration value the controller Horovod runs on cannot serve (Adasum under Gloo), found on
-    every rank once Horovod has started, before training. Uncaught, it ends the script with the bad-input
-    status 2, as a bad `--set` does, so that the launcher lets every rank name it."""
-
-    exit_status = 2
+    every rank once Horovod has started, before training."""
 
 
 @dataclass(frozen=True)

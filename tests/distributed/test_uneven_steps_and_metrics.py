@@ -50,7 +50,7 @@ def test_a_micro_batch_of_one_sample_for_batchnorm_is_a_clear_error_on_every_ran
     job = run_job(JOB, *_args("batch_size=4", "extra.n_train=33", "extra.batchnorm=1"), out_dir=tmp_path,
                   np=np_, timeout=NO_HANG)
 
-    assert job.returncode == 1, job.output  # an uncaught ConfigError, shown in one line
+    assert job.returncode == 2, job.output  # an uncaught ConfigError: one line, the bad-input status
     for rank in range(np_):
         lines = [line for line in job.stderr.splitlines() if line.startswith(f"[{rank}]<stderr>:")]
         error = next(line for line in lines if "error:" in line)
