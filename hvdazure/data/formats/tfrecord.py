@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from hvdazure.data.formats import Columns, columns_of, runs_of
 
 SHAPE_SUFFIX = ".shape"
 DTYPE_SUFFIX = ".dtype"
@@ -112,22 +114,44 @@ class Reader:
             raise ValueError(f"{where}: unreadable ({exc})") from None
         return _checked(framed, offset, where)
 
+    def read_many(self, positions: Sequence[int], views: bool = False) -> list[bytes]:
+        """The records at `positions` (ascending), as `read` gives them: each run of consecutive records
+        is one pread of the bytes they span (the last record of the shard read by `read`), both CRCs of
+        each record checked."""
+        out: list[bytes] = []
+        for run in runs_of(positions):
+            tail = run[-1] == len(self._offsets) - 1
+            inner = [position for position in run if position != len(self._offsets) - 1] if tail else run
+            if inner:
+                start, stop = int(self._offsets[inner[0]]), int(self._offsets[inner[-1] + 1])
+                try:
+                    span = memoryview(os.pread(self._fd, stop - start, start))
+                except OSError as exc:
+                    raise ValueError(f"{self._name}: record {inner[0]} (byte {start}): unreadable "
+                                     f"({exc})") from None
+                for position in inner:
+                    offset = int(self._offsets[position])
+                    framed = span[offset - start:int(self._offsets[position + 1]) - start]
+                    out.append(_checked(framed, offset, f"{self._name}: record {position} (byte {offset})"))
+            out += [self.read(position) for position in run[len(inner):]]
+        return out
+
     def close(self) -> None:
         os.close(self._fd)
 
 
-def _checked(framed: bytes, offset: int, where: str) -> bytes:
+def _checked(framed: bytes | memoryview, offset: int, where: str) -> bytes:
     """The data of the framed record `framed` (read from `offset`), both CRCs checked."""
     if len(framed) < _HEADER:
         raise ValueError(f"{where}: truncated (length field cut at byte {offset + len(framed)})")
     (length,) = struct.unpack_from("<Q", framed)
-    if struct.unpack_from("<I", framed, 8)[0] != masked_crc(framed[:8]):
+    if struct.unpack_from("<I", framed, 8)[0] != masked_crc(bytes(framed[:8])):
         raise ValueError(f"{where}: bad CRC of the length field")
     end = offset + _HEADER + length + _FOOTER
     if len(framed) < _HEADER + length + _FOOTER:
         raise ValueError(f"{where}: truncated (the record ends at byte {end}, the file has "
                          f"{offset + len(framed)})")
-    data = framed[_HEADER:_HEADER + length]
+    data = bytes(framed[_HEADER:_HEADER + length])
     if struct.unpack_from("<I", framed, _HEADER + length)[0] != masked_crc(data):
         raise ValueError(f"{where}: bad CRC of the data ({length} bytes)")
     return data
@@ -390,6 +414,12 @@ def decode(record: bytes) -> dict[str, Any]:
             value = value[()]
         out[key] = value
     return out
+
+
+def decode_columns(records: list[bytes]) -> Columns | None:
+    """The default decode of a micro-batch by columns (formats/__init__.py): each record decoded, then
+    arrays of one dtype and shape stacked."""
+    return columns_of([decode(record) for record in records])
 
 
 def _raw_array(key: str, value: np.ndarray, dtype: np.ndarray, shape: np.ndarray | None) -> np.ndarray:
