@@ -338,9 +338,13 @@ def read_batch(requests: Sequence[tuple[Reader, Sequence[int]]],
 def _sums_match(headers: list[bytes]) -> np.ndarray:
     """Whether each header's checksum is right (what `_check_sum` checks), the sums of all at once."""
     blocks = np.frombuffer(b"".join(headers), dtype=np.uint8).reshape(len(headers), _BLOCK)
-    unsigned = blocks.sum(axis=1, dtype=np.int64) - blocks[:, 148:156].sum(axis=1, dtype=np.int64) + 256
-    stored = np.array([_number_or(header[148:156], -1) for header in headers], dtype=np.int64)
-    match: np.ndarray = stored == unsigned
+    field = blocks[:, 148:156].astype(np.int64)
+    unsigned = blocks.sum(axis=1, dtype=np.int64) - field.sum(axis=1) + 256
+    # the stored sum as tarfile writes it, six octal digits, NUL, space; any other spelling: _check_sum
+    digits = field[:, :6] - ord("0")
+    stored = digits @ (8 ** np.arange(5, -1, -1, dtype=np.int64))
+    written = ((digits >= 0) & (digits <= 7)).all(axis=1) & (field[:, 6] == 0) & (field[:, 7] == ord(" "))
+    match: np.ndarray = written & (stored == unsigned)
     for i in np.flatnonzero(~match).tolist():  # a signed sum, as some old tars have, or a bad header
         try:
             _check_sum(headers[i])
@@ -348,13 +352,6 @@ def _sums_match(headers: list[bytes]) -> np.ndarray:
         except ValueError:
             pass
     return match
-
-
-def _number_or(field: bytes, default: int) -> int:
-    try:
-        return _number(field)
-    except ValueError:
-        return default
 
 
 def _check_sum(header: bytes) -> None:
@@ -380,7 +377,7 @@ def _text_field(field: bytes) -> str:
 
 
 def _ustar_name(header: bytes) -> str:
-    name, prefix = _text_field(header[0:100]), _text_field(header[345:500])
+    name, prefix = _text_field(header[0:100]), _text_field(header[345:500]) if header[345] else ""
     return f"{prefix}/{name}" if prefix else name
 
 
