@@ -93,8 +93,11 @@ class ShardedDataset:
 
     def __getitem__(self, i: int) -> Any:
         """Global sample `i`, decoded."""
-        located = self._located([i])
-        return self._decode(located[0][0], self._read(located)[0])
+        ((shard, position),) = self._located([i])
+        self._shards_here()  # first: a forked child replaces its parent's lock, which may be held
+        with self._lock:
+            raw = self._reader(shard).read(position)
+        return self._decode(shard, raw)
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """The samples at `indices`, in that order: a list of decoded samples, or batch_decode's batch.
@@ -205,6 +208,7 @@ class ShardedDataset:
             by_format: dict[str, list[list[int]]] = {}
             for ats in groups:
                 by_format.setdefault(self.index.shards[located[ats[0]][0]].format, []).append(ats)
+            opens = any(located[ats[0]][0] not in self._readers for ats in groups)
             for format, shard_groups in by_format.items():
                 requests: list[tuple[ShardReader, Sequence[int]]] = [
                     (self._reader(located[ats[0]][0], close_old=False), [located[at][1] for at in ats])
@@ -212,7 +216,8 @@ class ShardedDataset:
                 for ats, got in zip(shard_groups, read_batch(format, requests, views), strict=True):
                     for at, raw in zip(ats, got, strict=True):
                         raws[at] = raw
-            self._close_old_readers()  # after the batch: its readers stay open while it is read
+            if opens:
+                self._close_old_readers()  # after the batch: its readers stay open while it is read
         return raws
 
     def _reader(self, shard: int, close_old: bool = True) -> ShardReader:

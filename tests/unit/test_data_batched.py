@@ -246,6 +246,7 @@ def test_a_batch_over_more_shards_than_readers_kept_reads_them_all(
     from hvdazure.data import dataset as dataset_module
 
     monkeypatch.setattr(dataset_module, "OPEN_READERS", 2)
+    dataset.close()  # no reader open: the batch opens five
     indices = [0, 5, 10, 15, 20, 1]  # five shards
 
     got = dataset.read_columns(indices)
