@@ -253,3 +253,21 @@ def test_a_batch_over_more_shards_than_readers_kept_reads_them_all(
 
     assert got is not None and got["text"] == [dataset[i]["text"] for i in indices]
     assert len(dataset._readers) == 2
+
+
+def test_loader_workers_read_by_columns_the_same_batches(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from hvdazure.torch.data import train_loader
+
+    write_shards(samples(), str(tmp_path / "d"), "tar", samples_per_shard=5, progress=False)
+    data = ShardedDataset(str(tmp_path / "d"), cache=False)
+    plan = ShardPlan(len(data), 4, 1, 0, seed=2, order=data.sample_order)
+
+    in_workers = list(train_loader(data, plan, 0, 0, None, 2, pin_memory=False))
+    in_process = list(train_loader(data, plan, 0, 0, None, 0, pin_memory=False))
+
+    assert len(in_workers) == len(in_process) > 1
+    for got, want in zip(in_workers, in_process, strict=True):
+        assert got["text"] == want["text"]
+        assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype
+                   for k in ("image", "vector", "grid", "flags", "label", "score"))
