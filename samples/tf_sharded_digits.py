@@ -18,13 +18,16 @@ from hvdazure import TrainConfig
 from hvdazure.data import ShardedDataset
 from hvdazure.tensorflow import TensorFlowTrainer
 
-FEATURES = {"image": tf.io.FixedLenFeature([64], tf.float32), "label": tf.io.FixedLenFeature([], tf.int64)}
+# write_shards stores a NumPy array raw: its bytes, plus "image.dtype" and "image.shape" features
+# (hvdazure/data/formats/tfrecord.py); an int label is an int64 feature
+FEATURES = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
 
 
 def parse_batch(records: list[bytes]) -> tuple[tf.Tensor, tf.Tensor]:
     """A micro-batch of serialized tf.train.Example records -> (images, labels), in one call."""
     parsed = tf.io.parse_example(tf.constant(records), FEATURES)
-    return parsed["image"], parsed["label"]
+    images = tf.reshape(tf.io.decode_raw(parsed["image"], tf.float32), (-1, 64))
+    return images, parsed["label"]
 
 
 def digits(split: str, data: str) -> ShardedDataset:

@@ -23,7 +23,7 @@ import os
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import groupby, islice
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from hvdazure.core.shard_order import DEFAULT_LANES, ShardOrder
 if TYPE_CHECKING:
     from hvdazure.core.sharding import MicroBatch
     from hvdazure.data.cache import CacheStats, Shards
-    from hvdazure.data.formats import ShardReader
+    from hvdazure.data.formats import Columns, ShardReader
     from hvdazure.data.index import ShardEntry, ShardIndex
 
 OPEN_READERS: int | None = None  # shard readers kept open per process (least recently used closed first);
@@ -93,17 +93,38 @@ class ShardedDataset:
 
     def __getitem__(self, i: int) -> Any:
         """Global sample `i`, decoded."""
-        located = self._located([i])
-        return self._decode(located[0][0], self._read(located)[0])
+        ((shard, position),) = self._located([i])
+        self._shards_here()  # first: a forked child replaces its parent's lock, which may be held
+        with self._lock:
+            raw = self._reader(shard).read(position)
+        return self._decode(shard, raw)
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         """The samples at `indices`, in that order: a list of decoded samples, or batch_decode's batch.
-        Reads go shard by shard in file order (sequential within a shard), whatever order is asked."""
+        Reads go shard by shard in file order, a shard's samples in one call (formats: `read_many`)."""
         located = self._located(indices)
         raws = self._read(located)
         if self.batch_decode is not None:
             return self.batch_decode(raws)
         return [self._decode(shard, raw) for (shard, _), raw in zip(located, raws, strict=True)]
+
+    def read_columns(self, indices: Sequence[int]) -> Columns | None:
+        """The samples at `indices`, in that order, decoded by their format's default decode as columns
+        (formats/__init__.py: a field of arrays of one dtype and shape stacked into one array, bit for bit
+        what stacking `__getitems__`' samples gives; any other field the list of its values). None where
+        the dataset has its own decode or batch_decode, or the samples are not dicts of the same fields:
+        read those with `__getitems__`. This is the bindings' fast path for the default decode."""
+        if self.decode is not None or self.batch_decode is not None or not len(indices):
+            return None
+        located = self._located(indices)
+        formats = {self.index.shards[shard].format for shard, _ in located}
+        if len(formats) > 1:
+            from hvdazure.data.formats import columns_of
+
+            return columns_of(self.__getitems__(indices))
+        from hvdazure.data.formats import default_decode_columns
+
+        return default_decode_columns(formats.pop())(self._read(located, views=True))
 
     def read_ahead(self, samples: Iterable[int] | np.ndarray) -> None:
         """The samples this process's rank reads next, in order: the cache fetches their shards in the
@@ -174,18 +195,34 @@ class ShardedDataset:
         shards, offsets = self._order.locate(np.asarray(indices, dtype=np.int64))
         return list(zip(shards.tolist(), offsets.tolist(), strict=True))
 
-    def _read(self, located: list[tuple[int, int]]) -> list[Any]:
+    def _read(self, located: list[tuple[int, int]], views: bool = False) -> list[Any]:
         """The raw samples at (shard, position) pairs, in the order given; read in (shard, position)
-        order."""
+        order, each shard's in one `read_many` (`views`: byte strings may be memoryviews)."""
+        from hvdazure.data.formats import read_batch
+
         raws: list[Any] = [None] * len(located)
         self._shards_here()  # first: a forked child replaces its parent's lock, which may be held
         with self._lock:
-            for at in sorted(range(len(located)), key=located.__getitem__):
-                shard, position = located[at]
-                raws[at] = self._reader(shard).read(position)
+            wanted = sorted(range(len(located)), key=located.__getitem__)
+            groups = [list(group) for _, group in groupby(wanted, key=lambda at: located[at][0])]
+            by_format: dict[str, list[list[int]]] = {}
+            for ats in groups:
+                by_format.setdefault(self.index.shards[located[ats[0]][0]].format, []).append(ats)
+            opens = any(located[ats[0]][0] not in self._readers for ats in groups)
+            for format, shard_groups in by_format.items():
+                requests: list[tuple[ShardReader, Sequence[int]]] = [
+                    (self._reader(located[ats[0]][0], close_old=False), [located[at][1] for at in ats])
+                    for ats in shard_groups]
+                for ats, got in zip(shard_groups, read_batch(format, requests, views), strict=True):
+                    for at, raw in zip(ats, got, strict=True):
+                        raws[at] = raw
+            if opens:
+                self._close_old_readers()  # after the batch: its readers stay open while it is read
         return raws
 
-    def _reader(self, shard: int) -> ShardReader:
+    def _reader(self, shard: int, close_old: bool = True) -> ShardReader:
+        """Shard `shard`'s open reader (opened if need be), now the most recently used; `close_old`: close
+        the least recently used ones beyond readers_kept (else the caller does, `_close_old_readers`)."""
         store = self._shards_here()
         reader = self._readers.get(shard)
         if reader is not None:
@@ -196,9 +233,13 @@ class ShardedDataset:
         entry = self.index.shards[shard]
         reader = open_shard(store.local_path(entry), entry)
         self._readers[shard] = reader
+        if close_old:
+            self._close_old_readers()
+        return reader
+
+    def _close_old_readers(self) -> None:
         while len(self._readers) > readers_kept(self._order):
             self._readers.popitem(last=False)[1].close()
-        return reader
 
     def _decode(self, shard: int, raw: Any) -> Any:
         if self.decode is not None:

@@ -89,6 +89,10 @@ class ShardedData:
             return tf.nest.map_structure(
                 lambda spec: np.zeros((0, *[d or 0 for d in spec.shape[1:]]), spec.dtype.as_numpy_dtype),
                 self.signature())
+        columns = self.dataset.read_columns(list(indices))  # the default decode: by columns, stacked
+        if columns is not None:
+            return {name: values if isinstance(values, np.ndarray) else np.stack(values)
+                    for name, values in columns.items()}
         samples = self.dataset.__getitems__(list(indices))
         if self.dataset.batch_decode is not None:
             return samples

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, default_collate
 
@@ -74,13 +75,49 @@ def make_loader(dataset: Dataset | ShardedDataset, batches: Iterable[list[int]],
     """A DataLoader of the samples at each of `batches`' lists of indices; `collate_fn` None: torch's
     default_collate. A TensorDataset with the default collate is read a batch at a time (one indexing per
     tensor: the same batch as stacking its samples, ~10x faster than a sample at a time). A ShardedDataset
-    with a batch_decode returns batches: they are used as they are."""
+    with a batch_decode returns batches: they are used as they are. One with the default decode and
+    collate is read by columns (`ShardedDataset.read_columns`: arrays decoded straight into the batch),
+    the same batch, bit for bit, as default_collate of its samples."""
     if collate_fn is None and type(dataset) is TensorDataset:
         dataset, collate_fn = _TensorBatches(dataset.tensors), _as_is
     if isinstance(dataset, ShardedDataset) and dataset.batch_decode is not None:
         collate_fn = _as_is
+    elif isinstance(dataset, ShardedDataset) and dataset.decode is None and collate_fn is None:
+        dataset, collate_fn = _ShardedColumns(dataset), collate_columns
     return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn or default_collate,
                       num_workers=num_workers, pin_memory=pin_memory)
+
+
+class _ShardedColumns(Dataset):
+    """A ShardedDataset with its default decode, read a micro-batch at a time by columns (`__getitems__`,
+    which the DataLoader calls with each batch of the sampler)."""
+
+    def __init__(self, dataset: ShardedDataset) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        columns = self.dataset.read_columns(indices)
+        return _Columns(columns) if columns is not None else self.dataset.__getitems__(indices)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
+class _Columns(dict):
+    """A micro-batch by columns (ShardedDataset.read_columns), told apart from a list of samples."""
+
+
+def collate_columns(batch: Any) -> Any:
+    """default_collate's batch: of a micro-batch by columns, a stacked array's tensor (shared, not copied)
+    and default_collate of each other field's values (what default_collate does field by field); of a
+    list of samples, default_collate. Module-level: DataLoader workers pickle it."""
+    if not isinstance(batch, _Columns):
+        return default_collate(batch)
+    return {name: torch.from_numpy(values) if isinstance(values, np.ndarray) else default_collate(values)
+            for name, values in batch.items()}
 
 
 class _TensorBatches(Dataset):

@@ -298,15 +298,104 @@ def test_tensorflow_reads_the_records_encode_writes(tf, tmp_path):
         writer = tfrecord.Writer(file)
         writer.add(*tfrecord.encode({"x": np.array([[1.5, 2.5]], dtype=np.float32), "y": 4}, "k"))
         writer.close()
-    spec = {"x": tf.io.FixedLenFeature([2], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64),
-            "x.shape": tf.io.FixedLenFeature([2], tf.int64)}
+    spec = {"x": tf.io.FixedLenFeature([], tf.string), "x.dtype": tf.io.FixedLenFeature([], tf.string),
+            "x.shape": tf.io.FixedLenFeature([2], tf.int64), "y": tf.io.FixedLenFeature([], tf.int64)}
 
     (record,) = list(tf.data.TFRecordDataset(str(path)))
     parsed = tf.io.parse_single_example(record, spec)
 
-    assert parsed["x"].numpy().tolist() == [1.5, 2.5]
-    assert int(parsed["y"]) == 4
+    assert tf.io.decode_raw(parsed["x"], tf.float32).numpy().tolist() == [1.5, 2.5]
+    assert parsed["x.dtype"].numpy() == b"float32"
     assert parsed["x.shape"].numpy().tolist() == [1, 2]
+    assert int(parsed["y"]) == 4
+
+
+RAW_ARRAYS = {
+    "f64": np.linspace(-1, 1, 24).reshape(2, 3, 4) * np.pi,
+    "i64": np.array([[-(2**63), 2**63 - 1], [0, -1]], dtype=np.int64),
+    "u8": np.arange(256, dtype=np.uint8).reshape(4, 8, 8),
+    "flags": np.array([True, False, True]),
+    "f64_0d": np.float64(np.pi),
+    "u8_0d": np.array(7, dtype=np.uint8),
+    "bool_0d": np.bool_(True),
+    "i64_0d": np.array(-5, dtype=np.int64),
+    "f16": np.array([0.5, -2.0], dtype=np.float16),
+    "c128": np.array([[1 + 2j]], dtype=np.complex128),
+    "u64": np.array([2**64 - 1], dtype=np.uint64),
+    "big_endian": np.arange(6, dtype=">f8").reshape(3, 2),
+    "strided": np.arange(20, dtype=np.int32).reshape(4, 5)[:, ::2],
+    "empty": np.zeros((0, 3), dtype=np.float32),
+}
+
+
+def test_tfrecord_raw_arrays_come_back_with_their_dtype_shape_and_bits():
+    decoded = default_decode("tfrecord")(tfrecord.encode_sample(RAW_ARRAYS))
+
+    assert sorted(decoded) == sorted(RAW_ARRAYS)
+    for key, value in RAW_ARRAYS.items():
+        got, want = decoded[key], np.asarray(value)
+        assert got.dtype == want.dtype.newbyteorder("="), key
+        assert np.shape(got) == want.shape, key
+        assert np.asarray(got).tobytes() == want.astype(want.dtype.newbyteorder("=")).tobytes(), key
+        if want.ndim == 0:
+            assert isinstance(got, np.generic), key
+        else:
+            assert got.flags.writeable, key
+
+
+def test_tfrecord_raw_arrays_are_bytes_dtype_and_shape_features():
+    features = tfrecord.parse_example(tfrecord.encode_sample({"x": np.arange(6, dtype=np.uint8).reshape(2, 3),
+                                                              "s": np.float64(0.25)}))
+
+    assert features["x"].tolist() == [bytes(range(6))]
+    assert features["x.dtype"].tolist() == [b"uint8"] and features["x.shape"].tolist() == [2, 3]
+    assert features["s"].tolist() == [struct.pack("<d", 0.25)]
+    assert features["s.dtype"].tolist() == [b"float64"] and features["s.shape"].tolist() == []
+
+
+def test_tensorflow_parse_example_and_decode_raw_read_the_raw_arrays(tf):
+    records = [tfrecord.encode_sample({k: v for k, v in RAW_ARRAYS.items()
+                                       if k not in ("u64", "empty")}) for _ in range(3)]
+    keys = [k for k in RAW_ARRAYS if k not in ("u64", "empty")]
+    spec = {k: tf.io.FixedLenFeature([], tf.string) for k in keys}
+    spec |= {f"{k}.dtype": tf.io.FixedLenFeature([], tf.string) for k in keys}
+
+    parsed = tf.io.parse_example(tf.constant(records), spec)
+
+    for key in keys:
+        want = np.asarray(RAW_ARRAYS[key])
+        dtype = want.dtype.newbyteorder("=")
+        assert {parsed[f"{key}.dtype"].numpy()[0]} == {dtype.name.encode()}
+        got = tf.reshape(tf.io.decode_raw(parsed[key], tf.as_dtype(dtype.name)), (-1, *want.shape)).numpy()
+        assert got.dtype == dtype, key
+        assert got.shape == (3, *want.shape), key
+        assert all(np.array_equal(row, want) for row in got), key
+
+
+def test_tfrecord_records_of_int64_lists_still_read_as_before():
+    legacy = tfrecord.encode_example({"image": np.arange(12, dtype=np.uint8), "image.shape": [3, 4],
+                                      "score": 0.5, "score.shape": np.zeros(0, np.int64), "label": [2]})
+
+    decoded = default_decode("tfrecord")(legacy)
+
+    assert decoded["image"].dtype == np.int64 and decoded["image"].shape == (3, 4)
+    assert decoded["image"].tolist() == np.arange(12).reshape(3, 4).tolist()
+    assert decoded["score"] == np.float32(0.5) and isinstance(decoded["score"], np.float32)
+    assert decoded["label"].tolist() == [2]
+    assert sorted(decoded) == ["image", "label", "score"]
+
+
+@pytest.mark.parametrize(("features", "match"), [
+    ({"x": b"\x00" * 7, "x.dtype": "float64", "x.shape": [1]}, "7 bytes do not hold a float64 array"),
+    ({"x": b"\x00" * 8, "x.dtype": "float64", "x.shape": [2]}, r"of shape \[2\]"),
+    ({"x": b"\x00" * 8, "x.dtype": "object", "x.shape": [1]}, "not a NumPy numeric or bool"),
+    ({"x": b"\x00" * 8, "x.dtype": "<f8", "x.shape": [1]}, "not a NumPy numeric or bool"),
+    ({"x": [b"a", b"b"], "x.dtype": "uint8"}, "one bytes value"),
+])
+def test_a_bad_raw_array_is_refused_naming_the_feature(features, match):
+    with pytest.raises(ValueError, match=match) as info:
+        default_decode("tfrecord")(tfrecord.encode_example(features))
+    assert "'x'" in str(info.value)
 
 
 def test_tfrecord_default_decode_gives_shapes_back():

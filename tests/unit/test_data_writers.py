@@ -50,6 +50,22 @@ def test_arrays_round_trip_in_order(tmp_path, fmt):
         assert int(sample["label"]) == data["label"][i]
 
 
+def test_tfrecord_keeps_each_arrays_dtype_and_shape(tmp_path):
+    rng = np.random.default_rng(1)
+    data = {"f64": rng.normal(size=(6, 2, 3, 4)), "u8": rng.integers(0, 256, (6, 5), dtype=np.uint8),
+            "flags": rng.integers(0, 2, (6, 3)).astype(bool), "i64": rng.integers(-2**62, 2**62, (6, 2, 2)),
+            "score": rng.normal(size=6)}  # a float64 column: a 0-d float64 a sample
+
+    samples = decoded(write_shards(data, str(tmp_path / "out"), "tfrecord", samples_per_shard=4,
+                                   progress=False))
+
+    for i, sample in enumerate(samples):
+        assert sorted(sample) == sorted(data)
+        for key, column in data.items():
+            assert sample[key].dtype == column.dtype and np.shape(sample[key]) == column.shape[1:], key
+            assert np.asarray(sample[key]).tobytes() == column[i].tobytes(), key
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_index_written_is_what_a_fresh_scan_finds(tmp_path, fmt):
     out = tmp_path / "out"

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import bisect
 import io
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from hvdazure.data.formats import Columns, columns_of
 
 NPY_MAGIC = b"\x93NUMPY"
 ROW_GROUP_BYTES = 8 * 1024 * 1024  # a row group is this large, about: what a random read costs at most
@@ -67,6 +69,10 @@ class Reader:
         row -= self._starts[group]
         return {name: value(row) for name, value in self._columns.items()}
 
+    def read_many(self, positions: Sequence[int], views: bool = False) -> list[dict[str, Any]]:
+        """The rows at `positions` (ascending), as `read` gives them: each row group read once."""
+        return [self.read(position) for position in positions]
+
     def _load(self, group: int, position: int) -> None:
         try:
             table = self._file.read_row_group(group)
@@ -101,6 +107,12 @@ def decode(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The default decode: `.npy` bytes back into arrays; every other value as it is."""
     return {name: _load_npy(value) if isinstance(value, bytes) and value.startswith(NPY_MAGIC) else value
             for name, value in raw.items()}
+
+
+def decode_columns(raws: list[Mapping[str, Any]]) -> Columns | None:
+    """The default decode of a micro-batch by columns (formats/__init__.py): each row decoded, then
+    arrays of one dtype and shape stacked."""
+    return columns_of([decode(raw) for raw in raws])
 
 
 def _load_npy(data: bytes) -> np.ndarray:

@@ -19,10 +19,12 @@ import math
 import os
 import struct
 import tarfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
+
+from hvdazure.data.formats import Columns, runs_of, stackable
 
 _BLOCK = tarfile.BLOCKSIZE
 
@@ -161,6 +163,44 @@ class Reader:
             raise ValueError(f"{self._name}: sample {position}: no member at byte {start}")
         return sample
 
+    def read_many(self, positions: Sequence[int], views: bool = False) -> list[dict[str, Any]]:
+        """The samples at `positions` (ascending), as `read` gives them (see `read_batch`)."""
+        return read_batch([(self, positions)], views)[0]
+
+    def _split_runs(self, positions: Sequence[int], views: bool, headers: list[bytes]) -> tuple[
+            list[dict[str, Any]], list[int], list[int]]:
+        """The samples at `positions`, each run of consecutive ones read in one pread and split by hand,
+        their headers appended to `headers` unchecked; the samples, the sample of each header appended,
+        and the samples to be read by `read` instead (unusual, cut or bad: read says what is wrong)."""
+        out: list[dict[str, Any]] = []
+        owners: list[int] = []
+        again: list[int] = []
+        for run in runs_of(positions):
+            start = int(self._offsets[run[0]])
+            stop = int(self._offsets[run[-1] + 1]) if run[-1] + 1 < len(self._offsets) else self._data_end()
+            try:
+                span = memoryview(os.pread(self._fd, max(0, stop - start), start))
+            except OSError:
+                span = memoryview(b"")
+            for position in run:
+                begin = int(self._offsets[position]) - start
+                after = int(self._offsets[position + 1]) if position + 1 < len(self._offsets) else stop
+                end = after - start
+                mark = len(headers)
+                try:
+                    sample = _split(span[begin:end], headers) if end <= len(span) else {}
+                except (_Unusual, ValueError):
+                    sample = {}
+                if not sample:
+                    again.append(len(out))
+                    del headers[mark:]
+                elif not views:
+                    sample = {key: bytes(value) if isinstance(value, memoryview) else value
+                              for key, value in sample.items()}
+                owners += [len(out)] * (len(headers) - mark)
+                out.append(sample)
+        return out, owners, again
+
     def _data_end(self) -> int:
         """The byte after the last sample: the end-of-archive block, found by walking the headers from
         the last sample's (once per reader); the end of the file if the walk runs past it."""
@@ -216,27 +256,32 @@ _ZERO_BLOCK = bytes(_BLOCK)
 _REGULAR = frozenset(b"0\x007")  # tarfile.REGULAR_TYPES but GNU sparse (left to tarfile)
 _SKIPPED = frozenset(b"123456")  # links, devices, directories, FIFOs: not samples' members
 _LONG_NAME, _PAX = ord("L"), ord("x")
+_SUMS_ONE_BY_ONE = 4  # at most this many headers in a batch: their checksums summed in Python, not NumPy
 
 
 class _Unusual(Exception):
     """A header `_split` leaves to tarfile."""
 
 
-def _split(data: bytes) -> dict[str, Any]:
+def _split(data: bytes | memoryview, headers: list[bytes] | None = None) -> dict[str, Any]:
     """The sample in `data` (the bytes from its first header up to the next sample's): the regular
     members of its key, as tarfile reads them (ustar prefix, GNU long names, pax path and size; checksums
-    checked; a zero block ends it). ValueError for a bad or cut header or member; _Unusual for the rest."""
+    checked; a zero block ends it), slices of `data`. ValueError for a bad or cut header or member;
+    _Unusual for the rest. `headers`: the checksums are left to the caller, each header appended to it."""
     sample: dict[str, Any] = {}
     position, end = 0, len(data)
     long_name: str | None = None
     pax: dict[str, str] = {}
     while position < end:
-        header = data[position:position + _BLOCK]
+        header = bytes(data[position:position + _BLOCK])
         if len(header) < _BLOCK:
             raise ValueError(f"truncated header at +{position}")
         if header == _ZERO_BLOCK:
             break
-        _check_sum(header)
+        if headers is None:
+            _check_sum(header)
+        else:
+            headers.append(header)
         kind = header[156]
         size = int(pax["size"]) if "size" in pax else _number(header[124:136])
         begin = position + _BLOCK
@@ -244,10 +289,10 @@ def _split(data: bytes) -> dict[str, Any]:
             raise ValueError(f"truncated: a member's data ends past byte +{end}")
         position = begin + -(-size // _BLOCK) * _BLOCK
         if kind == _LONG_NAME:
-            long_name = _text_field(data[begin:begin + size])
+            long_name = _text_field(bytes(data[begin:begin + size]))
             continue
         if kind == _PAX:
-            pax = _pax_records(data[begin:begin + size])
+            pax = _pax_records(bytes(data[begin:begin + size]))
             continue
         if kind not in _REGULAR and kind not in _SKIPPED:
             raise _Unusual
@@ -265,6 +310,55 @@ def _split(data: bytes) -> dict[str, Any]:
         sample["__key__"] = parts[0]
         sample[parts[1]] = data[begin:begin + size]
     return sample
+
+
+def read_batch(requests: Sequence[tuple[Reader, Sequence[int]]],
+               views: bool = False) -> list[list[dict[str, Any]]]:
+    """A micro-batch's samples, from several shards: per (reader, ascending positions), the samples, as
+    `Reader.read` gives them. Each run of consecutive positions is one pread, split by hand; the header
+    checksums of the whole batch are checked at once (a Python sum costs as much as reading 64 KB); a
+    sample that is not plain or fails a check is read again by `Reader.read`, which reads it with tarfile
+    or raises what is wrong with it. `views`: member bytes may be memoryviews of the read buffers."""
+    headers: list[bytes] = []
+    owners: list[tuple[int, int]] = []  # (request, sample) of each header
+    out: list[list[dict[str, Any]]] = []
+    again: list[tuple[int, int]] = []
+    for r, (reader, positions) in enumerate(requests):
+        samples, owned, redo = reader._split_runs(positions, views, headers)
+        out.append(samples)
+        owners += [(r, at) for at in owned]
+        again += [(r, at) for at in redo]
+    if len(headers) > _SUMS_ONE_BY_ONE:
+        again += [owners[i] for i in np.flatnonzero(~_sums_match(headers)).tolist()]
+    else:  # a sample or two: NumPy's call costs more than Python's sums
+        for header, owner in zip(headers, owners, strict=True):
+            try:
+                _check_sum(header)
+            except ValueError:
+                again.append(owner)
+    for r, at in sorted(set(again)):
+        reader, positions = requests[r]
+        out[r][at] = reader.read(positions[at])
+    return out
+
+
+def _sums_match(headers: list[bytes]) -> np.ndarray:
+    """Whether each header's checksum is right (what `_check_sum` checks), the sums of all at once."""
+    blocks = np.frombuffer(b"".join(headers), dtype=np.uint8).reshape(len(headers), _BLOCK)
+    field = blocks[:, 148:156].astype(np.int64)
+    unsigned = blocks.sum(axis=1, dtype=np.int64) - field.sum(axis=1) + 256
+    # the stored sum as tarfile writes it, six octal digits, NUL, space; any other spelling: _check_sum
+    digits = field[:, :6] - ord("0")
+    stored = digits @ (8 ** np.arange(5, -1, -1, dtype=np.int64))
+    written = ((digits >= 0) & (digits <= 7)).all(axis=1) & (field[:, 6] == 0) & (field[:, 7] == ord(" "))
+    match: np.ndarray = written & (stored == unsigned)
+    for i in np.flatnonzero(~match).tolist():  # a signed sum, as some old tars have, or a bad header
+        try:
+            _check_sum(headers[i])
+            match[i] = True
+        except ValueError:
+            pass
+    return match
 
 
 def _check_sum(header: bytes) -> None:
@@ -290,7 +384,7 @@ def _text_field(field: bytes) -> str:
 
 
 def _ustar_name(header: bytes) -> str:
-    name, prefix = _text_field(header[0:100]), _text_field(header[345:500])
+    name, prefix = _text_field(header[0:100]), _text_field(header[345:500]) if header[345] else ""
     return f"{prefix}/{name}" if prefix else name
 
 
@@ -321,6 +415,46 @@ def decode(raw: dict[str, Any]) -> dict[str, Any]:
     for extension, value in raw.items():
         out[_decoded_name(extension, raw)] = _decode_value(extension, value)
     return out
+
+
+def decode_columns(raws: list[dict[str, Any]]) -> Columns | None:
+    """The default decode of a micro-batch by columns (formats/__init__.py): `.npy` members of one header
+    (one dtype and shape, C order, of one dimension or more) decoded into one stacked array, in one copy;
+    every other member decoded as `decode` decodes it, as a list. None for samples whose members differ."""
+    fields = list(raws[0]) if raws else []
+    if not raws or any(list(raw) != fields for raw in raws[1:]):
+        return None
+    columns: Columns = {}
+    for extension in fields:
+        values = [raw[extension] for raw in raws]
+        name = _decoded_name(extension, raws[0])
+        stacked = _stacked_npy(values) if extension.rpartition(".")[2] == "npy" else None
+        if stacked is not None:
+            columns[name] = stacked
+            continue
+        decoded = [_decode_value(extension, bytes(v) if isinstance(v, memoryview) else v) for v in values]
+        columns[name] = np.stack(decoded) if stackable(decoded) else decoded
+    return columns
+
+
+def _stacked_npy(values: list[Any]) -> np.ndarray | None:
+    """`.npy` values that all have one header (a native numeric dtype, C order, ndim >= 1) as one stacked
+    array: their data joined into one writeable buffer. None for any other values."""
+    first = values[0]
+    if not isinstance(first, bytes | memoryview) or bytes(first[:6]) != _NPY_MAGIC or first[6] not in (1, 2):
+        return None
+    start = 10 if first[6] == 1 else 12
+    header = bytes(first[:start + int.from_bytes(first[8:start], "little")])
+    parsed = _npy_headers.get(header) or _npy_header(header)
+    if parsed is None:
+        return None
+    dtype, shape, fortran = parsed
+    size = math.prod(shape) * dtype.itemsize
+    if fortran or not shape or dtype.kind not in "biufc" or not dtype.isnative or \
+            any(len(v) != len(header) + size or v[:len(header)] != header for v in values):
+        return None  # np.load would keep trailing bytes out; different headers: decoded one by one
+    joined = bytearray().join(v[len(header):] for v in values)
+    return np.frombuffer(joined, dtype).reshape((len(values), *shape))
 
 
 def _decoded_name(extension: str, raw: dict[str, Any]) -> str:
