@@ -9,9 +9,12 @@ import json
 import re
 import signal
 
+import psutil
 import pytest
 from harness import WORKERS, processes_running, run_job
 from sharded_data import NUM_SAMPLES, write_regression_shards
+
+from hvdazure.core.checkpoint_store import CheckpointManager
 
 JOB = "sharded_job.py"
 COMMON = ("epochs=2", "lr=0.05", "base_batch_size=8")
@@ -70,7 +73,10 @@ def runs(tmp_path_factory, shards):
         if name.endswith("-first"):
             assert job.returncode == 128 + signal.SIGKILL, job.output
             assert "rank 1 failed first, with exit code 137 (killed by SIGKILL)" in job.stderr, job.output
-            job.left_running = processes_running(str(WORKERS / JOB))  # as the job ended: ranks, workers
+            children = {pid for report in job.reports.values() for pid in report["children"]}
+            job.left_running = {p.pid for p in processes_running(str(WORKERS / JOB))} | {  # as the job ended
+                pid for pid in children if psutil.pid_exists(pid)}
+            job.latest = latest_sound_checkpoint(checkpoints)  # as the kill left it
         else:
             assert job.returncode == 0, job.output
         assert sorted(job.reports) == list(range(np)), job.output
@@ -81,10 +87,19 @@ def runs(tmp_path_factory, shards):
     return get
 
 
-def resumed_at(job):
-    """The step the resumed `job` started from: the killed run's step 7 or its emergency save of step 9."""
+def latest_sound_checkpoint(directory):
+    """The checkpoint `latest` names in `directory`, verified whole (it raises if a torn save is named)."""
+    manager = CheckpointManager(str(directory))
+    named = (directory / "latest").read_text().strip()
+    manager.verify(next(c for c in manager.checkpoints() if c.name == named))
+    return named
+
+
+def resumed_at(job, first):
+    """The step the resumed `job` started from: what `latest` named after `first` was killed, its step 7 or
+    rank 0's emergency save of step 9."""
     step = int(re.search(r"resumed from step-(\d{8})", job.stderr)[1])
-    assert step in (CHECKPOINT_STEP, KILL_STEP), job.stderr
+    assert f"step-{step:08d}" == first.latest and step in (CHECKPOINT_STEP, KILL_STEP), job.stderr
     return step
 
 
@@ -121,7 +136,7 @@ def test_every_sample_is_trained_on_exactly_once_per_epoch_on_2_ranks_and_1(runs
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_sample_is_trained_on_exactly_once_per_epoch_across_the_kill_and_resume(runs, framework):
     first, resumed = runs(f"{framework}-first"), runs(f"{framework}-resumed")
-    per_rank = (resumed_at(resumed) - STEPS_PER_EPOCH) * 4  # each rank's epoch-2 samples in the checkpoint
+    per_rank = (resumed_at(resumed, first) - STEPS_PER_EPOCH) * 4  # each rank's epoch-2 samples saved
 
     assert seen(first, epoch=0) == list(range(NUM_SAMPLES))
     assert len(seen(first, epoch=1)) == (KILL_STEP - STEPS_PER_EPOCH) * 8  # before the kill, partly lost
@@ -145,7 +160,7 @@ def test_a_run_killed_mid_epoch_resumes_on_another_world_size_to_the_uninterrupt
     manifest = json.loads((first.checkpoints / f"step-{CHECKPOINT_STEP:08d}" / "manifest.json").read_text())
     assert manifest["epoch"] == 1 and manifest["samples_in_epoch"] == 16  # 2 steps into epoch 2
     assert manifest["order"]["lanes"] == 4 and manifest["data_fingerprint"]
-    start = resumed_at(resumed)
+    start = resumed_at(resumed, first)
     for uninterrupted in (runs(f"{framework}-1"), runs(f"{framework}-2")):  # 1 x 8 and 2 x 4, to the end
         expected = uninterrupted.reports[0]["trajectory"][start:]
         assert_close(resumed.reports[0]["trajectory"], expected)
@@ -156,7 +171,7 @@ def test_a_killed_rank_leaves_no_data_loader_worker_and_its_resume_reads_a_sound
     workers = [pid for report in first.reports.values() for pid in report["children"]]
 
     assert len(workers) == 4, first.reports  # num_workers=2 on each of the 2 ranks, alive at the kill
-    assert first.left_running == []  # forked, each worker's command line is its rank's
+    assert first.left_running == set()  # no rank, no worker
     runs("torch-resumed")  # resumed through the killed job's cache (exact: the test above)
     cached = {p.name.split(".")[0]: p.read_bytes() for p in first.cache.rglob("*.tar")}  # <stem>.<version>
     assert cached == {p.stem: p.read_bytes() for p in shards.glob("*.tar")}
