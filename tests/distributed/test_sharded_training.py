@@ -1,4 +1,5 @@
-"""Both trainers on a ShardedDataset, on real ranks (Gloo and MPI): exact at any world size and resumable.
+"""Both trainers on a ShardedDataset, 2 ranks under Gloo and under MPI: exact at any world size, and after a
+rank is SIGKILLed mid-epoch, resumable on another world size to the uninterrupted result.
 
 37 samples in 5 tar shards of 8, 8, 8, 8 and 5 (tests/distributed/sharded_data.py), 4 lanes, global
 batch 8, 2 epochs.
