@@ -4,15 +4,23 @@ tests/distributed/sharded_data.py, with TorchTrainer or TensorFlowTrainer (`--se
 Configured through TrainConfig's CLI. extra: framework (torch | tensorflow), data (the shards' source),
 lanes (the order's, default 4), cache_dir (a ShardCache there: cache=True), batch_decode (tensorflow:
 stack the samples in one batch_decode call), keras (tensorflow: after the trainer, the same data through
-`model.fit` with shard_for_fit / shard_for_evaluate, 2 epochs at batch_size per rank). Evaluation runs on
-the same shards. Each rank reports its final parameters and their sha256, the history, the sample indices
-it trained on per epoch (in order), the parameters after every optimizer step, its shard caches' stats
-(downloads, hits) when it has them, and what Keras fit ended with.
+`model.fit` with shard_for_fit / shard_for_evaluate, 2 epochs at batch_size per rank), kill_rank +
+kill_step (at the end of that optimizer step every rank reports what it has so far, then that rank kills
+itself with SIGKILL as workers/misbehave.py does: lost outright, mid-epoch, its peers and DataLoader workers
+running). Evaluation runs on the same shards. Each rank reports its final parameters and their sha256, the
+history, the sample indices it trained on per epoch (in order), the parameters after every optimizer step,
+its shard caches' stats (downloads, hits) when it has them, the pids of its child processes (DataLoader
+workers) when it reports, and what Keras fit ended with.
 """
 
 import hashlib
+import os
+import signal
+import time
+from pathlib import Path
 
 import numpy as np
+import psutil
 from _report import report_rank
 
 from hvdazure import Callback, TrainConfig
@@ -56,6 +64,25 @@ class Trajectory(Callback):
         self.steps.append([v for p in trainer.params() for v in p.flatten().tolist()])
 
 
+class KillAtStep(Callback):
+    """extra.kill_rank + extra.kill_step: at the end of that step every rank reports, then that rank waits
+    for its peers' reports (so that the launcher's teardown cannot cut one short) and SIGKILLs itself."""
+
+    def __init__(self, trajectory: Trajectory) -> None:
+        self.trajectory = trajectory
+
+    def on_step_end(self, trainer) -> None:
+        extra = trainer.config.extra
+        if trainer.state.step != extra.get("kill_step"):
+            return
+        report(trainer, self.trajectory, trainer.state.history)
+        if trainer.rank == extra["kill_rank"]:
+            out, deadline = Path(os.environ["HVDAZURE_TEST_OUT"]), time.monotonic() + 30
+            while len(list(out.glob("rank-*.json"))) < trainer.world_size and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 def torch_trainer(config: TrainConfig, trajectory: Trajectory):
     import torch
 
@@ -92,7 +119,7 @@ def torch_trainer(config: TrainConfig, trajectory: Trajectory):
         def params(self) -> list[np.ndarray]:
             return [p.detach().numpy() for p in self.model.parameters()]
 
-    return Trainer(config, callbacks=[trajectory])
+    return Trainer(config, callbacks=[trajectory, KillAtStep(trajectory)])
 
 
 def tensorflow_trainer(config: TrainConfig, trajectory: Trajectory):
@@ -137,7 +164,7 @@ def tensorflow_trainer(config: TrainConfig, trajectory: Trajectory):
         def params(self) -> list[np.ndarray]:
             return [np.asarray(w) for w in self.model.get_weights()]
 
-    return Trainer(config, callbacks=[trajectory])
+    return Trainer(config, callbacks=[trajectory, KillAtStep(trajectory)])
 
 
 def xy(raw: dict) -> tuple:
@@ -166,12 +193,8 @@ def keras_fit(config: TrainConfig) -> dict:
             "history": history.history, "steps_per_epoch": train.steps_per_epoch}
 
 
-if __name__ == "__main__":
-    config = TrainConfig.from_cli(log_every=1, progress_bar=False)
-    make = {"torch": torch_trainer, "tensorflow": tensorflow_trainer}[config.extra["framework"]]
-    trajectory = Trajectory()
-    trainer = make(config, trajectory)
-    history = trainer.fit()
+def report(trainer, trajectory: Trajectory, history: list[dict], keras: dict | None = None) -> None:
+    """This rank's report (see the module docstring)."""
     params = trainer.params()
     report_rank(trainer.rank, {
         "params": [p.flatten().tolist() for p in params],
@@ -182,5 +205,15 @@ if __name__ == "__main__":
         "trajectory": trajectory.steps,
         "cache": cache_stats(trainer.data),
         "eval_cache": cache_stats(trainer.eval_data),
-        "keras": keras_fit(config) if config.extra.get("keras") else None,
+        "children": [child.pid for child in psutil.Process().children(recursive=True)],
+        "keras": keras,
     })
+
+
+if __name__ == "__main__":
+    config = TrainConfig.from_cli(log_every=1, progress_bar=False)
+    make = {"torch": torch_trainer, "tensorflow": tensorflow_trainer}[config.extra["framework"]]
+    trajectory = Trajectory()
+    trainer = make(config, trajectory)
+    history = trainer.fit()
+    report(trainer, trajectory, history, keras_fit(config) if config.extra.get("keras") else None)
