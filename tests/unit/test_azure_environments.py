@@ -8,10 +8,9 @@ from __future__ import annotations
 import re
 
 import pytest
-import responses
 import yaml
 from test_azure_submit_v1 import FakeCredential as V1Credential
-from test_azure_submit_v1 import FakeService
+from test_azure_submit_v1 import FakeService, serving
 from test_azure_submit_v2 import WS, fake, submit  # noqa: F401  (fixtures)
 
 from hvdazure.azure import submission
@@ -91,10 +90,7 @@ class EnvironmentService(FakeService):
 @pytest.fixture
 def service():
     fake_service = EnvironmentService()
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as recorder:
-        for method in ("GET", "POST", "PUT", "PATCH", "HEAD"):
-            recorder.add_callback(method, re.compile(r"https://.*"), callback=fake_service,
-                                  content_type="application/json")
+    with serving(fake_service):
         yield fake_service
 
 

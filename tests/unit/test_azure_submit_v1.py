@@ -13,7 +13,10 @@ import base64
 import json
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import responses
@@ -149,13 +152,20 @@ def project(tmp_path, monkeypatch):
     return directory
 
 
-@pytest.fixture
-def service():
-    fake = FakeService()
+@contextmanager
+def serving(fake: Any) -> Iterator[None]:
+    """Every HTTPS request azureml-core makes answered by `fake` (a FakeService), for the block's time."""
     with responses.RequestsMock(assert_all_requests_are_fired=False) as recorder:
         for method in ("GET", "POST", "PUT", "PATCH", "HEAD"):
             recorder.add_callback(method, re.compile(r"https://.*"), callback=fake,
                                   content_type="application/json")
+        yield
+
+
+@pytest.fixture
+def service():
+    fake = FakeService()
+    with serving(fake):
         yield fake
 
 

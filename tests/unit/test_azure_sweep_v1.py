@@ -16,9 +16,8 @@ import subprocess
 import sys
 
 import pytest
-import responses
 import yaml
-from test_azure_submit_v1 import FakeCredential, FakeService
+from test_azure_submit_v1 import FakeCredential, FakeService, serving
 from test_azure_sweep import sweep
 
 from hvdazure.azure import submission, sweep_v1
@@ -207,10 +206,7 @@ class HyperDriveService(FakeService):
 @pytest.fixture
 def service():
     fake = HyperDriveService()
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as recorder:
-        for method in ("GET", "POST", "PUT", "PATCH", "HEAD"):
-            recorder.add_callback(method, re.compile(r"https://.*"), callback=fake,
-                                  content_type="application/json")
+    with serving(fake):
         yield fake
 
 
