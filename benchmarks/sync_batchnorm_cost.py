@@ -1,5 +1,5 @@
 """What `sync_batchnorm: true` costs per optimizer step: an MLP with BatchNorm layers, plain against
-synchronized (hvdazure.torch.SyncBatchNorm: one allreduce per layer in the forward pass, one in the
+synchronized (hvdazure.torch.SyncBatchNorm: one allgather per layer in the forward pass, one allreduce in the
 backward), the same weights, data and Horovod DistributedOptimizer, on the ranks of one job:
 
     PYTHONPATH=. hvdazure run -np 2 --gloo|--mpi benchmarks/sync_batchnorm_cost.py [--pairs 10 --steps 30]

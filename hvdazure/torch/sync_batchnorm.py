@@ -3,10 +3,12 @@ together, weighted by each rank's sample count, so that N ranks x b normalise as
 
 Why our own and not `horovod.torch.SyncBatchNorm`: Horovod's runs only on CUDA, and combines per-rank means
 and inverse deviations, which a rank without samples (the short last step of hvdazure's exact plan) has
-none of. Here every rank sends its count, sum and sum of squares per channel in one allreduce: a rank with
-no samples sends zeros and changes nothing. The backward pass sums the per-channel gradient terms over the
-ranks in one more allreduce (the input gradient depends on every rank's samples through the statistics);
-the weight and bias gradients stay local, for the optimizer's gradient allreduce.
+none of. Here every rank sends its count, mean and variance per channel in one allgather, and each rank
+combines them weighted by the counts (a rank with no samples has weight 0 and changes nothing); unlike
+sums of squares, this keeps the variance accurate in float32 when the mean is large. The backward pass
+sums the per-channel gradient terms over the ranks in one more allreduce (the input gradient depends on
+every rank's samples through the statistics); the weight and bias gradients stay local, for the
+optimizer's gradient allreduce.
 
 Every rank must run a layer's forward pass for the same micro-batches: TorchBackend gives a rank without
 samples an empty batch then (see TorchBackend.run_step). The collectives are named after the layer, so
@@ -71,10 +73,16 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         channels = x.shape[1]
         dims = [d for d in range(x.dim()) if d != 1]
         xs = x.to(dtype)
-        local_count = torch.full((1,), x.numel() // channels if channels else 0, dtype=dtype, device=x.device)
-        sums = torch.cat([local_count, xs.sum(dims), (xs * xs).sum(dims)])
-        total = hvd.allreduce(sums, op=hvd.Sum, name=f"{name}.forward")
-        count = total[0]
+        local_count = x.numel() // channels if channels else 0
+        if local_count:  # this rank's moments, as BatchNorm computes them (no E[x^2] - E[x]^2 cancellation)
+            local_var, local_mean = torch.var_mean(xs, dims, correction=0)
+        else:
+            local_var = local_mean = torch.zeros(channels, dtype=dtype, device=x.device)
+        count_column = torch.full((1,), local_count, dtype=dtype, device=x.device)
+        gathered = hvd.allgather(torch.cat([count_column, local_mean, local_var]).unsqueeze(0),
+                                 name=f"{name}.forward")  # (ranks, 1 + 2 x channels)
+        counts = gathered[:, :1]
+        count = counts.sum()
         if count == 0:  # no rank has a sample in this micro-batch: nothing to normalise or to learn
             ctx.empty = True
             return x.clone()
@@ -82,8 +90,11 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             raise ValueError(f"SyncBatchNorm {layer.sync_name!r}: expected more than 1 value per channel "
                              "when training, all ranks together, got 1")
         ctx.empty = False
-        mean = total[1 : 1 + channels] / count
-        var = (total[1 + channels :] / count - mean * mean).clamp_min(0)
+        # the ranks' moments combined by their counts (Chan et al.): the mean of the means, and the
+        # variance as the ranks' variances plus the spread of their means around the global one
+        means, variances = gathered[:, 1 : 1 + channels], gathered[:, 1 + channels :]
+        mean = (counts * means).sum(0) / count
+        var = (counts * (variances + (means - mean) ** 2)).sum(0) / count
         layer._update_running_stats(count, mean, var)
         invstd = torch.rsqrt(var + layer.eps)
         shape = [1, channels] + [1] * (x.dim() - 2)

@@ -55,6 +55,22 @@ def test_torch_outputs_gradients_and_running_statistics_are_batchnorms(shape):
     assert int(synced.num_batches_tracked) == int(plain.num_batches_tracked) == 1
 
 
+def test_torch_float32_statistics_of_data_far_from_zero_are_as_accurate_as_batchnorms():
+    """Mean 1000, standard deviation 1, in float32: a variance from sums of squares would lose it to
+    cancellation (E[x^2] ~ 1e6 against a variance of 1); BatchNorm's own does not, and neither may ours."""
+    plain, synced = _torch_pair((256, 4))
+    plain, synced = plain.float(), synced.float()
+    x = torch.randn(256, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) + 1000
+    expected = (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + plain.eps) * plain.weight.double() \
+        + plain.bias.double()
+    y_plain, y_synced = plain(x.float()), _synced_forward(synced, x.float())
+
+    error_plain = (y_plain.double() - expected).abs().max().item()
+    error_synced = (y_synced.double() - expected).abs().max().item()
+    assert error_synced <= max(2 * error_plain, 1e-3), (error_synced, error_plain)
+    torch.testing.assert_close(synced.running_var, plain.running_var, rtol=1e-3, atol=0)
+
+
 def test_torch_cumulative_average_without_momentum_is_batchnorms():
     plain, synced = _torch_pair((6, 4))
     plain.momentum = synced.momentum = None
