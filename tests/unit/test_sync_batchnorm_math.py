@@ -134,3 +134,22 @@ def test_keras_moments_are_keras_batchnormalizations_and_none_without_samples():
     layer.moving_mean.assign([1.0, 2.0, 3.0])
     mean, variance = layer.synchronized_moments(tf.zeros((0, 5, 3), tf.float64))
     assert mean.numpy().tolist() == [1.0, 2.0, 3.0] and variance.numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_keras_float32_moments_of_data_far_from_zero_are_as_accurate_as_tf_nn_moments():
+    """Mean 1000, standard deviation 1, in float32: sums of squares would lose the variance to cancellation
+    (Keras's own synchronized moments do); tf.nn.moments, the unsynchronized layer's, does not."""
+    tf = pytest.importorskip("tensorflow")
+    import horovod.tensorflow as hvd_tf
+
+    from hvdazure.tensorflow.sync_batchnorm import SyncBatchNormalization
+
+    hvd_tf.init()
+    layer = SyncBatchNormalization(dtype="float32")
+    layer.build((None, 4))
+    x = np.random.default_rng(3).normal(1000.0, 1.0, size=(256, 4))
+    _, variance = layer.synchronized_moments(tf.constant(x, tf.float32))
+    _, reference = tf.nn.moments(tf.constant(x, tf.float32), axes=[0])
+
+    np.testing.assert_allclose(variance.numpy(), x.var(axis=0), rtol=1e-3)
+    np.testing.assert_allclose(reference.numpy(), x.var(axis=0), rtol=1e-3)
