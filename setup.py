@@ -45,8 +45,10 @@ setup(
         "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=2", "alembic>=1.12"],
         # hvdazure sweep; mpi4py must be built from source against Horovod's MPI (scripts/setup_env.sh)
         "sweep": ["mpi4py>=4.1", "optuna>=4.0", "matplotlib>=3.7"],
-        # hvdazure bench: plots; torchvision only for `hvdazure bench throughput --model resnet50`
-        "bench": ["matplotlib>=3.7", "torchvision>=0.16"],
+        # hvdazure bench: plots; torchvision only for `--model resnet50`; the peers `hvdazure bench peers`
+        # compares with (Lightning, HF Accelerate, and Keras 2 for MultiWorkerMirroredStrategy's fit)
+        "bench": ["matplotlib>=3.7", "torchvision>=0.16", "lightning>=2.4", "accelerate>=1.0",
+                  "tf-keras>=2.16"],
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.5", "scikit-learn>=1.3", "responses>=0.25"],
     },
     entry_points={"console_scripts": ["hvdazure=hvdazure.cli:main"]},

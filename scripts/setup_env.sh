@@ -136,7 +136,10 @@ read -ra torch_index_args <<<"$torch_index"
 # upgrade above brings it.
 pip_install ${torch_index_args[@]+"${torch_index_args[@]}"} --no-binary mpi4py \
   "torch==${TORCH_VERSION}" "tensorflow-cpu==${TENSORFLOW_VERSION}" -r requirements/dev.txt \
-  -r requirements/azure.txt
+  -r requirements/azure.txt -r requirements/bench.txt
+# Keras 2 for `hvdazure bench peers`' MultiWorkerMirroredStrategy peer (requirements/bench.txt says why
+# without its dependencies); its releases follow TensorFlow's.
+pip_install --no-deps "tf-keras==${TENSORFLOW_VERSION}"
 
 # --- 3. Horovod, built once per (versions, python, MPI, build recipe) and cached as a wheel --------------
 if hvd_ok && "$py" -c "import horovod, sys; sys.exit(horovod.__version__ != '${HOROVOD_VERSION}')"; then

@@ -22,6 +22,13 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def threads_per_rank(num_proc: int) -> int:
+    """The threads each of `num_proc` processes on this machine computes with: its usable cores / N (at
+    least 1), so that a rank is the same unit however many run."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // num_proc)
+
+
 def memory_bytes() -> int | None:
     try:
         import psutil

@@ -27,10 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="allreduce: the collective measured (default: allreduce)")
     parser.add_argument("--framework", choices=("torch", "tensorflow", "both"), default="both",
                         help="overhead: the trainers compared with their hand-written loops; throughput: the "
-                             "trainers measured, reported side by side (default: both)")
-    parser.add_argument("--model", choices=("cnn", "resnet50"), default="cnn",
-                        help="throughput: the model (default: cnn, a small CPU-sized CNN; resnet50 for GPUs, "
-                             "needs torchvision (PyTorch) or keras.applications (TensorFlow))")
+                             "trainers measured, reported side by side; peers: the frameworks whose peers "
+                             "are compared (default: both)")
+    parser.add_argument("--model", choices=("mlp", "cnn", "resnet50"), default=None,
+                        help="throughput, peers: the model (mlp: latency-bound; cnn: a small compute-bound "
+                             "CNN; resnet50 for GPUs, needs torchvision (PyTorch) or keras.applications "
+                             "(TensorFlow); default: throughput cnn, peers both mlp and cnn)")
+    parser.add_argument("--rounds", type=int, default=None, metavar="R",
+                        help="peers: rounds of every peer, paired (default: 5; --quick: 1)")
     parser.add_argument("--url", metavar="URL",
                         help="checkpoint: save and load to this store (an fsspec URL such as "
                              "abfs://CONTAINER/PATH) against writing and reading the same bytes there with "
@@ -46,4 +50,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def as_options(args: argparse.Namespace) -> Options:
     """What the ranks need from the parsed arguments (JSON-serialisable)."""
     return {"np": args.np, "controller": args.controller, "quick": args.quick, "op": args.op,
-            "framework": args.framework, "model": args.model, "url": args.url}
+            "framework": args.framework, "model": args.model, "url": args.url, "rounds": args.rounds}

@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "checkpoint": "hvdazure.bench.checkpoint:Checkpoint",
     "launch": "hvdazure.bench.launch:Launch",
     "data": "hvdazure.bench.data:Data",
+    "peers": "hvdazure.bench.peers:Peers",
 }
 NAMES = tuple(BENCHMARKS)
 

@@ -25,17 +25,18 @@ and needs torchvision (PyTorch) or keras.applications (TensorFlow).
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
 from hvdazure.bench import stats
 from hvdazure.bench.benchmark import BenchError, Jobs, Options, RankBenchmark, Result, progress
 from hvdazure.bench.frameworks import FRAMEWORKS, chosen_frameworks, not_installed
+from hvdazure.bench.machine import threads_per_rank
 from hvdazure.bench.throughput_workload import ThroughputSide, batch_schedule, batch_size
 from hvdazure.figures import pyplot, save_figure
 
 TARGET = 0.90
+DEFAULT_MODEL = "cnn"
 EFFICIENCIES = (("weak_scaling_efficiency", "weak-scaling efficiency total(N) / (N x total(1))"),
                 ("ceiling_efficiency", "ceiling: N independent processes / (N x total(1))"),
                 ("share_of_ceiling", "N ranks / N independent processes"))  # the summary's key, its text
@@ -52,10 +53,6 @@ def framework_side(framework: str) -> ThroughputSide:
     return throughput_torch
 
 
-def threads_per_rank(num_proc: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // num_proc)
-
 
 class Throughput(RankBenchmark):
     """Per framework, rounds of three runs: one rank, N ranks, N independent single-rank processes."""
@@ -63,7 +60,7 @@ class Throughput(RankBenchmark):
     name = "throughput"
 
     def check(self, options: Options) -> None:
-        if options["model"] != "resnet50":
+        if (options["model"] or DEFAULT_MODEL) != "resnet50":
             return
         chosen = chosen_frameworks(options["framework"])
         if "torch" in chosen and importlib.util.find_spec("torchvision") is None:
@@ -87,7 +84,7 @@ class Throughput(RankBenchmark):
         single-rank processes at once, their order rotated per round, so that a machine's changing load hits
         all runs alike; each run's timed batches are pooled over the rounds. A framework that is not
         installed is skipped."""
-        n = options["np"]
+        n, options = options["np"], {**options, "model": options["model"] or DEFAULT_MODEL}
         env = {"OMP_NUM_THREADS": str(threads_per_rank(n))}
         labels = ["1 rank", f"{n} ranks", f"{n} independent"]
         frameworks: dict[str, Result] = {}

@@ -13,27 +13,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdazure import TrainConfig
-from hvdazure.bench.throughput_workload import (
-    CNN_WIDTH,
-    DISTINCT_SAMPLES,
-    MODELS,
-    MOMENTUM,
-    BatchSchedule,
-    BatchTimer,
-    train_config,
-)
+from hvdazure import Callback, TrainConfig
+from hvdazure.bench.models_tf import build_model, sgd, synthetic_arrays
+from hvdazure.bench.throughput_workload import BatchSchedule, BatchTimer, train_config
 from hvdazure.tensorflow import TensorFlowTrainer
 from hvdazure.tensorflow.collectives import init_horovod
 from hvdazure.tensorflow.data import ArrayData
-
-
-def synthetic_arrays(shape: tuple[int, ...], classes: int, distinct: int = DISTINCT_SAMPLES,
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """A few fixed random samples (as Horovod's synthetic benchmark, which trains on one random batch)."""
-    rng = np.random.default_rng(0)
-    return (rng.standard_normal((distinct, *shape), dtype=np.float32),
-            rng.integers(0, classes, distinct).astype(np.int64))
 
 
 class CycledArrays(ArrayData):
@@ -48,24 +33,8 @@ class CycledArrays(ArrayData):
         return super().take(cast(Sequence[int], np.asarray(indices, dtype=np.int64) % self.distinct))
 
 
-def build_model(name: str) -> keras.Model:
-    side, classes, _ = MODELS[name]
-    if name == "resnet50":
-        resnet = getattr(getattr(keras, "applications", None), "ResNet50", None)
-        if resnet is None:
-            raise RuntimeError("--model resnet50 needs keras.applications.ResNet50, which this Keras lacks")
-        return resnet(weights=None, input_shape=(side, side, 3), classes=classes)
-    layers, w = keras.layers, CNN_WIDTH
-    return keras.Sequential([keras.Input((side, side, 3)),
-                             layers.Conv2D(w, 3, padding="same", activation="relu"), layers.MaxPooling2D(2),
-                             layers.Conv2D(2 * w, 3, padding="same", activation="relu"),
-                             layers.MaxPooling2D(2),
-                             layers.Conv2D(4 * w, 3, padding="same", activation="relu"),
-                             layers.GlobalAveragePooling2D(), layers.Dense(classes)])
-
-
 class SyntheticTrainer(TensorFlowTrainer):
-    def __init__(self, config: TrainConfig, model: str, length: int, timer: BatchTimer) -> None:
+    def __init__(self, config: TrainConfig, model: str, length: int, timer: Callback) -> None:
         super().__init__(config, callbacks=[timer])
         self.model_name, self.length = model, length
 
@@ -73,16 +42,10 @@ class SyntheticTrainer(TensorFlowTrainer):
         return build_model(self.model_name)
 
     def build_optimizer(self, lr: float) -> keras.optimizers.Optimizer:
-        return keras.optimizers.SGD(learning_rate=lr, momentum=MOMENTUM)
+        return sgd(lr)
 
-    def train_dataset(self) -> tuple[np.ndarray, np.ndarray]:
-        side, classes, _ = MODELS[self.model_name]
-        return synthetic_arrays((side, side, 3), classes)
-
-    def _load_datasets(self) -> int:
-        self._train_data = CycledArrays(self.train_dataset(), self.length)
-        self._eval_data = None
-        return len(self._train_data)
+    def train_dataset(self) -> CycledArrays:
+        return CycledArrays(synthetic_arrays(self.model_name), self.length)
 
     def training_step(self, net: keras.Model, batch: Any) -> tf.Tensor:
         x, y = batch

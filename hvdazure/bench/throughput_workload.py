@@ -1,6 +1,6 @@
 """The throughput benchmark's workload, the same for both frameworks (throughput_torch.py, throughput_tf.py):
-the models' sizes, the synthetic data's size, the hyperparameters, the batch schedule, the timer of batches
-of steps and what each framework's side offers the benchmark (ThroughputSide). Imports no framework.
+the batch schedule, the timer of batches of steps and what each framework's side offers the benchmark
+(ThroughputSide); the models are models.py's. Imports no framework.
 """
 
 from __future__ import annotations
@@ -10,22 +10,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from hvdazure import Callback, TrainConfig
-
-
-class ModelSize(NamedTuple):
-    """A model's square input (side x side, 3 channels), its classes and its batch per rank."""
-
-    side: int
-    classes: int
-    batch: int
-
-
-MODELS = {"cnn": ModelSize(32, 10, 64), "resnet50": ModelSize(224, 1000, 32)}
-CNN_WIDTH = 32
-"""The small CNN: conv 3x3 to CNN_WIDTH, 2 x and 4 x CNN_WIDTH channels (ReLU; max-pool 2 after the first
-two, global average pool after the third), then a linear layer to the classes: 0.1 M parameters."""
-DISTINCT_SAMPLES = 64  # the synthetic data cycle through this many fixed random samples
-LR, MOMENTUM = 0.01, 0.9  # SGD's
+from hvdazure.bench.models import LR, MODELS
 
 
 class BatchSchedule(NamedTuple):

@@ -119,8 +119,11 @@ class ShardedData:
 
 
 def data_view(data: Any, what: str) -> ArrayData | ShardedData:
-    """The binding's view of train_dataset()/eval_dataset()'s data: ShardedData for a ShardedDataset,
-    ArrayData (in memory) for anything else."""
+    """The binding's view of train_dataset()/eval_dataset()'s data: ShardedData for a ShardedDataset, an
+    ArrayData as it is (a subclass may make its samples as they are taken), ArrayData (in memory) for anything
+    else."""
+    if isinstance(data, ArrayData):
+        return data
     return ShardedData(data) if isinstance(data, ShardedDataset) else ArrayData(data, what)
 
 

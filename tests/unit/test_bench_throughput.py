@@ -33,7 +33,7 @@ def test_batch_timer_skips_the_warm_up_and_rates_each_batch_of_steps_after_synch
 def test_schedule_models_and_frameworks_are_shared_by_both_sides():
     assert throughput_workload.batch_size("cnn", quick=False) == 64
     assert throughput_workload.batch_size("cnn", quick=True) == 16
-    assert throughput_workload.MODELS["resnet50"] == (224, 1000, 32)
+    assert throughput_workload.MODELS["resnet50"] == ((3, 224, 224), 1000, 32)
     assert chosen_frameworks("both") == ["torch", "tensorflow"]
     assert chosen_frameworks("tensorflow") == ["tensorflow"]
     schedule = throughput_workload.batch_schedule(True)
