@@ -54,6 +54,11 @@ class TrainConfig:
     compression: Literal["none", "fp16"] = "none"
     reduce_op: Literal["average", "sum", "adasum"] = "average"
     gradient_predivide_factor: float = 1.0
+    # PyTorch: when the gradients are allreduced. "overlap": each as backward produces it (Horovod's
+    # DistributedOptimizer); "after_backward": all in one grouped allreduce after the step's backward
+    # passes; "auto": overlap on GPUs (and for Adasum), after_backward on CPUs, whose cores the exchange
+    # would compete for (`hvdazure bench peers` measures both). TensorFlow: after backward always.
+    grad_allreduce: Literal["auto", "overlap", "after_backward"] = "auto"
     grad_clip_norm: float | None = None
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # mixed precision via autocast
     sync_batchnorm: bool = False  # BatchNorm statistics over all ranks' samples (exact at any world size)
@@ -302,3 +307,6 @@ def _check_values(c: TrainConfig) -> None:
     if c.reduce_op == "adasum" and c.gradient_predivide_factor != 1.0:
         raise ConfigError(f"config field 'gradient_predivide_factor': {c.gradient_predivide_factor!r} "
                           "must be 1.0 with reduce_op 'adasum'")
+    if c.reduce_op == "adasum" and c.grad_allreduce == "after_backward":
+        raise ConfigError("config field 'grad_allreduce': 'after_backward' cannot be used with reduce_op "
+                          "'adasum' (Horovod's Adasum combines each gradient during backward); use 'auto'")

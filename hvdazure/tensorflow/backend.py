@@ -74,6 +74,9 @@ class TensorFlowBackend(Backend):
         if c.precision == "fp16" and not self._on_gpu:
             raise ConfigError("config field 'precision': 'fp16' needs a GPU (loss scaling); use 'bf16' on "
                               "CPU")
+        if c.grad_allreduce == "overlap":
+            raise ConfigError("config field 'grad_allreduce': 'overlap' is PyTorch's only; the TensorFlow "
+                              "binding allreduces the gradients after backward ('auto' or 'after_backward')")
         if c.precision == "fp16" and c.grad_clip_norm is not None:
             raise ConfigError("config field 'grad_clip_norm': not supported with precision 'fp16' in the "
                               "TensorFlow binding (gradients are clipped after the allreduce, before "

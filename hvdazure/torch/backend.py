@@ -34,13 +34,12 @@ from hvdazure.torch.data import (
     to_device,
     train_loader,
 )
+from hvdazure.torch.gradients import COMPRESSION, OPS, GradientsAfterBackward, overlaps_backward
 from hvdazure.torch.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, has_sync_batchnorm
 
 if TYPE_CHECKING:
     from hvdazure.torch.trainer import TorchTrainer
 
-_OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
-_COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -101,10 +100,17 @@ class TorchBackend(Backend):
         optimizer = self.hooks.build_optimizer(self.model.parameters(), peak_lr)
         # Per-group LR multipliers the user set survive warmup/schedule updates.
         self._lr_factors = [group["lr"] / peak_lr for group in optimizer.param_groups]
-        self.optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=self.model.named_parameters(),
-            compression=_COMPRESSION[c.compression], backward_passes_per_step=c.grad_accum_steps,
-            op=_OPS[c.reduce_op], gradient_predivide_factor=c.gradient_predivide_factor)
+        self._in_backward = overlaps_backward(c.grad_allreduce, c.reduce_op, self.device)
+        if self._in_backward:
+            self.optimizer = hvd.DistributedOptimizer(
+                optimizer, named_parameters=self.model.named_parameters(),
+                compression=COMPRESSION[c.compression], backward_passes_per_step=c.grad_accum_steps,
+                op=OPS[c.reduce_op], gradient_predivide_factor=c.gradient_predivide_factor)
+            self._allreduce_gradients: Callable[[], None] = self.optimizer.synchronize
+        else:
+            self.optimizer = optimizer
+            self._allreduce_gradients = GradientsAfterBackward(
+                self.model.parameters(), c.reduce_op, c.compression, c.gradient_predivide_factor)
         self.scaler = torch.amp.GradScaler("cuda") if c.precision == "fp16" else None
         return TorchCheckpointContent(self.model, self.optimizer, self.scaler, self.device)
 
@@ -166,21 +172,20 @@ class TorchBackend(Backend):
 
     def _optimizer_step(self) -> None:
         opt, clip = self.optimizer, self.config.grad_clip_norm
-        if clip is None and self.scaler is None:
-            opt.step()
-        else:
-            opt.synchronize()  # gradients are averaged across ranks before they are unscaled or clipped
+        self._allreduce_gradients()  # averaged across ranks before they are unscaled or clipped
+        if self.scaler is not None:
+            self.scaler.unscale_(opt)
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        # Horovod's DistributedOptimizer would synchronize again in step(); Adasum's step is its allreduce
+        synchronized = self._in_backward and self.config.reduce_op != "adasum"
+        with opt.skip_synchronize() if synchronized else contextlib.nullcontext():
             if self.scaler is not None:
-                self.scaler.unscale_(opt)
-            if clip is not None:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            with opt.skip_synchronize():
-                if self.scaler is not None:
-                    self.scaler.step(opt)
-                else:
-                    opt.step()
-            if self.scaler is not None:
-                self.scaler.update()
+                self.scaler.step(opt)
+            else:
+                opt.step()
+        if self.scaler is not None:
+            self.scaler.update()
         opt.zero_grad()
 
     def evaluate(self, meter: MetricAccumulator) -> bool:
