@@ -156,6 +156,7 @@ def parse_output(text: str) -> OutputSpec:
 
 
 def parse_mapping(items: Sequence[str], option: str) -> dict[str, str]:
+    """`KEY=VALUE` items of a repeatable option (`--env`, `--tag`) as a dict; a bad item names `option`."""
     return dict(parse_key_value(item, option) for item in items)
 
 

@@ -157,6 +157,7 @@ class TrainConfig:
     # --- derived values ---------------------------------------------------------------------------------
     @property
     def effective_base_batch_size(self) -> int:
+        """`base_batch_size`, or `batch_size` when it is not set."""
         return self.base_batch_size if self.base_batch_size is not None else self.batch_size
 
     def global_batch_size(self, world_size: int) -> int:
@@ -175,6 +176,7 @@ class TrainConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
+        """Build from a YAML file of `field: value` lines; unknown fields are an error."""
         return cls.from_dict(_read_yaml_mapping(path))
 
     @classmethod
@@ -212,9 +214,11 @@ class TrainConfig:
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as a plain dict (what a checkpoint's manifest records)."""
         return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with `changes` applied, validated again."""
         return dataclasses.replace(self, **changes)
 
 
