@@ -321,7 +321,7 @@ def _environment(spec: JobSpec, cwd: Path) -> JobEnvironment:
     if spec.environment:
         return registered_environment(spec.environment)
     if not spec.image:
-        raise JobSpecError("no environment: give --image REGISTRY/IMAGE:TAG (docker/README.md builds "
+        raise JobSpecError("no environment: give --image REGISTRY/IMAGE:TAG (docs/guides/docker.md builds "
                            "hvdazure-gpu) or --environment azureml:NAME@latest")
     if any(c.isspace() for c in spec.image) or "://" in spec.image:
         raise JobSpecError(f"--image {spec.image!r}: expected REGISTRY/REPOSITORY[:TAG|@DIGEST]")
