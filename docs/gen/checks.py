@@ -27,7 +27,7 @@ _ROOT_FILES = ("versions.env", "setup.py", "pyproject.toml", "Makefile", "mkdocs
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(rf"^(?:\./)?((?:{'|'.join(_REPO_DIRS)})/[\w.*/-]*|{'|'.join(map(re.escape, _ROOT_FILES))})$")
 _SET_FIELD = re.compile(r"--set[ =]'?([a-z_]+)=")
-_FENCE = re.compile(r"^(\s*)(`{3,})\s*(\w*)[^\n]*\n(.*?)^\1\2\s*$", re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(r"^([ \t]*)(`{3,})[ \t]*(\w*)[^\n]*\n(.*?)^\1\2[ \t]*$", re.MULTILINE | re.DOTALL)
 _PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]+")
 
 

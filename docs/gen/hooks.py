@@ -32,7 +32,7 @@ TITLES = {
     "illustration": "Illustration: not run by the tests",
 }
 _GENERATED = re.compile(r"<!--\s*generated:\s*([\w-]+)\s*-->")
-_MARKED_FENCE = re.compile(r"(<!--\s*(run|illustration)\b[^>]*-->\s*\n(\s*)```+\s*)(\w+)[ \t]*\n")
+_MARKED_FENCE = re.compile(r"(<!--\s*(run|illustration)\b[^>]*-->[ \t]*\n([ \t]*)```+[ \t]*)(\w+)[ \t]*\n")
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001  (MkDocs' hook signature)
