@@ -35,6 +35,8 @@ def stale_references(markdown: str, root: Path = ROOT) -> list[str]:
     """Each reference in `markdown` that the code no longer has, as one line saying what and why."""
     found: list[str] = []
     for name in sorted(set(_DOTTED.findall(markdown))):
+        if any(_PLACEHOLDER.fullmatch(part) for part in name.split(".")):
+            continue  # hvdazure.NAME: a placeholder, not a name
         why = _unresolved(name.rstrip("."), root)
         if why:
             found.append(f"`{name}`: {why}")
