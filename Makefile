@@ -3,6 +3,7 @@
 VENV ?= .venv
 SITE ?= site
 export TF_CPP_MIN_LOG_LEVEL ?= 1
+export NO_MKDOCS_2_WARNING ?= 1  # MkDocs 2 / Material end-of-life notice on every build (CONTRIBUTING.md)
 
 .PHONY: setup demo demo-tf test test-unit test-distributed lint docs docs-check docs-serve doctor clean
 

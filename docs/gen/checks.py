@@ -16,6 +16,7 @@ import functools
 import io
 import re
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +26,8 @@ _REPO_DIRS = ("hvdazure", "tests", "samples", "benchmarks", "docker", "scripts",
 _ROOT_FILES = ("versions.env", "setup.py", "pyproject.toml", "Makefile", "mkdocs.yml", "README.md",
                "CONTRIBUTING.md", "CHANGELOG.md")
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
-_PATH = re.compile(rf"^(?:\./)?((?:{'|'.join(_REPO_DIRS)})/[\w.*/-]*|{'|'.join(map(re.escape, _ROOT_FILES))})$")
+_PATH = re.compile(rf"^(?:\./)?((?:{'|'.join(_REPO_DIRS)})/[\w.*/-]*"
+                   rf"|{'|'.join(map(re.escape, _ROOT_FILES))})$")
 _SET_FIELD = re.compile(r"--set[ =]'?([a-z_]+)=")
 _FENCE = re.compile(r"^([ \t]*)(`{3,})[ \t]*(\w*)[^\n]*\n(.*?)^\1\2[ \t]*$", re.MULTILINE | re.DOTALL)
 _PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]+")
@@ -103,13 +105,17 @@ def _defined_names(path: Path) -> frozenset[str]:
             names.update(t.id for t in targets if isinstance(t, ast.Name))
             value = node.value
             if isinstance(value, ast.Dict):
-                names.update(k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+                names.update(_strings(k for k in value.keys if k is not None))
             if isinstance(value, ast.List | ast.Tuple):
-                names.update(e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str))
+                names.update(_strings(value.elts))
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
-            names.update(c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str))
+            names.update(_strings(ast.walk(node)))
     return frozenset(names)
+
+
+def _strings(nodes: Iterable[ast.AST]) -> set[str]:
+    return {n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
 @functools.cache
@@ -160,8 +166,8 @@ def fences(markdown: str) -> list[Fence]:
         before = markdown[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = _MARKER.search(before)
         code = "\n".join(line.removeprefix(match.group(1)) for line in match.group(4).splitlines())
-        found.append(Fence(match.group(3), marker.group(1) if marker else "", marker.group(2) if marker else "",
-                           code, markdown[:match.start()].count("\n") + 1))
+        found.append(Fence(match.group(3), marker.group(1) if marker else "",
+                           marker.group(2) if marker else "", code, markdown[:match.start()].count("\n") + 1))
     return found
 
 

@@ -18,8 +18,8 @@ from mkdocs.plugins import get_plugin_logger
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import checks  # noqa: E402  (a sibling module of this hook file, which MkDocs loads by path)
-import reference  # noqa: E402
+import checks
+import reference
 
 log = get_plugin_logger("hvdazure-docs")
 
@@ -35,10 +35,11 @@ _GENERATED = re.compile(r"<!--\s*generated:\s*([\w-]+)\s*-->")
 _MARKED_FENCE = re.compile(r"(<!--\s*(run|illustration)\b[^>]*-->[ \t]*\n([ \t]*)```+[ \t]*)(\w+)[ \t]*\n")
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001  (MkDocs' hook signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:
     for problem in checks.stale_references(markdown):
         log.warning(f"{page.file.src_path}: {problem}")
-    markdown = _MARKED_FENCE.sub(lambda m: f'{m.group(1)}{m.group(4)} title="{TITLES[m.group(2)]}"\n', markdown)
+    markdown = _MARKED_FENCE.sub(lambda m: f'{m.group(1)}{m.group(4)} title="{TITLES[m.group(2)]}"\n',
+                                 markdown)
     return _GENERATED.sub(lambda m: _generate(m.group(1), page.file.src_path), markdown)
 
 

@@ -43,7 +43,8 @@ def config_fields(cls: type) -> list[FieldDoc]:
     rows = []
     for f in dataclasses.fields(cls):
         if f.name not in meanings:
-            raise ValueError(f"{cls.__name__}.{f.name} has no docstring: put its meaning in a string under it")
+            raise ValueError(f"{cls.__name__}.{f.name} has no docstring: put its meaning in a string under "
+                             "it")
         rows.append(FieldDoc(f.name, describe_type(hints[f.name]), describe_default(f), meanings[f.name],
                              groups.get(f.name, "")))
     return rows
@@ -91,10 +92,7 @@ def describe_type(hint: Any) -> str:
 
 def describe_default(f: dataclasses.Field[Any]) -> str:
     """The default as YAML writes it."""
-    if f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-    else:
-        value = f.default
+    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -175,7 +173,8 @@ def _parser_sections(parser: argparse.ArgumentParser, level: int) -> list[str]:
     children = subcommands(parser)
     if children:
         out += ["| command | what it does |", "| --- | --- |"]
-        out += [f"| [`{sub.prog}`](#{_anchor(sub.prog)}) | {_cell(_text(help_))} |" for _, help_, sub in children]
+        out += [f"| [`{sub.prog}`](#{_anchor(sub.prog)}) | {_cell(_text(help_))} |"
+                for _, help_, sub in children]
         out.append("")
     for group in parser._action_groups:
         rows = [_option_row(parser, action) for action in group._group_actions
@@ -183,7 +182,8 @@ def _parser_sections(parser: argparse.ArgumentParser, level: int) -> list[str]:
                 and not isinstance(action, argparse._HelpAction)]
         if rows:
             title = group.title or "options"
-            out += [f"**{_text(title)}**", "", "| option | default | meaning |", "| --- | --- | --- |", *rows, ""]
+            out += [f"**{_text(title)}**", "", "| option | default | meaning |", "| --- | --- | --- |", *rows,
+                    ""]
     if parser.epilog:
         out += ["```text", parser.epilog.strip(), "```", ""]
     for _, _, sub in children:

@@ -53,7 +53,7 @@ def known_sizes() -> list[str]:
 
 
 def nccl_environment(vm_size: str | None) -> dict[str, str]:
-    """NCCL and UCX settings for the size: what docs/guides/docker.md recommends, without NCCL_DEBUG (the user's
+    """NCCL and UCX settings for the size: what docs/guides/docker.md advises, without NCCL_DEBUG (the user's
     choice) and NCCL_TOPO_FILE (the file must be visible in the container first). Every value here can be
     overridden with `--env`."""
     env = {"NCCL_SOCKET_IFNAME": "eth0"}  # every Azure VM: bootstrap over eth0, not ib* or docker0

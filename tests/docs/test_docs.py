@@ -30,13 +30,14 @@ from hvdazure.core.config import TrainConfig  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PAGES = sorted((ROOT / "docs").rglob("*.md"))
-PROSE = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *PAGES]  # checked against the code like the site's pages
+PROSE = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *PAGES]
 
 
 def _marked(language: str, marker: str) -> list[tuple[Path, checks.Fence]]:
     found = []
     for path in PROSE:
-        found += [(path, f) for f in checks.fences(path.read_text()) if f.language == language and f.marker == marker]
+        found += [(path, f) for f in checks.fences(path.read_text())
+                  if f.language == language and f.marker == marker]
     return found
 
 
@@ -59,7 +60,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("example", PYTHON_EXAMPLES, ids=_id)
 def test_a_runnable_python_example_runs(example: tuple[Path, checks.Fence], scratch: Path,
                                        tmp_path: Path) -> None:
-    path, fence = example
+    _, fence = example
     for name in os.listdir(scratch):
         shutil.copy(scratch / name, tmp_path / name)
     script = tmp_path / "example.py"
@@ -84,7 +85,8 @@ def test_a_runnable_shell_example_runs_command_by_command(example: tuple[Path, c
 
 
 def test_the_quickstart_is_marked_runnable() -> None:
-    quickstart = [f for f in checks.fences((ROOT / "docs" / "getting-started.md").read_text()) if f.marker == "run"]
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    quickstart = [f for f in checks.fences(page) if f.marker == "run"]
     assert any("hvdazure run -np 2 samples/torch_digits.py" in f.code for f in quickstart)
     assert any("hvdazure run -np 2 samples/tf_digits.py" in f.code for f in quickstart)
 
@@ -174,7 +176,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return path
     path = tmp_path_factory.mktemp("site")
     done = subprocess.run([str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr[-5000:]
     return path
 
