@@ -23,7 +23,7 @@ setup(
     packages=find_packages(include=["hvdazure", "hvdazure.*"]),
     python_requires=">=3.10",
     # Horovod itself is not listed: PyPI has only an sdist that needs patching for current frameworks,
-    # so scripts/build_horovod.sh builds it (see README, "What the first run builds").
+    # so scripts/build_horovod.sh builds it (see docs/getting-started.md, "What the first run builds").
     install_requires=[
         "pyyaml>=6", "numpy>=1.24", "tqdm>=4.60", "packaging>=21", "psutil>=5.9", "cloudpickle>=2",
         "fsspec>=2023.1",  # checkpoint storage (hvdazure/core/checkpoint_store.py), local paths included

@@ -254,7 +254,8 @@ def _add_submit_parser(sub: argparse._SubParsersAction) -> None:
         description="Submit an Azure ML sweep job: one job per trial, each the MPI command job `hvdazure "
                     "submit SCRIPT` makes, given the trial's values as --set NAME=VALUE and logging --metric "
                     "with MLflow, which Azure ML reads. SPACE.yaml: TrainConfig fields / extra.NAME with "
-                    "Azure ML's distributions, as for `hvdazure sweep` (README: Sweeps on Azure ML). SDK v1: "
+                    "Azure ML's distributions, as for `hvdazure sweep` (docs/guides/azure-ml-sweeps.md). "
+                    "SDK v1: "
                     "a HyperDrive run.",
         epilog="the script's own arguments go after --. example:\n"
                "  hvdazure submit sweep train.py --space space.yaml --metric eval_loss --trials 20 \\\n"

@@ -133,10 +133,10 @@ pip_install --no-deps --force-reinstall "$wheel_dir"/mpi4py-*.whl
 torch_index=$("$py" scripts/torch_index.py "torch==${TORCH_VERSION}")
 read -ra torch_index_args <<<"$torch_index"
 # requirements/azure.txt (Azure ML submission, SDK v2 and v1) resolves only with pip 26 or newer: the
-# upgrade above brings it.
+# upgrade above brings it. requirements/docs.txt: the documentation site and its tests (make docs).
 pip_install ${torch_index_args[@]+"${torch_index_args[@]}"} --no-binary mpi4py \
   "torch==${TORCH_VERSION}" "tensorflow-cpu==${TENSORFLOW_VERSION}" -r requirements/dev.txt \
-  -r requirements/azure.txt -r requirements/bench.txt
+  -r requirements/azure.txt -r requirements/bench.txt -r requirements/docs.txt
 # Keras 2 for `hvdazure bench peers`' MultiWorkerMirroredStrategy peer (requirements/bench.txt says why
 # without its dependencies); its releases follow TensorFlow's.
 pip_install --no-deps "tf-keras==${TENSORFLOW_VERSION}"

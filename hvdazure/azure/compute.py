@@ -41,6 +41,8 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class ComputeInfo:
+    """A compute cluster as found or created: its name, VM size, largest size, and whether it is new."""
+
     name: str
     vm_size: str | None
     max_nodes: int | None

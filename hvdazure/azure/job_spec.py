@@ -156,6 +156,7 @@ def parse_output(text: str) -> OutputSpec:
 
 
 def parse_mapping(items: Sequence[str], option: str) -> dict[str, str]:
+    """`KEY=VALUE` items of a repeatable option (`--env`, `--tag`) as a dict; a bad item names `option`."""
     return dict(parse_key_value(item, option) for item in items)
 
 
@@ -320,7 +321,7 @@ def _environment(spec: JobSpec, cwd: Path) -> JobEnvironment:
     if spec.environment:
         return registered_environment(spec.environment)
     if not spec.image:
-        raise JobSpecError("no environment: give --image REGISTRY/IMAGE:TAG (docker/README.md builds "
+        raise JobSpecError("no environment: give --image REGISTRY/IMAGE:TAG (docs/guides/docker.md builds "
                            "hvdazure-gpu) or --environment azureml:NAME@latest")
     if any(c.isspace() for c in spec.image) or "://" in spec.image:
         raise JobSpecError(f"--image {spec.image!r}: expected REGISTRY/REPOSITORY[:TAG|@DIGEST]")

@@ -1,7 +1,7 @@
 """What hvdazure knows about common Azure GPU VM sizes: GPUs per VM, and whether the size has InfiniBand.
 
 Used for two defaults of `hvdazure submit`: the processes per node (one per GPU) when the compute's size is
-known, and the NCCL settings for the size (docker/README.md, "NCCL and InfiniBand settings"). A size that
+known, and the NCCL settings for the size (docs/guides/docker.md, "NCCL and InfiniBand settings"). A size that
 is not in the table is fine: processes per node must then be given, and only the settings that hold for
 every Azure VM are added.
 """
@@ -53,7 +53,7 @@ def known_sizes() -> list[str]:
 
 
 def nccl_environment(vm_size: str | None) -> dict[str, str]:
-    """NCCL and UCX settings for the size: what docker/README.md recommends, without NCCL_DEBUG (the user's
+    """NCCL and UCX settings for the size: what docs/guides/docker.md advises, without NCCL_DEBUG (the user's
     choice) and NCCL_TOPO_FILE (the file must be visible in the container first). Every value here can be
     overridden with `--env`."""
     env = {"NCCL_SOCKET_IFNAME": "eth0"}  # every Azure VM: bootstrap over eth0, not ib* or docker0

@@ -22,19 +22,34 @@ class Callback:
 
     main_only = False
 
-    def on_train_start(self, trainer: Trainer) -> None: ...
-    def on_epoch_start(self, trainer: Trainer) -> None: ...
-    def on_step_begin(self, trainer: Trainer) -> None: ...
-    def on_step_end(self, trainer: Trainer) -> None: ...
-    def on_eval_end(self, trainer: Trainer) -> None: ...
-    def on_epoch_end(self, trainer: Trainer) -> None: ...
-    def on_train_end(self, trainer: Trainer) -> None: ...
+    def on_train_start(self, trainer: Trainer) -> None:
+        """Once, after Horovod has started, the state is broadcast and any checkpoint is resumed."""
+
+    def on_epoch_start(self, trainer: Trainer) -> None:
+        """At the start of every epoch (a resumed epoch included)."""
+
+    def on_step_begin(self, trainer: Trainer) -> None:
+        """Before every optimizer step."""
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        """After every optimizer step; `trainer.state.metrics_reduced` tells whether the interval's metrics
+        were just reduced over the ranks (every `log_every` steps)."""
+
+    def on_eval_end(self, trainer: Trainer) -> None:
+        """After an evaluation: `trainer.state.eval_metrics` holds its results, the same on every rank."""
+
+    def on_epoch_end(self, trainer: Trainer) -> None:
+        """At the end of every epoch, after its evaluation; `trainer.state.history[-1]` is its record."""
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        """Once, when training ends, however it ends (the last epoch, `max_steps`, a stop)."""
 
     def state_dict(self) -> dict[str, Any]:
         """What this callback needs to resume exactly (e.g. early stopping's best value)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned, on resume."""
 
 
 class LRScheduleCallback(Callback):

@@ -33,63 +33,127 @@ class ControllerError(ConfigError):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Training settings. `batch_size` is per worker; the LR is scaled for the global batch."""
+    """Training settings, typed and validated when built. `batch_size` is per worker (per rank, per
+    micro-batch); the LR is scaled for the global batch.
+
+    Each field's meaning is the string under it: the documentation's configuration reference is generated
+    from these fields, their types, defaults and strings (docs/gen/reference.py).
+    """
 
     # length of training
     epochs: int = 1
-    max_steps: int | None = None  # optimizer steps; stops earlier than `epochs` if reached
+    """Complete passes over the training data. Training ends after this many epochs or `max_steps`,
+    whichever comes first, whatever the world sizes along the way."""
+    max_steps: int | None = None
+    """Optimizer steps in all (counted across resumes); stops earlier than `epochs` if reached."""
     # batch and learning rate
-    batch_size: int = 32  # per worker, per micro-batch
-    grad_accum_steps: int = 1  # micro-batches per optimizer step
-    lr: float = 1e-3  # the LR tuned for base_batch_size
-    base_batch_size: int | None = None  # the batch `lr` was tuned for; default: batch_size
+    batch_size: int = 32
+    """Samples per worker per micro-batch. The global batch is `batch_size` x world size x
+    `grad_accum_steps`."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; their gradients are summed and allreduced once."""
+    lr: float = 1e-3
+    """The learning rate tuned for `base_batch_size`; it is scaled for the global batch (`lr_scaling`)."""
+    base_batch_size: int | None = None
+    """The global batch `lr` was tuned for; null: `batch_size` (the LR of one process)."""
     lr_scaling: Literal["none", "linear", "sqrt"] = "linear"
-    warmup_epochs: float = 0.0  # Goyal et al. (2017): ramp from `lr` to the scaled LR ...
-    warmup_steps: int = 0  # ... over this many optimizer steps (give epochs or steps, not both)
-    schedule: Literal["constant", "cosine", "step"] = "constant"  # after warmup
-    min_lr: float = 0.0  # cosine's floor
-    step_size_epochs: int = 1  # "step": multiply the LR by step_gamma every this many epochs
+    """How the LR follows the global batch: `lr` x (global batch / base batch), or its square root, or not
+    at all."""
+    warmup_epochs: float = 0.0
+    """Goyal et al. (2017): a linear ramp from `lr` to the scaled LR over this many epochs, counted in
+    optimizer steps (rounded up). Give `warmup_epochs` or `warmup_steps`, not both."""
+    warmup_steps: int = 0
+    """The same ramp, over this many optimizer steps."""
+    schedule: Literal["constant", "cosine", "step"] = "constant"
+    """The LR after warmup: constant; cosine decay to `min_lr` at the end of training; or x `step_gamma`
+    every `step_size_epochs` epochs."""
+    min_lr: float = 0.0
+    """The floor of the cosine schedule."""
+    step_size_epochs: int = 1
+    """The step schedule: multiply the LR by `step_gamma` every this many epochs."""
     step_gamma: float = 0.1
+    """The step schedule's factor, in (0, 1]."""
     # gradient exchange
     compression: Literal["none", "fp16"] = "none"
+    """Horovod's gradient compression: `fp16` exchanges gradients rounded to float16."""
     reduce_op: Literal["average", "sum", "adasum"] = "average"
+    """How gradients are combined across ranks. Adasum needs the MPI controller: under Gloo every rank
+    refuses it before training (exit status 2)."""
     gradient_predivide_factor: float = 1.0
-    # PyTorch: when the gradients are allreduced. "overlap": each as backward produces it (Horovod's
-    # DistributedOptimizer); "after_backward": all in one grouped allreduce after the step's backward
-    # passes; "auto": overlap on GPUs (and for Adasum), after_backward on CPUs, whose cores the exchange
-    # would compete for (`hvdazure bench peers` measures both). TensorFlow: after backward always.
+    """Split the averaging into a division before the sum and one after it (Horovod's option); 1.0 with
+    Adasum."""
     grad_allreduce: Literal["auto", "overlap", "after_backward"] = "auto"
+    """When the gradients are allreduced (PyTorch). `overlap`: each as backward produces it (Horovod's
+    DistributedOptimizer); `after_backward`: all in one grouped allreduce after the step's backward passes;
+    `auto`: overlap on GPUs (and for Adasum), after backward on CPUs, whose cores the exchange would compete
+    for (`hvdazure bench peers` measures both). TensorFlow always allreduces after backward."""
     grad_clip_norm: float | None = None
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"  # mixed precision via autocast
-    sync_batchnorm: bool = False  # BatchNorm statistics over all ranks' samples (exact at any world size)
+    """Clip the global gradient norm to this value after the allreduce; null: no clipping."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Mixed precision: `bf16` autocast (Keras's `mixed_bfloat16`), or `fp16` with loss scaling (CUDA /
+    GPU only)."""
+    sync_batchnorm: bool = False
+    """BatchNorm statistics over all ranks' samples: exact at any world size, at the cost of two small
+    collectives per BatchNorm layer per micro-batch."""
     # data
     seed: int = 0
-    num_workers: int = 0  # DataLoader worker processes per rank
+    """Seeds the data order (a permutation per epoch from `(seed, epoch)`) and each rank's RNGs."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (PyTorch)."""
     # reporting
-    log_every: int = 10  # optimizer steps between fused metric allreduces / log lines
-    eval_every: int = 1  # epochs between evaluations
-    monitor: str = "eval_loss"  # metric watched by early stopping
+    log_every: int = 10
+    """Optimizer steps between metric reductions (one fused allreduce) and progress lines."""
+    eval_every: int = 1
+    """Epochs between evaluations."""
+    monitor: str = "eval_loss"
+    """The metric early stopping and `keep_best` watch (a key of the history)."""
     monitor_mode: Literal["min", "max"] = "min"
-    early_stopping_patience: int | None = None  # evaluations without improvement before stopping
+    """Whether a smaller or a larger `monitor` is better."""
+    early_stopping_patience: int | None = None
+    """Evaluations without improvement before every rank stops; null: no early stopping."""
     early_stopping_min_delta: float = 0.0
-    output_dir: str = "outputs"  # Azure ML uploads ./outputs
+    """How much `monitor` must improve to count as an improvement."""
+    output_dir: str = "outputs"
+    """Where TensorBoard logs and the default MLflow store go (Azure ML uploads `./outputs`)."""
     # checkpoints: on when checkpoint_dir is set (inside Azure ML it defaults to ./outputs/checkpoints)
-    checkpoint_dir: str | None = None  # a local path or an fsspec URL (abfs://, memory://, ...)
+    checkpoint_dir: str | None = None
+    """A local path or an fsspec URL (`abfs://container/path`, `memory://`); checkpointing is on when set.
+    Null: none, except inside Azure ML, where it is `./outputs/checkpoints`."""
     checkpoint_every_steps: int | None = None
+    """Save every this many optimizer steps; null: not by steps."""
     checkpoint_every_epochs: int | None = 1
-    keep_last: int = 3  # newest checkpoints kept
-    keep_best: int = 0  # best checkpoints kept by `monitor`, in addition
-    checkpoint_async: bool = True  # rank 0 writes in the background after an in-memory copy
-    checkpoint_hash: Literal["xxh3_128", "sha256"] = "xxh3_128"  # each file's integrity hash in the manifest
-    resume: str | None = None  # "auto": newest valid checkpoint in checkpoint_dir, if any; or a path
+    """Save after every this many completed epochs; null: not by epochs."""
+    keep_last: int = 3
+    """The newest checkpoints kept (only checkpoints that verify count)."""
+    keep_best: int = 0
+    """The best checkpoints by `monitor` / `monitor_mode` kept in addition."""
+    checkpoint_async: bool = True
+    """Rank 0 copies the state into CPU memory and writes it in a background thread while training goes
+    on; false: training waits for the write (no copy)."""
+    checkpoint_hash: Literal["xxh3_128", "sha256"] = "xxh3_128"
+    """Each file's integrity hash in the manifest: `xxh3_128` (fast) or `sha256` (a cryptographic
+    digest)."""
+    resume: str | None = None
+    """`auto`: the newest valid checkpoint in `checkpoint_dir` (none yet: start fresh); a checkpoint's path;
+    or `DIR/latest`, the newest valid one in DIR. Null: start fresh."""
     # preemption notices: every rank checkpoints and exits 143 before the VM goes (needs checkpointing)
-    preemption_watch: bool | None = None  # None: the environment decides (on inside Azure ML, else off)
-    scheduled_events_url: str | None = None  # where notices are read; None: the environment's own address
+    preemption_watch: bool | None = None
+    """Watch for preemption notices, then checkpoint on every rank and exit 143. Null: the environment
+    decides (on inside Azure ML, else off)."""
+    scheduled_events_url: str | None = None
+    """Where preemption notices are read; null: the environment's own address (Azure's instance metadata
+    service inside Azure ML)."""
     tensorboard: bool = False
+    """Log metrics to TensorBoard under `output_dir/tensorboard`, from rank 0."""
     mlflow: bool = False
-    mlflow_tracking_uri: str | None = None  # default: Azure ML's inside it, else sqlite in output_dir
+    """Log the config and metrics to MLflow, from rank 0."""
+    mlflow_tracking_uri: str | None = None
+    """The MLflow store; null: Azure ML's inside Azure ML (`MLFLOW_TRACKING_URI`), else
+    `sqlite:///` `output_dir/mlflow.db`."""
     progress_bar: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)  # user settings, e.g. hidden_size: 64
+    """Rank 0 shows a progress bar on a terminal (a line per interval otherwise); false: lines only."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Your own settings, read as `self.config.extra`: `--set extra.hidden=64`."""
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -98,6 +162,7 @@ class TrainConfig:
     # --- derived values ---------------------------------------------------------------------------------
     @property
     def effective_base_batch_size(self) -> int:
+        """`base_batch_size`, or `batch_size` when it is not set."""
         return self.base_batch_size if self.base_batch_size is not None else self.batch_size
 
     def global_batch_size(self, world_size: int) -> int:
@@ -116,6 +181,7 @@ class TrainConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
+        """Build from a YAML file of `field: value` lines; unknown fields are an error."""
         return cls.from_dict(_read_yaml_mapping(path))
 
     @classmethod
@@ -153,9 +219,11 @@ class TrainConfig:
         return cls.from_dict(data)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as a plain dict (what a checkpoint's manifest records)."""
         return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with `changes` applied, validated again."""
         return dataclasses.replace(self, **changes)
 
 

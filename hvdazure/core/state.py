@@ -8,6 +8,9 @@ from typing import Any
 
 @dataclass
 class TrainState:
+    """Where training is: `trainer.state`, read by callbacks. Counters and metrics are the same on every
+    rank after each metric reduction."""
+
     epoch: int = 0  # the current epoch, 0-based
     step: int = 0  # optimizer steps completed, over all epochs
     step_in_epoch: int = 0  # optimizer steps completed in the current epoch
@@ -32,6 +35,7 @@ class TrainState:
         return {name: getattr(self, name) for name in self.PERSISTENT}
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned, on resume."""
         for name in self.PERSISTENT:
             setattr(self, name, data[name])
 

@@ -81,14 +81,17 @@ class Trainer(ABC):
     # --- derived facts -----------------------------------------------------------------------------------
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0, the rank that logs, reports and writes checkpoints."""
         return self.rank == 0
 
     @property
     def global_batch_size(self) -> int:
+        """Samples per optimizer step across all ranks: `batch_size` x world size x `grad_accum_steps`."""
         return self.config.global_batch_size(self.world_size)
 
     @property
     def steps_per_epoch(self) -> int:
+        """Optimizer steps in an epoch at this world size (the last one may be short)."""
         return self.shard_plan.steps_per_epoch
 
     @property

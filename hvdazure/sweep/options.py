@@ -139,6 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_namespace(args: argparse.Namespace) -> SweepOptions:
+    """The options `hvdazure sweep` parsed (`add_arguments`), as a SweepOptions."""
     return SweepOptions(script=args.script, space=args.space, metric=args.metric, trials=args.trials,
                         ranks_per_trial=args.ranks_per_trial, mode=args.mode, sampler=args.sampler,
                         pruner=args.pruner, seed=args.seed, output=args.output, mlflow=args.mlflow,

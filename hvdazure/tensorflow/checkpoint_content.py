@@ -31,6 +31,7 @@ def model_weights(model: keras.Model) -> list[Any]:
 
 
 def seed_generator_states(model: keras.Model) -> list[Any]:
+    """The model's variables that are not weights: the states of its Keras seed generators."""
     weights = {id(v) for v in model.weights}
     return [v for v in model.variables if id(v) not in weights]
 

@@ -34,6 +34,7 @@ class TensorFlowTrainer(Trainer):
         raise NotImplementedError("implement train_dataset() -> arrays or tf.data.Dataset")
 
     def eval_dataset(self) -> Any:
+        """The full evaluation data, in the forms train_dataset takes; None (the default): no evaluation."""
         return None
 
     def training_step(self, model: keras.Model, batch: Any) -> Any:
@@ -48,6 +49,7 @@ class TensorFlowTrainer(Trainer):
     # --- what the hooks may read, once fit() has built them ----------------------------------------------
     @property
     def model(self) -> keras.Model:
+        """The model build_model returned, with every rank's weights equal to rank 0's."""
         return self._backend.model
 
     @property

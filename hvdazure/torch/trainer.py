@@ -22,6 +22,7 @@ class TorchTrainer(Trainer):
 
     # --- the user's hooks ----------------------------------------------------------------------------------
     def build_model(self) -> torch.nn.Module:
+        """The model; hvdazure moves it to this rank's device and broadcasts rank 0's weights."""
         raise NotImplementedError("implement build_model() -> torch.nn.Module")
 
     def build_optimizer(self, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -33,6 +34,7 @@ class TorchTrainer(Trainer):
         raise NotImplementedError("implement train_dataset() -> torch.utils.data.Dataset")
 
     def eval_dataset(self) -> Dataset | None:
+        """The full evaluation dataset (map-style); None (the default): no evaluation."""
         return None
 
     def training_step(self, model: torch.nn.Module, batch: Any) -> torch.Tensor | Mapping[str, Any]:
@@ -44,11 +46,13 @@ class TorchTrainer(Trainer):
         raise NotImplementedError("implement validation_step(model, batch) -> dict (or no eval_dataset)")
 
     def collate(self, samples: list[Any]) -> Any:
+        """Make a batch of samples; default: torch's default_collate."""
         return _default_collate(samples)
 
     # --- what the hooks may read, once fit() has built them ----------------------------------------------
     @property
     def model(self) -> torch.nn.Module:
+        """The model build_model returned, on this rank's device, with rank 0's weights."""
         return self._backend.model
 
     @property
@@ -58,6 +62,7 @@ class TorchTrainer(Trainer):
 
     @property
     def device(self) -> torch.device:
+        """This rank's device: its local GPU under CUDA, else the CPU."""
         return self._backend.device
 
     def _create_backend(self) -> TorchBackend:
