@@ -36,6 +36,9 @@ def test_parameters_are_bit_identical_across_ranks_after_training(tmp_path, cont
     ((), "plain"),
     (("grad_accum_steps=2",), "accumulation"),
     (("grad_clip_norm=0.5",), "clipping"),
+    # the default on CPUs allreduces after backward; these take Horovod's DistributedOptimizer path
+    (("grad_allreduce=overlap",), "overlapped"),
+    (("grad_allreduce=overlap", "grad_accum_steps=2"), "overlapped accumulation"),
 ])
 def test_two_ranks_with_batch_b_match_one_rank_with_batch_2b(tmp_path, settings, name):
     # 37 samples: the last optimizer step of each epoch is uneven across ranks (and empty for some).
@@ -48,6 +51,19 @@ def test_two_ranks_with_batch_b_match_one_rank_with_batch_2b(tmp_path, settings,
         np.testing.assert_allclose(p2, p1, rtol=0, atol=1e-10)
     final_loss = [run[0]["history"][-1]["train_loss"] for run in (two, one)]
     assert final_loss[0] == pytest.approx(final_loss[1], abs=1e-10)
+
+
+@pytest.mark.parametrize("settings", [("compression=fp16", "gradient_predivide_factor=2.0"),
+                                      ("reduce_op=sum",)], ids=["fp16 predivided", "sum"])
+def test_gradients_allreduced_after_backward_equal_horovods_overlapped_allreduce(tmp_path, settings):
+    # the same op, compression and predivide split as Horovod's DistributedOptimizer, on the same sums
+    common = ("epochs=2", "extra.n_train=37", "batch_size=4", "lr=0.05", *settings)
+    after = train(tmp_path, *common, "grad_allreduce=after_backward", name="after")
+    overlapped = train(tmp_path, *common, "grad_allreduce=overlap", name="overlapped")
+
+    assert after[0]["params_sha256"] == after[1]["params_sha256"]
+    for a, o in zip(after[0]["params"], overlapped[0]["params"], strict=True):
+        np.testing.assert_allclose(a, o, rtol=0, atol=1e-12)
 
 
 def test_every_sample_is_used_exactly_once_per_epoch_and_the_order_changes_between_epochs(tmp_path):

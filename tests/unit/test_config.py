@@ -101,6 +101,11 @@ def test_adasum_requires_no_gradient_predivision() -> None:
     assert "'gradient_predivide_factor'" in _error(reduce_op="adasum", gradient_predivide_factor=2.0)
 
 
+def test_adasum_cannot_be_allreduced_after_backward() -> None:
+    message = _error(reduce_op="adasum", grad_allreduce="after_backward")
+    assert "'grad_allreduce': 'after_backward'" in message and "'adasum'" in message
+
+
 def test_adasum_with_gradient_predivision_names_the_value() -> None:
     assert "2.0" in _error(reduce_op="adasum", gradient_predivide_factor=2.0)
 
