@@ -24,7 +24,10 @@ COMMANDS = {
     "throughput": ["-np", "2", "--framework", "torch", "--mpi"],
     "checkpoint": ["-np", "1", "--mpi"],
     "launch": ["-np", "1", "--mpi"],
+    # every peer of both frameworks, started by its own launcher, in the latency-bound regime's few steps
+    "peers": ["-np", "2", "--model", "mlp"],
 }
+TIMEOUT_S = {"peers": 600}  # eight jobs one after the other, beside the others; the rest: 180 s each
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def benches(tmp_path_factory) -> dict[str, tuple[dict, str, Path]]:
         for name, options in COMMANDS.items()}
     results = {}
     for name, proc in procs.items():
-        output, _ = proc.communicate(timeout=180)
+        output, _ = proc.communicate(timeout=TIMEOUT_S.get(name, 180))
         assert proc.returncode == 0, f"{name}:\n{output}"
         result = json.loads((out / f"{name}.json").read_text())
         registry.load(name).plot(result, out / f"{name}.png")
@@ -170,4 +173,38 @@ def test_checkpoint_compares_save_and_load_with_bare_torch_and_measures_both_sta
     assert set(peak["added_over_checkpoint"]) == {"async save", "blocking save", "resume"}
     assert "stall per blocking checkpoint" in stdout and "resume / checkpoint size" in stdout
     assert png.stat().st_size > 0
+    assert_machine_facts(result)
+
+
+def test_peers_measures_every_peer_of_both_frameworks_or_says_why_it_was_skipped(benches):
+    result, stdout, png = benches["peers"]
+    from hvdazure.bench.peers import PEERS
+
+    assert result["rounds"] == 1 and result["world_size"] == 2 and list(result["results"]) == ["mlp"]
+    measured = {(framework, name) for framework, r in result["results"]["mlp"].items()
+                for name in r["summary"]["peers"]}
+    skipped = {(s["framework"], s["peer"]) for s in result["skipped"]}
+    assert measured | skipped == {(p.framework, p.name) for p in PEERS} and not measured & skipped
+    assert all(s["reason"] for s in result["skipped"])
+    assert ("torch", "hvdazure (Gloo)") in measured and ("torch", "torchrun + DDP") in measured
+    steps = result["steps"]["mlp"]
+    for framework, r in result["results"]["mlp"].items():
+        for name, runs in r["runs"].items():
+            (run,) = runs
+            assert run["samples_per_s"] > 0 and 0 < run["first_step_s"] < run["wall_s"], (framework, name)
+            assert len(run["peak_rss_bytes"]) == 2 and min(run["peak_rss_bytes"]) > 2**20
+            assert run["facts"]["world_size"] == 2 and run["facts"]["threads"] == result["threads_per_rank"]
+        for ours, ratios in r["summary"]["ratios"].items():
+            assert ours.startswith("hvdazure") and ratios
+            for ratio in ratios.values():
+                figures = [v for f in ratio.values() for v in [f["median"], *f["ci95"]]]
+                assert all(math.isfinite(v) and v > 0 for v in figures)
+        for target in r["summary"]["targets"].values():
+            assert target["samples_per_s_vs_fastest"]["verdict"] in ("met", "not met", "undecided")
+            assert target["first_step_vs_slowest"]["verdict"] in ("met", "not met", "undecided")
+    torch_runs = result["results"]["mlp"]["torch"]["runs"]
+    controllers = {run["facts"]["controller"] for name, runs in torch_runs.items()
+                   if name.startswith("hvdazure") for run in runs}
+    assert controllers == {"gloo", "mpi"}  # what each hvdazure run really ran on, asked of Horovod
+    assert f"{steps['warmup']} warm-up + {steps['timed']} timed steps" in stdout and png.stat().st_size > 0
     assert_machine_facts(result)
