@@ -536,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True, parser_class=_Parser)
 
     run = sub.add_parser(
-        "run", help="run a script or command on N ranks (Gloo via horovodrun, or MPI via mpirun)",
+        "run", help="run a script or command on N ranks (MPI via mpirun, or Gloo via horovodrun)",
         description="Start COMMAND on N ranks with rank-tagged output. If any rank fails, every rank is "
                     "stopped and the exit code is the failing rank's. Ctrl-C, SIGTERM or SIGHUP give every "
                     "rank SIGTERM and --grace seconds, then exit 128 + the signal; no rank outlives this "
@@ -548,12 +548,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
     controller = run.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
-                            help="Gloo controller via horovodrun (default)")
+                            help="Gloo controller via horovodrun (default where MPI cannot run)")
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
-                            help="MPI controller via mpirun")
+                            help="MPI controller via mpirun (default where mpirun is on PATH and Horovod is "
+                                 "built with its MPI: `hvdazure doctor` says which)")
     _add_job_options(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or -- COMMAND [args]")
-    run.set_defaults(func=_run, controller="gloo")
+    run.set_defaults(func=_run, controller=None)
 
     _add_sweep_parser(sub)
     _add_bench_parser(sub)

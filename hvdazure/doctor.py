@@ -17,6 +17,7 @@ from importlib import metadata
 
 from hvdazure._version import __version__
 from hvdazure.launch.command import find_executable
+from hvdazure.launch.controller import mpi_unusable, mpi_version
 from hvdazure.launch.mpi_libraries import MpiLibraries, mpi_libraries
 
 SETUP_HINT = "run `make setup` (scripts/setup_env.sh) from the hvdazure repository"
@@ -42,6 +43,7 @@ class Report:
     gpus: list[str]
     problems: list[str]
     mpi4py: MpiLibraries | None = None  # hvdazure sweep needs mpi4py linked to Horovod's libmpi
+    controller: str = ""  # what `hvdazure run` uses without --gloo / --mpi, and why
 
     @property
     def ok(self) -> bool:
@@ -91,19 +93,6 @@ def horovod_build() -> tuple[HorovodBuild | None, str | None]:
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         return None, f"`horovodrun --check-build` failed: {last[0]}"
     return parse_check_build(proc.stdout), None
-
-
-def mpi_version() -> str | None:
-    """First line of `mpirun --version`, e.g. 'mpirun (Open MPI) 4.1.4'."""
-    exe = shutil.which("mpirun")
-    if exe is None:
-        return None
-    try:
-        proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return None
-    lines = (proc.stdout or proc.stderr).strip().splitlines()
-    return lines[0] if lines else None
 
 
 def visible_gpus() -> list[str]:
@@ -162,7 +151,14 @@ def collect() -> Report:
         gpus=gpus,
         problems=problems,
         mpi4py=libraries,
+        controller=describe_default_controller(),
     )
+
+
+def describe_default_controller() -> str:
+    """The controller `hvdazure run` picks without --gloo / --mpi, and why (launch/controller.py)."""
+    why = mpi_unusable()
+    return "MPI (mpirun; --gloo for Gloo)" if why is None else f"Gloo ({why}; MPI would be faster)"
 
 
 def as_dict(report: Report) -> dict:
@@ -194,6 +190,7 @@ def format_report(report: Report) -> str:
         f"mpi          {show(report.mpi)}",
         *([f"mpi4py       {describe_mpi4py(report.mpi4py)}"] if report.mpi4py else []),
         f"gpus         {', '.join(report.gpus) or 'none visible'}",
+        *([f"controller   {report.controller}"] if report.controller else []),
     ]
     if build is not None:
         lines += [

@@ -3,11 +3,12 @@ started through `hvdazure run` and through `horovodrun` / `mpirun` directly.
 
     hvdazure bench launch -np 2 [--gloo|--mpi] [--quick] [--json OUT.json]
 
-For the controller chosen (Gloo: horovodrun, the default; MPI: mpirun), the two variants alternate, 5
-repeats (--quick: 1), so machine noise hits them alike. Reported: the median wall time of each, the median
-of the per-repeat differences and ratios (hvdazure run / bare) with a bootstrap 95% interval. The
-difference is the rank wrapper (one more Python process per rank, output re-emitted line by line) and the
-supervisor: paid once per job, not per step. A bare launcher that is not installed is a one-line error.
+For the controller chosen (MPI: mpirun, the default where it can run; Gloo: horovodrun), the two variants
+alternate, 5 repeats (--quick: 1), so machine noise hits them alike. Reported: the median wall time of
+each, the median of the per-repeat differences and ratios (hvdazure run / bare) with a bootstrap 95%
+interval. The difference is the rank wrapper (one more Python process per rank, output re-emitted line by
+line) and the supervisor: paid once per job, not per step. A bare launcher that is not installed is a
+one-line error.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from hvdazure import doctor
+from hvdazure.launch.controller import mpi_version
 
 
 def cpu_model() -> str:
@@ -52,7 +53,7 @@ def facts(controller: str, command: list[str]) -> dict:
         "gpus": doctor.visible_gpus(),
         "python": platform.python_version(),
         "versions": versions,
-        "mpi": doctor.mpi_version(),
+        "mpi": mpi_version(),
         "controller": controller,
         "command": command,
         "load_average_at_start": list(os.getloadavg()),

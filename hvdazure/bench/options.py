@@ -16,9 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranks (default: 2); throughput also runs 1 rank and N single-rank processes")
     controller = parser.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
-                            help="Gloo controller via horovodrun (default)")
+                            help="Gloo controller via horovodrun (default where MPI cannot run)")
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
-                            help="MPI controller via mpirun (needed for the mpi4py peer of allreduce)")
+                            help="MPI controller via mpirun (default where it can run, as for hvdazure run; "
+                                 "needed for the mpi4py peer of allreduce); peers runs hvdazure on both")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny configuration: checks that the benchmark runs, not a measurement")
     parser.add_argument("--json", metavar="OUT.json", help="write every figure and the machine's facts here")
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop a job of the benchmark after S seconds (default: 3600)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also show the launcher's report on failure")
-    parser.set_defaults(controller="gloo")
+    parser.set_defaults(controller=None)
 
 
 def as_options(args: argparse.Namespace) -> Options:

@@ -19,11 +19,13 @@ from hvdazure.bench import machine, registry
 from hvdazure.bench.benchmark import BenchError
 from hvdazure.bench.jobs import LocalJobs
 from hvdazure.bench.options import add_arguments, as_options
+from hvdazure.launch.controller import default_controller
 
 
 def run(args: argparse.Namespace, command: Sequence[str]) -> int:
     """Run benchmark `args.name`, print its table, write --json and --plot. Returns the exit code."""
     benchmark = registry.load(args.name)
+    args.controller = args.controller or default_controller()  # as `hvdazure run` chooses
     if args.np < 1:
         raise BenchError(f"-np must be at least 1, got {args.np}")
     facts = machine.facts(args.controller, list(command))

@@ -50,7 +50,7 @@ class LaunchSpec:
     command: Sequence[str]
     hosts: str | None = None  # "host1:slots,host2:slots"
     hostfile: str | None = None
-    controller: str = "gloo"
+    controller: str | None = None  # "gloo", "mpi", or None: the default, chosen as the job starts
     extra_env: Mapping[str, str] = field(default_factory=dict)
     network_interface: str | None = None  # for traffic between nodes: a name or a CIDR (launch/network.py)
 
@@ -59,7 +59,7 @@ class LaunchSpec:
             raise ValueError(f"-np must be at least 1, got {self.num_proc}")
         if not self.command:
             raise ValueError("no command given to run on each rank")
-        if self.controller not in CONTROLLERS:
+        if self.controller is not None and self.controller not in CONTROLLERS:
             raise ValueError(f"controller must be one of {', '.join(CONTROLLERS)}, got {self.controller!r}")
         if self.hosts and self.hostfile:
             raise ValueError("give either -H/--hosts or --hostfile, not both")
@@ -191,6 +191,8 @@ def build_command(spec: LaunchSpec, env: Mapping[str, str] | None = None,
         # horovodrun --mpi and any nested mpirun read these instead of the command-line flag.
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    if spec.controller is None:
+        raise ValueError("no controller chosen: run_job chooses the default one (launch/controller.py)")
     if spec.controller == "mpi":
         if interface is not None:
             env.setdefault("NCCL_SOCKET_IFNAME", interface.name)  # forwarded to every rank (NCCL_*)

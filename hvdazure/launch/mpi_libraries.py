@@ -118,6 +118,14 @@ def _horovod_libmpi(find_spec: FindSpec, ldd: str) -> tuple[str | None, str | No
     return paths[0], None
 
 
+def horovod_libmpi(find_spec: FindSpec = importlib.util.find_spec) -> tuple[str | None, str | None]:
+    """(the libmpi Horovod's extensions are linked to, a real path; None) or (None, why there is none)."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        return None, "cannot tell which MPI library Horovod loads: `ldd` is not on PATH"
+    return _horovod_libmpi(find_spec, ldd)
+
+
 def _mpi4py_libmpi(find_spec: FindSpec, ldd: str) -> tuple[str | None, str | None]:
     """(mpi4py's libmpi, None) or (None, the problem)."""
     package = _package_dir("mpi4py", find_spec)

@@ -23,6 +23,7 @@ or the network to it, went down.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -38,6 +39,7 @@ from typing import TextIO
 import psutil
 
 from hvdazure.launch.command import RANK_WRAPPER_MODULE, LaunchSpec, build_command
+from hvdazure.launch.controller import default_controller
 from hvdazure.launch.exit_status import (
     RankFailure,
     exit_code_of,
@@ -237,6 +239,8 @@ def run_job(
     Every process this process starts while the job runs is treated as part of the job."""
     out, err = out or sys.stdout, err or sys.stderr
     interface = cross_node_interface(spec, env)
+    if spec.controller is None:  # checked what can be checked first: this asks mpirun and ldd
+        spec = dataclasses.replace(spec, controller=default_controller())
     if interface is not None:
         err.write(_interface_line(spec, interface))
     argv, job_env = build_command(spec, env, interface)

@@ -36,7 +36,8 @@ def start(tmp_path, name, *settings, np=2):
     """Start a job in the background: (process, its report folder)."""
     out = tmp_path / name
     out.mkdir()
-    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", str(np), str(WORKERS / JOB), *_args(settings)]
+    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", str(np), "--gloo", str(WORKERS / JOB),
+           *_args(settings)]
     proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     return proc, out

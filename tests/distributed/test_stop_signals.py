@@ -32,7 +32,7 @@ def test_a_second_sigterm_ends_a_rank_blocked_in_a_collective_at_once(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     args = [a for s in (*SETTINGS, f"checkpoint_dir={tmp_path / 'ckpt'}") for a in ("--set", s)]
-    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", "2", str(WORKERS / JOB), *args]
+    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", "2", "--gloo", str(WORKERS / JOB), *args]
     job = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out)}, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     try:

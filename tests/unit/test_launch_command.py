@@ -28,14 +28,14 @@ def test_a_bare_python_script_runs_with_this_interpreter():
 
 
 def test_every_rank_runs_inside_the_rank_wrapper():
-    argv, _ = build_command(LaunchSpec(num_proc=2, command=["train.py"]), ENV)
+    argv, _ = build_command(LaunchSpec(num_proc=2, command=["train.py"], controller="gloo"), ENV)
     wrapper = argv.index("hvdazure.launch.rank_wrapper")
     assert argv[wrapper - 2 : wrapper] == [sys.executable, "-m"]
     assert argv[wrapper + 1 :] == ["--", sys.executable, "train.py"]
 
 
 def test_gloo_uses_horovodrun_on_localhost_by_default():
-    argv, _ = build_command(LaunchSpec(num_proc=2, command=["train.py"]), ENV)
+    argv, _ = build_command(LaunchSpec(num_proc=2, command=["train.py"], controller="gloo"), ENV)
     assert argv[:3] == [sys.executable, "-m", "hvdazure.launch.horovodrun"]  # launch/horovodrun.py
     assert argv[3:8] == ["--gloo", "-np", "2", "-H", "localhost:2"]
 
@@ -63,12 +63,14 @@ def test_hosts_and_hostfile_are_passed_through(tmp_path):
     spec = LaunchSpec(num_proc=8, command=["t.py"], hosts="node1:4,node2:4", controller="mpi")
     argv, _ = build_command(spec, ENV)
     assert _after(argv, "-H") == "node1:4,node2:4"
-    argv, _ = build_command(LaunchSpec(num_proc=4, command=["t.py"], hostfile=str(hostfile)), ENV)
+    spec = LaunchSpec(num_proc=4, command=["t.py"], hostfile=str(hostfile), controller="gloo")
+    argv, _ = build_command(spec, ENV)
     assert _after(argv, "--hostfile") == str(hostfile)
 
 
 def test_ranks_get_unbuffered_output_and_the_user_environment_wins():
-    _, env = build_command(LaunchSpec(num_proc=2, command=["t.py"]), {**ENV, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    _, env = build_command(LaunchSpec(num_proc=2, command=["t.py"], controller="gloo"),
+                           {**ENV, "TF_CPP_MIN_LOG_LEVEL": "0"})
     assert env["PYTHONUNBUFFERED"] == "1"
     assert env["TF_CPP_MIN_LOG_LEVEL"] == "0"
 
@@ -130,7 +132,8 @@ def test_mpi_traffic_between_nodes_and_mpiruns_own_go_over_the_chosen_interface(
 
 def test_gloo_gets_the_chosen_interface_by_name_through_horovodrun():
     interface = CrossNodeInterface("eth0", "10.0.0.0/24", "the route to node2")
-    argv, _ = build_command(LaunchSpec(num_proc=4, command=["t.py"], hosts="node1:2,node2:2"), ENV, interface)
+    spec = LaunchSpec(num_proc=4, command=["t.py"], hosts="node1:2,node2:2", controller="gloo")
+    argv, _ = build_command(spec, ENV, interface)
 
     assert _after(argv, "--network-interfaces") == "eth0"
 
