@@ -28,7 +28,12 @@ from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan, eval_rang
 from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights
 from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
 from hvdazure.tensorflow.data import ShardedData, data_view, sample_order
-from hvdazure.tensorflow.gradients import allreduce_gradients, allreduce_options, dense_gradients
+from hvdazure.tensorflow.gradients import (
+    allreduce_gradients,
+    allreduce_options,
+    dense_gradients,
+    not_converted,
+)
 from hvdazure.tensorflow.sync_batchnorm import convert_sync_batchnorm, has_sync_batchnorm
 
 if TYPE_CHECKING:
@@ -238,6 +243,7 @@ class _CompiledSteps:
         gradients = tape.gradient(weighted, variables)
         return dense_gradients(gradients, variables), metrics
 
+    @not_converted  # no user code in it: Horovod's and Keras's own functions, called as they are
     def _update(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool) -> tf.Tensor:
         """The step's one grouped allreduce of the gradients (and the stop vote beside it), clipping of
         the global norm, and the update.

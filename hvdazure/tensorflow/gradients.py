@@ -31,6 +31,13 @@ def allreduce_options(reduce_op: str = "average", compression: str = "none",
     return options
 
 
+# AutoGraph would convert Horovod's Python functions on the first trace of every compiled step that calls
+# them (about a second of the time to the first step, for nothing: they have no tensor-dependent control
+# flow); functions marked so are called as they are. Used on hvdazure's own functions that call no user code.
+not_converted = tf.autograph.experimental.do_not_convert
+
+
+@not_converted
 def allreduce_gradients(gradients: Sequence[tf.Tensor], options: dict[str, Any]) -> list[tf.Tensor]:
     """One grouped allreduce of the step's gradients (nothing to do on one rank).
 

@@ -23,6 +23,8 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from hvdazure.tensorflow.gradients import not_converted
+
 
 @keras.saving.register_keras_serializable(package="hvdazure")
 class SyncBatchNormalization(keras.layers.BatchNormalization):
@@ -66,6 +68,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         return mean, variance
 
 
+@not_converted
 def _gather_rows(row: Any, name: str) -> Any:
     """Every rank's `row` (1, n), stacked in rank order (ranks, n). Differentiated as the allreduce of
     count, sum and sum of squares was: every rank's loss depends on every row, so a row's gradient is the

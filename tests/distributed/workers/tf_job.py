@@ -7,6 +7,7 @@ order, read from the batches the compiled step received), the LR the optimizer h
 and how often training_step and validation_step were traced into a tf.function.
 
 extra: n_train, n_eval, features, step_sleep (seconds per step, to make a job slow enough to interrupt),
+       autograph_log (print every function AutoGraph converts, with tf.autograph.set_verbosity),
        load_weights (after training, rank 0 also reports the weights of a new model given
        `load_weights(checkpoint_dir, which)` by set_weights, for which in latest and best).
 Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts.
@@ -104,6 +105,8 @@ def loaded_weights(trainer: RegressionTrainer) -> dict[str, list[list[float]]]:
 
 if __name__ == "__main__":
     trainer = RegressionTrainer(TrainConfig.from_cli(log_every=1, progress_bar=False))
+    if trainer.config.extra.get("autograph_log"):
+        tf.autograph.set_verbosity(1, alsologtostdout=True)
     history = trainer.fit()
     weights = trainer.model.get_weights()
     report_rank(trainer.rank, {
