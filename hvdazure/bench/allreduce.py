@@ -4,8 +4,9 @@
 
 On the same ranks in one job, for message sizes 4 KB .. 256 MB (--quick: up to 16 MB), the peers take turns
 (interleaved per size and per repeat, their order rotated) so machine noise hits them alike:
-- hvdazure: the path the trainer's gradients take, `hvd.DistributedOptimizer(...).synchronize()` (Horovod's
-  allreduce_async_ on the gradient with the trainer's compression and op, Average); for broadcast, the
+- hvdazure: the path the trainer's gradients take on this device (torch/gradients.py): on CPUs its grouped
+  allreduce after backward, on GPUs `hvd.DistributedOptimizer(...).synchronize()` (Horovod's
+  allreduce_async_ on the gradient), with the trainer's compression and op, Average; for broadcast, the
   parameter broadcast the trainer starts with (`hvd.broadcast_parameters`); for allgather, the trainer's
   Collectives.allgather_bytes (metrics and state). `hvdazure fp16`: the same with fp16 compression (the
   figures count the uncompressed fp32 bytes: the bandwidth the user sees).
@@ -68,20 +69,23 @@ class Peer:
 
 def _hvdazure_peers(hvd: Any, torch: Any, op: str) -> list[Peer]:
     from hvdazure.torch.collectives import TorchCollectives
+    from hvdazure.torch.gradients import COMPRESSION, GradientsAfterBackward, overlaps_backward
 
-    def gradient_path(compression: Any, label: str) -> Callable[[Any], Callable[[], None]]:
+    def gradient_path(compression: str, label: str) -> Callable[[Any], Callable[[], None]]:
         def setup(tensor: Any) -> Callable[[], None]:
             param = torch.nn.Parameter(torch.zeros_like(tensor))
             param.grad = tensor.clone()
+            if not overlaps_backward("auto", "average", tensor.device):  # the trainer's choice on this device
+                return GradientsAfterBackward([param], "average", compression, 1.0)
             optimizer = hvd.DistributedOptimizer(
                 torch.optim.SGD([param], lr=0.0), named_parameters=[(f"{label}.{tensor.numel()}", param)],
-                compression=compression, op=hvd.Average)
+                compression=COMPRESSION[compression], op=hvd.Average)
             return optimizer.synchronize
         return setup
 
     if op == "allreduce":
-        return [Peer("hvdazure", gradient_path(hvd.Compression.none, "bench.grad")),
-                Peer("hvdazure fp16", gradient_path(hvd.Compression.fp16, "bench.grad16"))]
+        return [Peer("hvdazure", gradient_path("none", "bench.grad")),
+                Peer("hvdazure fp16", gradient_path("fp16", "bench.grad16"))]
     if op == "broadcast":
         return [Peer("hvdazure", lambda t: lambda: hvd.broadcast_parameters({"p": t}, root_rank=0))]
     comm = TorchCollectives(rank_device(torch, hvd))
