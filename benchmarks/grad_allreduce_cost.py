@@ -63,7 +63,8 @@ def main() -> None:
     torch.set_num_threads(1)
     shape, classes, batch = MODELS[args.model]
     generator = torch.Generator().manual_seed(hvd.rank())
-    x, y = torch.randn(batch, *shape, generator=generator), torch.randint(0, classes, (batch,), generator=generator)
+    x = torch.randn(batch, *shape, generator=generator)
+    y = torch.randint(0, classes, (batch,), generator=generator)
     overlapped = build_model(args.model)
     after = copy.deepcopy(overlapped)
     optimizers = {

@@ -42,7 +42,7 @@ import numpy as np
 
 from hvdazure.bench import stats
 from hvdazure.bench.benchmark import BenchError, Benchmark, Jobs, Options, Result, progress
-from hvdazure.bench.frameworks import chosen_frameworks
+from hvdazure.bench.frameworks import chosen_frameworks, model_unavailable
 from hvdazure.bench.machine import threads_per_rank
 from hvdazure.bench.models import MODELS
 from hvdazure.bench.peers_workload import LAUNCHED_AT, PeerSpec
@@ -314,6 +314,10 @@ class Peers(Benchmark):
         for model in chosen_models(options["model"]):
             if model not in MODELS:
                 raise BenchError(f"peers: unknown --model {model!r}; choose from {', '.join(MODELS)}")
+            for framework in chosen_frameworks(options["framework"]):
+                reason = model_unavailable(model, framework)
+                if reason is not None:
+                    raise BenchError(reason)
 
     def run(self, options: Options, jobs: Jobs) -> Result:
         """Rounds of every available peer on every regime, the peers' order rotated per round."""

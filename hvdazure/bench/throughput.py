@@ -24,13 +24,12 @@ and needs torchvision (PyTorch) or keras.applications (TensorFlow).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 from hvdazure.bench import stats
 from hvdazure.bench.benchmark import BenchError, Jobs, Options, RankBenchmark, Result, progress
-from hvdazure.bench.frameworks import FRAMEWORKS, chosen_frameworks, not_installed
+from hvdazure.bench.frameworks import FRAMEWORKS, chosen_frameworks, model_unavailable, not_installed
 from hvdazure.bench.machine import threads_per_rank
 from hvdazure.bench.throughput_workload import ThroughputSide, batch_schedule, batch_size
 from hvdazure.figures import pyplot, save_figure
@@ -60,15 +59,10 @@ class Throughput(RankBenchmark):
     name = "throughput"
 
     def check(self, options: Options) -> None:
-        if (options["model"] or DEFAULT_MODEL) != "resnet50":
-            return
-        chosen = chosen_frameworks(options["framework"])
-        if "torch" in chosen and importlib.util.find_spec("torchvision") is None:
-            raise BenchError("--model resnet50 needs torchvision, which is not installed here "
-                             "(pip install torchvision matching this torch)")
-        if "tensorflow" in chosen and importlib.util.find_spec("keras") is None:
-            raise BenchError("--model resnet50 needs keras.applications (Keras 3), which is not installed "
-                             "here (pip install keras matching this TensorFlow)")
+        for framework in chosen_frameworks(options["framework"]):
+            reason = model_unavailable(options["model"] or DEFAULT_MODEL, framework)
+            if reason is not None:
+                raise BenchError(reason)
 
     def measure(self, options: Options) -> Result | None:
         """On every rank: train and time; rank 0 returns each rank's samples/s per timed batch."""

@@ -126,7 +126,18 @@ def test_without_other_peers_there_is_no_target_to_report():
 ])
 def test_bad_options_are_one_line_before_anything_starts(options, message):
     with pytest.raises(BenchError, match=message):
-        peers.Peers().check({"np": 2, "rounds": None, "model": None, **options})
+        peers.Peers().check({"np": 2, "rounds": None, "model": None, "framework": "both", **options})
+
+
+def test_resnet50_without_torchvision_is_refused_before_anything_starts(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name == "torchvision" else real(name))
+    with pytest.raises(BenchError, match="--model resnet50 needs torchvision"):
+        peers.Peers().check({"np": 2, "rounds": None, "model": "resnet50", "framework": "torch"})
+    peers.Peers().check({"np": 2, "rounds": None, "model": "resnet50", "framework": "tensorflow"})
 
 
 def test_both_regimes_by_default_and_the_steps_of_each():

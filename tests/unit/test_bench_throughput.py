@@ -1,6 +1,8 @@
 """The throughput benchmark's framework-free side: the batch timer's arithmetic, the plan per framework, the
 report of both frameworks side by side (and of one that was skipped), and one-line errors before any rank."""
 
+import importlib.util
+
 import pytest
 
 from hvdazure.bench import throughput, throughput_workload
@@ -68,8 +70,8 @@ def test_summary_gives_the_efficiencies_and_the_table_shows_both_frameworks_and_
 
 
 def test_resnet50_without_its_package_fails_in_one_line_for_the_framework_asked_for(monkeypatch):
-    real = throughput.importlib.util.find_spec
-    monkeypatch.setattr(throughput.importlib.util, "find_spec",
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name: None if name in ("torchvision", "keras") else real(name))
     options = {"model": "resnet50", "framework": "tensorflow"}
     benchmark = throughput.Throughput()
