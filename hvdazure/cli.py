@@ -505,7 +505,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     from hvdazure.bench.registry import NAMES
 
     bench = sub.add_parser(
-        "bench", help="benchmarks on this machine: collective bandwidth, trainer overhead, throughput",
+        "bench", help="benchmarks on this machine: collectives, overhead, throughput, the peers users pick",
         description="Run a benchmark on N ranks of this machine (started as `hvdazure run` starts jobs) and "
                     "print its table; --json writes every figure with the machine's facts, --plot a PNG. "
                     "allreduce: latency and bandwidth of hvdazure's gradient path against raw Horovod, "
@@ -516,9 +516,14 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                     "and load against bare torch.save/load, the stall of async and blocking checkpoints, "
                     "resume memory. launch: hvdazure run against the bare launcher. data: a sharded dataset "
                     "read along the ranks' plans against a raw read of the same bytes, cold and warm cache, "
-                    "data wait, bytes fetched, memory.",
+                    "data wait, bytes fetched, memory. peers: hvdazure (Gloo and MPI) against torchrun + "
+                    "DDP, Lightning, HF Accelerate and MultiWorkerMirroredStrategy, each started by its own "
+                    "launcher on the same model, data and ranks: samples/s, time to the first step, wall "
+                    "time, peak RSS, paired ratios with intervals.",
         epilog="examples:\n  hvdazure bench allreduce -np 2 --mpi --json ar.json --plot ar.png\n"
-               "  hvdazure bench overhead -np 2 --framework torch\n  hvdazure bench throughput -np 2 --quick",
+               "  hvdazure bench overhead -np 2 --framework torch\n"
+               "  hvdazure bench throughput -np 2 --quick\n"
+               "  hvdazure bench peers -np 2 --json peers.json --plot peers.png",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_argument("name", choices=NAMES, metavar="NAME", help=", ".join(NAMES))

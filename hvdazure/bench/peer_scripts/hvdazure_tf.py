@@ -1,5 +1,5 @@
-"""hvdazure's TensorFlowTrainer on Keras 3, as its README writes it (throughput_tf.py's trainer:
-build_model, build_optimizer, train_dataset, training_step).
+"""hvdazure's TensorFlowTrainer on Keras 3, as docs/guides/tensorflow.md writes it (throughput_tf.py's
+trainer: build_model, build_optimizer, train_dataset, training_step).
 
     hvdazure run -np N [--gloo|--mpi] hvdazure_tf.py SPEC.json
 """

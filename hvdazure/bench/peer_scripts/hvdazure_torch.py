@@ -1,5 +1,5 @@
-"""hvdazure's TorchTrainer, as its README writes it (throughput_torch.py's trainer: build_model,
-build_optimizer, train_dataset, training_step).
+"""hvdazure's TorchTrainer, as docs/guides/pytorch.md writes it (throughput_torch.py's trainer:
+build_model, build_optimizer, train_dataset, training_step).
 
     hvdazure run -np N [--gloo|--mpi] hvdazure_torch.py SPEC.json
 """
