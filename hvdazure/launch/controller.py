@@ -3,8 +3,8 @@
 
 Measured with `hvdazure bench peers -np 2` (benchmarks/RESULTS.md): on one machine Horovod's MPI
 controller exchanges gradients through shared memory and coordinates the ranks with MPI calls, where its
-Gloo controller sends both over TCP and coordinates every millisecond over it; hvdazure on MPI trains the
-latency-bound model about twice as fast as on Gloo, and faster than torchrun + DDP, which Gloo is not. MPI
+Gloo controller sends both over TCP and negotiates over it every millisecond; hvdazure on MPI trains the
+latency-bound model 1.46x as fast as on Gloo and 1.36x as fast as torchrun + DDP (Gloo: 0.89x). MPI
 can run where `mpirun` is on PATH and Horovod's compiled extensions are linked to a libmpi of the same MPI
 (Open MPI's libmpi.so.40 with Open MPI's mpirun, or another MPI's with its own); nothing is started or
 imported to find out (launch/mpi_libraries.py reads the links with `ldd`). Gloo needs nothing but Horovod.
