@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdazure.bench.models import MODELS
+from hvdazure.bench.models import LR, MODELS
+from hvdazure.core.callbacks import Callback
+from hvdazure.core.config import TrainConfig
 
 LAUNCHED_AT = "HVDAZURE_BENCH_LAUNCHED_AT"  # time.time() when the launcher was started (set by peers.py)
 STEPS = {"mlp": (30, 150), "cnn": (5, 40), "resnet50": (5, 20)}  # warm-up steps, timed steps
@@ -75,3 +77,23 @@ class StepClock:
                   "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                   "threads": rank_threads(), **facts}
         Path(spec.out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+class StepEnds(Callback):
+    """An hvdazure trainer's callback that tells a StepClock each optimizer step's end."""
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
+
+    def on_step_end(self, trainer: Any) -> None:
+        self.clock.step_done()
+
+
+def fit_hvdazure(trainer_class: Any, spec: PeerSpec, world_size: int, clock: StepClock) -> None:
+    """Train `spec` through one of hvdazure's trainers (throughput_torch's or throughput_tf's
+    SyntheticTrainer) with the clock, and write this rank's result with the controller it ran on."""
+    # lr_scaling none: the same SGD step as the other peers' (a speed benchmark; hvdazure scales by default)
+    config = TrainConfig(epochs=1, batch_size=spec.batch_size, lr=LR, lr_scaling="none", progress_bar=False)
+    trainer = trainer_class(config, spec.model, spec.samples(world_size), StepEnds(clock))
+    trainer.fit()
+    clock.write(spec, trainer.rank, trainer.world_size, controller=trainer.collectives.controller)
