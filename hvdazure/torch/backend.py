@@ -1,9 +1,11 @@
 """TorchBackend: the framework's side of core/trainer.py's loop, on PyTorch and Horovod.
 
 What Horovod's examples make users write by hand, done here: hvd.init and device pinning, thread limits on
-CPU, DistributedOptimizer (compression, accumulation, op, predivide), broadcast of parameters and optimizer
-state from rank 0, sharded and re-seeded data per epoch, exact loss weighting for uneven last steps,
-gradient clipping after the allreduce, and autocast mixed precision (bf16; fp16 with GradScaler on CUDA).
+CPU, the gradient allreduce (torch/gradients.py: Horovod's DistributedOptimizer during backward on GPUs,
+one grouped allreduce after it on CPUs; compression, accumulation, op, predivide), broadcast of parameters
+and optimizer state from rank 0, sharded and re-seeded data per epoch, exact loss weighting for uneven
+last steps, gradient clipping after the allreduce, and autocast mixed precision (bf16; fp16 with
+GradScaler on CUDA).
 The user's hooks (build_model, training_step, ...) are the TorchTrainer's (torch/trainer.py).
 """
 

@@ -57,7 +57,8 @@ class TorchTrainer(Trainer):
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        """Horovod's DistributedOptimizer around the one build_optimizer returned."""
+        """The optimizer build_optimizer returned; where gradients are allreduced during backward (GPUs,
+        Adasum, `grad_allreduce: overlap`), Horovod's DistributedOptimizer around it."""
         return self._backend.optimizer
 
     @property
