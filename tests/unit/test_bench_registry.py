@@ -49,7 +49,7 @@ def test_launch_starts_its_own_processes_and_every_other_benchmark_measures_on_r
     kinds = {name: isinstance(registry.load(name), RankBenchmark) for name in registry.NAMES}
 
     assert kinds == {"allreduce": True, "overhead": True, "throughput": True, "checkpoint": True,
-                     "launch": False, "data": True}
+                     "launch": False, "data": True, "peers": False}
     with pytest.raises(TypeError, match="runs no ranks"):
         registry.load_rank_benchmark("launch")
 
