@@ -86,7 +86,7 @@ class Peer:
 
     @property
     def is_hvdazure(self) -> bool:
-        return self.name.startswith("hvdazure")
+        return is_hvdazure(self.name)
 
     def missing(self) -> str | None:
         """Why this peer cannot run here, or None."""
@@ -96,6 +96,11 @@ class Peer:
         if self.program is not None and _program(self.program) is None:
             return f"{self.program} is not on PATH"
         return None
+
+
+def is_hvdazure(name: str) -> bool:
+    """Whether the peer called `name` is hvdazure itself (whose ratios to the others are reported)."""
+    return name.startswith("hvdazure")
 
 
 def _program(name: str) -> str | None:
@@ -273,9 +278,9 @@ def summarize(model: str, runs: dict[str, list[Result]]) -> Result:
     to every other peer (median, interval); the targets against the fastest and the slowest peer."""
     figures = {name: {key: [per_run(r)[key] for r in rs] for key in FIGURES} for name, rs in runs.items()}
     peers = {name: {key: stats.summary(values) for key, values in f.items()} for name, f in figures.items()}
-    others = [name for name in runs if not name.startswith("hvdazure")]
+    others = [name for name in runs if not is_hvdazure(name)]
     ratios: dict[str, dict[str, Result]] = {}
-    for ours in (name for name in runs if name.startswith("hvdazure")):
+    for ours in filter(is_hvdazure, runs):
         ratios[ours] = {}
         for other in others:
             ratios[ours][other] = {key: _ratio(figures[ours][key], figures[other][key]) for key in FIGURES}
@@ -305,6 +310,9 @@ class Peers(Benchmark):
 
     name = "peers"
 
+    def __init__(self, peers: Sequence[Peer] = PEERS) -> None:
+        self.peers = peers  # the registry's: PEERS
+
     def check(self, options: Options) -> None:
         if options["np"] < 2:
             raise BenchError("peers compares data-parallel training: -np must be at least 2, got "
@@ -320,33 +328,47 @@ class Peers(Benchmark):
                     raise BenchError(reason)
 
     def run(self, options: Options, jobs: Jobs) -> Result:
-        """Rounds of every available peer on every regime, the peers' order rotated per round."""
+        """Rounds of every available peer on every regime, the peers' order rotated per round. A peer other
+        than hvdazure that fails is dropped from that regime with the reason (its earlier rounds too: the
+        ratios stay paired); hvdazure failing ends the benchmark."""
         n, quick = options["np"], options["quick"]
         rounds = options["rounds"] or (1 if quick else DEFAULT_ROUNDS)
         threads, gpus = threads_per_rank(n), has_gpus()
         frameworks = chosen_frameworks(options["framework"])
-        available = [p for p in PEERS if p.framework in frameworks and p.missing() is None]
+        chosen = [p for p in self.peers if p.framework in frameworks]
+        available = [p for p in chosen if p.missing() is None]
         skipped = [{"peer": p.name, "framework": p.framework, "reason": p.missing()}
-                   for p in PEERS if p.framework in frameworks and p.missing() is not None]
+                   for p in chosen if p.missing() is not None]
+        failed: list[Result] = []
         runs: dict[str, dict[str, dict[str, list[Result]]]] = {
             m: {f: {p.name: [] for p in available if p.framework == f} for f in frameworks}
             for m in chosen_models(options["model"])}
         with tempfile.TemporaryDirectory(prefix="hvdazure-bench-peers-") as scratch:
-            for round_ in range(rounds):
+            for round_ in range(rounds if available else 0):
                 for model, by_framework in runs.items():
-                    order = available[round_ % len(available):] + available[:round_ % len(available)]
-                    for peer in order:
+                    start = round_ % len(available)
+                    for peer in available[start:] + available[:start]:
+                        if peer.name not in by_framework[peer.framework]:  # failed in an earlier round
+                            continue
                         progress(f"peers: round {round_ + 1}/{rounds}: {model}: {peer.framework}: "
                                  f"{peer.name}")
                         folder = Path(tempfile.mkdtemp(prefix=f"r{round_}-{model}-", dir=scratch))
                         spec = PeerSpec.for_model(model, quick, str(folder))
-                        by_framework[peer.framework][peer.name].append(
-                            run_peer(peer, spec, n, threads, jobs.timeout_s, gpus))
+                        try:
+                            run = run_peer(peer, spec, n, threads, jobs.timeout_s, gpus)
+                        except BenchError as exc:
+                            if peer.is_hvdazure:
+                                raise
+                            del by_framework[peer.framework][peer.name]
+                            failed.append({"peer": peer.name, "framework": peer.framework, "model": model,
+                                           "round": round_ + 1, "reason": str(exc)})
+                            continue
+                        by_framework[peer.framework][peer.name].append(run)
         return {
             "world_size": n, "threads_per_rank": threads, "gpus": gpus, "rounds": rounds,
             "steps": {m: {"warmup": s.warmup, "timed": s.steps - s.warmup, "batch_per_rank": s.batch_size}
                       for m in runs for s in [PeerSpec.for_model(m, quick, "")]},
-            "skipped": skipped,
+            "skipped": skipped, "failed": failed,
             "results": {m: {f: {"runs": rs, "summary": summarize(m, rs)} for f, rs in by_f.items() if rs}
                         for m, by_f in runs.items()},
         }
@@ -376,6 +398,9 @@ class Peers(Benchmark):
                                  f"{start['ci95'][1]:.2f}), target <= 1: {start['verdict']}")
         for s in result["skipped"]:
             lines.append(f"skipped: {s['peer']} ({s['framework']}): {s['reason']}")
+        for f in result.get("failed", []):
+            lines.append(f"failed, left out of {f['model']}: {f['peer']} ({f['framework']}), round "
+                         f"{f['round']}: {f['reason']}")
         return "\n".join(lines)
 
     def plot(self, result: Result, path: Path) -> None:
@@ -389,7 +414,7 @@ class Peers(Benchmark):
             means = [s["peers"][n]["samples_per_s"]["mean"] for n in names]
             lows = [m - s["peers"][n]["samples_per_s"]["ci95"][0] for m, n in zip(means, names, strict=True)]
             highs = [s["peers"][n]["samples_per_s"]["ci95"][1] - m for m, n in zip(means, names, strict=True)]
-            colors = ["C0" if n.startswith("hvdazure") else "C7" for n in names]
+            colors = ["C0" if is_hvdazure(n) else "C7" for n in names]
             ax.bar(range(len(names)), means, yerr=[lows, highs], capsize=4, color=colors)
             ax.set_xticks(range(len(names)), names, rotation=25, ha="right")
             ax.set_title(f"{model} ({s['regime']}), {framework}")

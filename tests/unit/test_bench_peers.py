@@ -3,6 +3,7 @@ step times, the paired ratios and targets, the report, and one-line errors befor
 benchmark itself, every peer on real processes: tests/distributed/test_bench.py."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,59 @@ def test_the_table_shows_every_peer_the_targets_and_the_skipped_ones_with_why():
     assert "mlp (latency-bound), torch" in table and "torchrun + DDP" in table
     assert "hvdazure (MPI): samples/s / torchrun + DDP (fastest) 1.25" in table
     assert "skipped: HF Accelerate (torch): accelerate is not installed" in table
+
+
+FAKE_PEER = """
+import json, os, resource, sys, time
+spec = json.load(open(sys.argv[1]))
+if os.environ.get("FAKE_FAIL"):
+    sys.exit("the fake peer's launcher failed")
+start = time.time()
+for rank in range(2):
+    ends = [start + 0.01 * (step + 1) for step in range(spec["steps"])]
+    result = {"rank": rank, "world_size": 2, "step_ends": ends, "launched_at": float(os.environ["%s"]),
+              "max_rss_bytes": 2**20, "threads": int(os.environ["OMP_NUM_THREADS"])}
+    with open(os.path.join(spec["out_dir"], f"rank{rank}.json"), "w") as out:
+        json.dump(result, out)
+"""
+
+
+class RecordingJobs:
+    timeout_s = 60.0
+
+
+def fake_peers(tmp_path, failing):
+    """Peers that run a script of a few lines instead of a framework: each writes both ranks' results,
+    or exits 1 (the names in `failing`)."""
+    script = tmp_path / "fake_peer.py"
+    script.write_text(FAKE_PEER % peers.LAUNCHED_AT)
+
+    def commands(name):
+        env = {"FAKE_FAIL": "1"} if name in failing else {}
+        return lambda launch: [([sys.executable, launch.script, launch.spec], env)]
+
+    return [peers.Peer(name, "torch", str(script), ("json",), commands(name))
+            for name in ("hvdazure (fake)", "good peer", "broken peer")]
+
+
+def options(**changes):
+    return {"np": 2, "quick": True, "rounds": 2, "model": "mlp", "framework": "torch", **changes}
+
+
+def test_a_failing_peer_is_left_out_with_the_reason_and_the_others_are_measured_and_paired(tmp_path):
+    result = peers.Peers(fake_peers(tmp_path, failing={"broken peer"})).run(options(), RecordingJobs())
+
+    summary = result["results"]["mlp"]["torch"]["summary"]
+    assert set(summary["peers"]) == {"hvdazure (fake)", "good peer"}
+    assert len(result["results"]["mlp"]["torch"]["runs"]["good peer"]) == 2
+    assert set(summary["ratios"]["hvdazure (fake)"]) == {"good peer"}
+    (failure,) = result["failed"]
+    assert (failure["peer"], failure["model"], failure["round"]) == ("broken peer", "mlp", 1)
+    assert "the fake peer's launcher failed" in failure["reason"]
+    assert "failed, left out of mlp: broken peer (torch), round 1" in peers.Peers().table(
+        {**result, "options": options()})
+
+
+def test_hvdazure_failing_ends_the_benchmark_with_its_error(tmp_path):
+    with pytest.raises(BenchError, match=r"hvdazure \(fake\) \(torch, mlp\) failed"):
+        peers.Peers(fake_peers(tmp_path, failing={"hvdazure (fake)"})).run(options(rounds=1), RecordingJobs())
