@@ -18,7 +18,8 @@ with every peer's run of the same round. Reported per regime: each figure's mean
 interval over the rounds, and the ratios hvdazure / peer as the median of the per-round ratios with a
 bootstrap 95% interval, against the targets: samples/s at least 1.0 x the fastest peer's when
 compute-bound, 0.95 x when latency-bound, and time to the first step no longer than the slowest peer's. A
-peer that cannot run here (a package or launcher missing) is skipped with the reason, never faked.
+peer that cannot run here (a package or launcher missing) is skipped with the reason, never faked; one that
+fails is left out of that regime with its error, and the others are measured.
 """
 
 from __future__ import annotations
