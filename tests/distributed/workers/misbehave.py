@@ -25,13 +25,16 @@ seen = {}
 atexit.register(lambda: mode == "slow-exit" and seen.get("rank") == 1 and time.sleep(3))
 hvd.init()
 rank = seen["rank"] = hvd.rank()
-report_rank(rank, {"pid": os.getpid(), "started": True})
 
 if mode == "sigterm":
     def on_sigterm(signum, frame):
         report_rank(rank, {"pid": os.getpid(), "got_sigterm": True})
         sys.exit(143)
+    # Before the "started" report the test waits for: a SIGTERM sent right after it must find the handler.
     signal.signal(signal.SIGTERM, on_sigterm)
+report_rank(rank, {"pid": os.getpid(), "started": True})
+
+if mode == "sigterm":
     print(f"rank {rank} ready", flush=True)
     while True:
         time.sleep(0.1)
