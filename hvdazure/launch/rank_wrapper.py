@@ -44,6 +44,7 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR
 GRACE_ENV = "HVDAZURE_GRACE_S"  # set by `hvdazure run` from --grace
 _DEFAULT_GRACE_S = 30.0
 _POLL_S = 1.0  # how often the wrapper checks that its parent is still there
+_SIGNAL_POLL_S = 0.05  # how often a wait for the launcher's signal checks whether it came
 # How long a rank that failed only because a peer had gone waits before it reports and exits (unless the
 # launcher signals it first). The peer may take seconds to finish exiting after Horovod has shut down
 # (freeing a large model, joining data loader workers); if this rank exited first, the launcher would
@@ -84,18 +85,26 @@ class _LinePump(threading.Thread):
 class _SignalForwarder:
     """Passes signals on to the command; remembers which, so that an exit they explain is not a failure.
 
-    Installed before the command starts: a signal arriving meanwhile is passed on as soon as it exists."""
+    Installed before the command starts: a signal arriving meanwhile is passed on as soon as it exists.
+    The handler takes no lock: it runs between two bytecodes of the main thread, which may be holding the
+    very lock (a threading.Event's, while it waits on it), and would then wait for itself forever."""
 
     def __init__(self) -> None:
         self.child: subprocess.Popen | None = None
         self.signals: set[int] = set()
-        self.signalled = threading.Event()
 
     def __call__(self, signum: int, _frame: object = None) -> None:
         self.signals.add(signum)
-        self.signalled.set()
         if self.child is not None:
-            self.child.send_signal(signum)  # harmless if the command has just exited
+            self.child.send_signal(signum)  # lock-free (Popen polls without blocking); harmless if it exited
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a signal to arrive (by polling: the handler sets no Event);
+        whether one has."""
+        deadline = time.monotonic() + timeout
+        while not self.signals and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(_SIGNAL_POLL_S, left))
+        return bool(self.signals)
 
     def attach(self, child: subprocess.Popen) -> None:
         self.child = child
@@ -123,7 +132,9 @@ def _grace_s() -> float:
 
 class _OrphanWatch(threading.Thread):
     """Stops the command if this wrapper is orphaned (its parent died): SIGTERM (the parent-death signal
-    has usually delivered it already), then SIGKILL after the grace period."""
+    has usually delivered it already), then SIGKILL after the grace period. Once the command has ended,
+    an orphaned wrapper still here a grace period later (stuck reporting to a launcher that is gone)
+    exits outright: nothing of the job outlives its launcher by more than that."""
 
     def __init__(self, child: subprocess.Popen, forward: _SignalForwarder) -> None:
         super().__init__(daemon=True)
@@ -133,12 +144,19 @@ class _OrphanWatch(threading.Thread):
 
     def run(self) -> None:
         while not self.command_exited.wait(_POLL_S):
-            if os.getppid() != self.parent:
+            if self._orphaned():
                 if signal.SIGTERM not in self.forward.signals:  # no parent-death signal on this system
                     self.forward(signal.SIGTERM)
                 if not self.command_exited.wait(_grace_s()):
                     self.child.kill()
-                return
+                break
+        while not self._orphaned():
+            time.sleep(_POLL_S)
+        time.sleep(_grace_s())
+        os._exit(1 if self.child.returncode is None else exit_code_of(self.child.returncode)[0])
+
+    def _orphaned(self) -> bool:
+        return os.getppid() != self.parent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         if timed_out:
             detail += PEER_TIMEOUT_DETAIL
         if follow_on:  # let the rank that failed first report first
-            forward.signalled.wait(_FOLLOW_ON_DELAY_S)
+            forward.wait(_FOLLOW_ON_DELAY_S)
         elif code == BAD_INPUT_STATUS:  # let the other ranks name the bad input too
-            forward.signalled.wait(_BAD_INPUT_HOLD_S)
+            forward.wait(_BAD_INPUT_HOLD_S)
         _write_stderr_line(RankFailure(follow_on, exited_at, rank, code, detail).line())
     else:
         _write_stderr_line(exited_line(rank, code))

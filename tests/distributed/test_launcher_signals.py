@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -64,11 +65,12 @@ def test_sigkill_of_the_launcher_leaves_no_process_of_the_job(tmp_path, controll
         proc.kill()
         proc.wait()
         alive = _still_running(job, within_s=NO_HANG_TIMEOUT)
+        described = [_describe(p) for p in alive]  # before they are killed below: then they are zombies
     finally:
         for leftover in _still_running(job, within_s=0):
             leftover.kill()
 
-    assert not alive, [p.info for p in psutil.process_iter(["pid", "cmdline"]) if p in alive]
+    assert not alive, described
     assert not processes_running(SCRIPT)
 
 
@@ -80,6 +82,17 @@ def _still_running(procs, within_s):
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.2)
+
+
+def _describe(proc):
+    """What a process left behind was doing: its command line, state, parent and kernel wait channel."""
+    try:
+        with proc.oneshot():
+            info = {"pid": proc.pid, "cmdline": proc.cmdline(), "status": proc.status(), "ppid": proc.ppid()}
+        info["wchan"] = Path(f"/proc/{proc.pid}/wchan").read_text()
+        return info
+    except (psutil.NoSuchProcess, OSError) as exc:
+        return {"pid": proc.pid, "gone": repr(exc)}
 
 
 def _running(proc):

@@ -23,7 +23,8 @@ NO_HANG_TIMEOUT = 30
 WRAPPER = [sys.executable, "-m", "hvdazure.launch.rank_wrapper", "--"]
 
 # The wrapped command: writes its pid, then sleeps. On SIGTERM it writes "sigterm" and exits 143, or, with
-# "ignore", ignores SIGTERM (a command stuck where it cannot react).
+# "ignore", ignores SIGTERM (a command stuck where it cannot react); with "flood", it first writes 1 MB to
+# stderr.
 COMMAND = """
 import os, signal, sys, time
 from pathlib import Path
@@ -34,6 +35,8 @@ def on_sigterm(signum, frame):
 signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else on_sigterm)
 (out / "pid.tmp").write_text(str(os.getpid()))
 (out / "pid.tmp").rename(out / "command.pid")
+if mode == "flood":  # more than a pipe holds: the wrapper blocks passing it on if nobody reads it
+    sys.stderr.write("x" * 2**20 + "\\n")
 while True:
     time.sleep(0.1)
 """
@@ -125,6 +128,62 @@ def test_an_orphaned_command_that_ignores_sigterm_is_killed_after_the_grace_peri
         _kill_all([wrapper, command])
 
     assert not alive, "a command ignoring SIGTERM outlived its orphaned wrapper"
+
+
+def test_an_orphaned_wrapper_stuck_writing_to_a_full_pipe_exits_after_the_grace_period(tmp_path):
+    """Its parent gone, the wrapper blocks writing output nobody reads (the pipe's other end is held, here
+    by this test): the command is stopped, and the wrapper itself must not stay behind either."""
+    held, write_end = os.pipe()
+    try:
+        parent = subprocess.Popen([sys.executable, "-c", PARENT, *_wrapped_command(tmp_path, "flood")],
+                                  stdout=subprocess.PIPE, stderr=write_end, text=True,
+                                  env={**os.environ, "HVDAZURE_GRACE_S": "1"})
+        os.close(write_end)
+        wrapper = psutil.Process(int(parent.stdout.readline()))
+        command = _wait_for_command(tmp_path)
+        try:
+            parent.kill()
+            parent.wait()
+            alive = _gone_within([wrapper, command], NO_HANG_TIMEOUT)
+        finally:
+            _kill_all([wrapper, command])
+    finally:
+        os.close(held)
+
+    assert not alive, "a wrapper blocked on its output outlived its parent"
+
+
+SIGNAL_STORM = """
+import signal, sys, time
+from hvdazure.launch.rank_wrapper import _SignalForwarder
+forward = _SignalForwarder()
+signal.signal(signal.SIGUSR1, forward)
+print("ready", flush=True)
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline:
+    forward.signals.clear()
+    forward.wait(0.0005)
+print("done", flush=True)
+"""
+
+
+def test_a_signal_arriving_in_any_instant_of_a_wait_for_it_is_handled(tmp_path):
+    """Signals at random instants of the wrapper's waits for one (a handler that took a lock the waiting
+    main thread held would wait for itself forever); the waits must keep ending."""
+    waiter = subprocess.Popen([sys.executable, "-c", SIGNAL_STORM, "3"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        assert waiter.stdout.readline() == "ready\n"
+        sent = 0
+        while waiter.poll() is None and sent < 600:
+            waiter.send_signal(signal.SIGUSR1)
+            sent += 1
+            time.sleep(0.003)
+        output, _ = waiter.communicate(timeout=NO_HANG_TIMEOUT)
+    finally:
+        waiter.kill()
+
+    assert waiter.returncode == 0 and output.endswith("done\n"), (sent, output[-2000:])
 
 
 @pytest.fixture
