@@ -176,7 +176,8 @@ for rank in range(2):
 """
 
 
-class RecordingJobs:
+class JobsDouble:
+    """Test double of the bench's Jobs: all Peers.run reads of it is the timeout per job."""
     timeout_s = 60.0
 
 
@@ -199,7 +200,7 @@ def options(**changes):
 
 
 def test_a_failing_peer_is_left_out_with_the_reason_and_the_others_are_measured_and_paired(tmp_path):
-    result = peers.Peers(fake_peers(tmp_path, failing={"broken peer"})).run(options(), RecordingJobs())
+    result = peers.Peers(fake_peers(tmp_path, failing={"broken peer"})).run(options(), JobsDouble())
 
     summary = result["results"]["mlp"]["torch"]["summary"]
     assert set(summary["peers"]) == {"hvdazure (fake)", "good peer"}
@@ -214,4 +215,4 @@ def test_a_failing_peer_is_left_out_with_the_reason_and_the_others_are_measured_
 
 def test_hvdazure_failing_ends_the_benchmark_with_its_error(tmp_path):
     with pytest.raises(BenchError, match=r"hvdazure \(fake\) \(torch, mlp\) failed"):
-        peers.Peers(fake_peers(tmp_path, failing={"hvdazure (fake)"})).run(options(rounds=1), RecordingJobs())
+        peers.Peers(fake_peers(tmp_path, failing={"hvdazure (fake)"})).run(options(rounds=1), JobsDouble())

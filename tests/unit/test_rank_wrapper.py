@@ -98,34 +98,35 @@ def test_the_command_dies_when_its_wrapper_is_killed(tmp_path):
     assert not alive, "the command outlived its SIGKILLed wrapper"
 
 
-def test_when_the_wrappers_parent_dies_the_command_gets_sigterm_and_everything_exits(tmp_path):
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, *_wrapped_command(tmp_path)],
-                              stdout=subprocess.PIPE, text=True)
-    wrapper = psutil.Process(int(parent.stdout.readline()))
-    command = _wait_for_command(tmp_path)
+def _orphan_wrapper(out: Path, mode: str, stderr: int | None = None,
+                    grace_s: float = 30) -> list[psutil.Process]:
+    """Start the wrapped command under PARENT, kill PARENT once the command runs, and return those of the
+    wrapper and the command still running NO_HANG_TIMEOUT later. Nothing is left behind, even on failure."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, *_wrapped_command(out, mode)],
+                              stdout=subprocess.PIPE, stderr=stderr, text=True,
+                              env={**os.environ, "HVDAZURE_GRACE_S": str(grace_s)})
+    started: list[psutil.Process] = []
     try:
+        started.append(psutil.Process(int(parent.stdout.readline())))
+        started.append(_wait_for_command(out))
         parent.kill()
         parent.wait()
-        alive = _gone_within([wrapper, command], NO_HANG_TIMEOUT)
+        return _gone_within(started, NO_HANG_TIMEOUT)
     finally:
-        _kill_all([wrapper, command])
+        parent.kill()
+        parent.wait()
+        _kill_all(started)
+
+
+def test_when_the_wrappers_parent_dies_the_command_gets_sigterm_and_everything_exits(tmp_path):
+    alive = _orphan_wrapper(tmp_path, "record")
 
     assert not alive, "wrapper or command outlived the wrapper's parent"
     assert (tmp_path / "sigterm").exists(), "the command was not given SIGTERM to stop cleanly"
 
 
 def test_an_orphaned_command_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path):
-    env = {**os.environ, "HVDAZURE_GRACE_S": "1"}
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, *_wrapped_command(tmp_path, "ignore")],
-                              stdout=subprocess.PIPE, text=True, env=env)
-    wrapper = psutil.Process(int(parent.stdout.readline()))
-    command = _wait_for_command(tmp_path)
-    try:
-        parent.kill()
-        parent.wait()
-        alive = _gone_within([wrapper, command], NO_HANG_TIMEOUT)
-    finally:
-        _kill_all([wrapper, command])
+    alive = _orphan_wrapper(tmp_path, "ignore", grace_s=1)
 
     assert not alive, "a command ignoring SIGTERM outlived its orphaned wrapper"
 
@@ -135,19 +136,9 @@ def test_an_orphaned_wrapper_stuck_writing_to_a_full_pipe_exits_after_the_grace_
     by this test): the command is stopped, and the wrapper itself must not stay behind either."""
     held, write_end = os.pipe()
     try:
-        parent = subprocess.Popen([sys.executable, "-c", PARENT, *_wrapped_command(tmp_path, "flood")],
-                                  stdout=subprocess.PIPE, stderr=write_end, text=True,
-                                  env={**os.environ, "HVDAZURE_GRACE_S": "1"})
-        os.close(write_end)
-        wrapper = psutil.Process(int(parent.stdout.readline()))
-        command = _wait_for_command(tmp_path)
-        try:
-            parent.kill()
-            parent.wait()
-            alive = _gone_within([wrapper, command], NO_HANG_TIMEOUT)
-        finally:
-            _kill_all([wrapper, command])
+        alive = _orphan_wrapper(tmp_path, "flood", stderr=write_end, grace_s=1)
     finally:
+        os.close(write_end)
         os.close(held)
 
     assert not alive, "a wrapper blocked on its output outlived its parent"
