@@ -21,6 +21,7 @@ job is this command with the sampled values as `--set` arguments, and an in-job 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -40,7 +41,6 @@ from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
 if TYPE_CHECKING:
     from hvdazure.core.config import TrainConfig
 
-OUTPUT_MODES = ("rw_mount", "upload", "direct")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # input, output and environment variable names
 _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,254}$")
 _SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]$", re.I)
@@ -142,15 +142,11 @@ def parse_input(text: str) -> InputSpec:
 
 
 def parse_output(text: str) -> OutputSpec:
-    """`NAME`, or `NAME=URI[:MODE]` (`azureml://datastores/NAME/paths/...`), mode rw_mount unless given."""
-    name, sep, uri = text.partition("=")
-    mode = "rw_mount"
-    head, colon, tail = uri.rpartition(":")
-    if colon and tail in OUTPUT_MODES:
-        uri, mode = head, tail
-    if sep and not uri:
-        raise JobSpecError(f"--output {text!r}: give NAME or NAME=URI[:MODE]")
-    spec = OutputSpec(name=name, uri=uri or None, mode=mode)
+    """`NAME`, `NAME:MODE` or `NAME=[TYPE:]URI[:MODE]`, e.g. `ckpt`, `ckpt:upload`,
+    `ckpt=azureml://datastores/workspaceblobstore/paths/runs/digits/`; parsed strictly (data_inputs.py says
+    what Azure ML takes). The type is uri_folder and the mode rw_mount unless given; without a URI, Azure ML
+    picks a place in the workspace's default datastore."""
+    spec = data_inputs.parse_output_value(text)
     _check_output(spec)
     return spec
 
@@ -179,11 +175,9 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     if not snapshot.contains(script):
         raise JobSpecError(f"script {script} is excluded by {code_dir / str(snapshot.ignore_file)}: "
                            "it would not be uploaded")
-    inputs, outputs = tuple(spec.inputs), tuple(spec.outputs)
-    for item in inputs:
+    for item in spec.inputs:
         _check_input(item)
-        if is_local_path(item.uri) and not (cwd / item.uri).exists():
-            raise JobSpecError(f"--input {item.name}: {item.uri} does not exist (a local path is uploaded)")
+    inputs, outputs = tuple(_local_input(item, cwd) for item in spec.inputs), tuple(spec.outputs)
     for out in outputs:
         _check_output(out)
     _unique([i.name for i in inputs], "--input")
@@ -262,9 +256,7 @@ def shm_size(size: str | None) -> str | None:
     return text.lower()
 
 
-def is_local_path(uri: str) -> bool:
-    """True for a path on this machine (uploaded with the job), False for azureml:, https:, abfss:, ..."""
-    return ":" not in uri.split("/", 1)[0]
+is_local_path = data_inputs.is_local_path
 
 
 def environment_version(image: str, conda_text: str | None) -> str:
@@ -367,13 +359,28 @@ def _check_input(spec: InputSpec) -> None:
     credential_check.refuse_value(f"--input {spec.name}", spec.uri, credential_check.DATA_ASSET)
 
 
+def _local_input(spec: InputSpec, cwd: Path) -> InputSpec:
+    """An input with its local path made absolute (from `cwd`, like the CLI option), which azure-ai-ml
+    uploads as it is; other inputs as they are. The path must exist and be of the input's type: azure-ai-ml
+    would refuse it only once submitting."""
+    if not is_local_path(spec.uri):
+        return spec
+    path = (cwd / spec.uri).resolve()
+    if not path.exists():
+        raise JobSpecError(f"--input {spec.name}: {spec.uri} does not exist (a local path is uploaded)")
+    if spec.type == "uri_folder" and not path.is_dir():
+        raise JobSpecError(f"--input {spec.name}: {spec.uri} is a file, and a uri_folder input a directory: "
+                           f"give --input {spec.name}=uri_file:{spec.uri}")
+    if spec.type == "uri_file" and not path.is_file():
+        raise JobSpecError(f"--input {spec.name}: {spec.uri} is a directory, and a uri_file input a file")
+    return dataclasses.replace(spec, uri=str(path))
+
+
 def _check_output(spec: OutputSpec) -> None:
     if not _NAME.match(spec.name):
         raise JobSpecError(f"--output name {spec.name!r}: letters, digits and '_', not starting with a digit")
-    if spec.mode not in OUTPUT_MODES:
-        raise JobSpecError(f"--output {spec.name}: mode {spec.mode!r} is not one of "
-                           f"{', '.join(OUTPUT_MODES)}")
     credential_check.refuse_value(f"--output {spec.name}", spec.uri or "", credential_check.DATASTORE_PATH)
+    data_inputs.check_output(spec)
 
 
 def _check_env(env: Mapping[str, str]) -> dict[str, str]:
