@@ -2,7 +2,9 @@
 hvdazure prints, and out of every job it submits), and the count check every option of a job goes through.
 
 Azure SDK exceptions can carry SAS URLs (`...?sv=...&sig=...`), bearer tokens or storage keys in their text
-(a failed blob upload names the URL it used). Everything shown to the user passes through `redact` first.
+(a failed blob upload names the URL it used). A storage key is recognised in a connection string
+(`AccountKey=...`, `SharedAccessSignature=...`) and alone (88 characters of base64: 64 bytes); the
+price of the second is that any other base64 of 64 bytes (a SHA-512 digest in base64) is taken for one. Everything shown to the user passes through `redact` first.
 The same patterns say whether a value of a job is a credential (`credential_in`, applied to every field of
 a job by job_spec.check_credentials through credential_check.py), and `named_like_credential` whether a name
 says it holds one.
@@ -28,6 +30,10 @@ _CREDENTIALS = [
     ("a key or password", re.compile(r"((?:AccountKey|SharedAccessSignature|SharedAccessKey|password|"
                                      r"client_secret)\s*[=:]\s*)[^;\s'\"&]+", re.I), r"\1REDACTED"),
     ("a JWT", re.compile(r"eyJ[A-Za-z0-9\-_]{8,}\.[A-Za-z0-9\-_]*(?:\.[A-Za-z0-9\-_]*)?"), "REDACTED-JWT"),
+    # a storage account key alone: 64 random bytes in base64, 88 characters ending in '==' (the character
+    # before them is one of AQgw, the only ones whose unused low bits are zero), between non-base64 characters
+    ("a storage account key", re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{85}[AQgw]==(?![A-Za-z0-9+/=])"),
+     "REDACTED-KEY"),
 ]
 # A SAS URL's other query parameters are no credential alone, but would help to reuse its signature: they
 # are removed from messages, and not refused in a job.
