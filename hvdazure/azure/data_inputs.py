@@ -94,8 +94,8 @@ def parse_input_value(name: str, value: str) -> InputSpec:
 
 
 def parse_output_value(text: str) -> OutputSpec:
-    """The OutputSpec of `--output TEXT`: `NAME`, `NAME:MODE` or `NAME=[TYPE:]URI[:MODE]`, split into its parts
-    (check_output checks them)."""
+    """The OutputSpec of `--output TEXT`: `NAME`, `NAME:MODE` or `NAME=[TYPE:]URI[:MODE]`, split into its
+    parts (check_output checks them)."""
     name, equals, value = text.partition("=")
     if not equals:
         name, colon, mode = text.partition(":")
@@ -108,8 +108,8 @@ def parse_output_value(text: str) -> OutputSpec:
     kind, uri = _split_type(option, value, OUTPUT_TYPES)
     uri, mode = _split_mode(uri)
     if not uri:
-        raise JobSpecError(f"{option}: no URI before ':{mode}': give NAME:{mode} or NAME={DATASTORE_PATH_FORM}"
-                           f":{mode}")
+        raise JobSpecError(f"{option}: no URI before ':{mode}': give NAME:{mode} or "
+                           f"NAME={DATASTORE_PATH_FORM}:{mode}")
     return OutputSpec(name=name, uri=uri, type=kind, mode=_output_mode(mode) if mode else DEFAULT_OUTPUT_MODE)
 
 
@@ -126,8 +126,9 @@ def check_output(spec: OutputSpec) -> None:
                            f"output{detail}")
     if spec.uri is None:
         return
-    uri, way_on = spec.uri, (f"Azure ML writes outputs to a datastore path, {DATASTORE_PATH_FORM}, or, without "
-                             "a URI, to its default datastore")
+    uri = spec.uri
+    way_on = (f"Azure ML writes outputs to a datastore path, {DATASTORE_PATH_FORM}, or, without a URI, to "
+              "its default datastore")
     if any(pattern.match(uri) for pattern in _DATASTORE_PATHS):
         return
     if not uri:
@@ -146,9 +147,9 @@ def check_output(spec: OutputSpec) -> None:
 
 
 def resolution(path: str, is_arm_id: bool = False) -> str:
-    """How azure-ai-ml's submission treats an input's `path` (JobOperations._resolve_job_input, no SDK needed):
-    "passed through", "uploaded" or "looked up as a data asset". `is_arm_id`: the SDK's own test for a full
-    ARM id (`/subscriptions/...`), which only an `azureml:` asset reference resolves to here."""
+    """How azure-ai-ml's submission treats an input's `path` (JobOperations._resolve_job_input, without the
+    SDK): "passed through", "uploaded" or "looked up as a data asset". `is_arm_id`: the SDK's own test for a
+    full ARM id (`/subscriptions/...`), which only an `azureml:` asset reference resolves to here."""
     from urllib.parse import urlparse
 
     parsed = urlparse(path)

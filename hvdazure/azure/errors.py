@@ -2,12 +2,12 @@
 hvdazure prints, and out of every job it submits), and the count check every option of a job goes through.
 
 Azure SDK exceptions can carry SAS URLs (`...?sv=...&sig=...`), bearer tokens or storage keys in their text
-(a failed blob upload names the URL it used). A storage key is recognised in a connection string
-(`AccountKey=...`, `SharedAccessSignature=...`) and alone (88 characters of base64: 64 bytes); the
-price of the second is that any other base64 of 64 bytes (a SHA-512 digest in base64) is taken for one. Everything shown to the user passes through `redact` first.
-The same patterns say whether a value of a job is a credential (`credential_in`, applied to every field of
-a job by job_spec.check_credentials through credential_check.py), and `named_like_credential` whether a name
-says it holds one.
+(a failed blob upload names the URL it used). Everything shown to the user passes through `redact` first.
+A storage key is recognised in a connection string (`AccountKey=...`, `SharedAccessSignature=...`) and
+alone (88 characters of base64: 64 bytes); the price of the second is that any other base64 of 64 bytes
+(a SHA-512 digest in base64) is taken for one. The same patterns say whether a value of a job is a
+credential (`credential_in`, applied to every field of a job by job_spec.check_credentials through
+credential_check.py), and `named_like_credential` whether a name says it holds one.
 """
 
 from __future__ import annotations

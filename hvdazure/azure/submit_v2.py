@@ -122,8 +122,8 @@ def _check_inputs(job: ResolvedJob, loaded: Any, job_file: str) -> None:
         found = data_inputs.resolution(path, is_ARM_id_for_resource(path))
         wanted = data_inputs.expected_resolution(spec.uri)
         if found != wanted or (wanted != "looked up as a data asset" and path != spec.uri):
-            raise SubmitError(f"{job_file}: input {spec.name} loads back as {path!r}, which azure-ai-ml would "
-                              f"have {found} when submitting; {spec.uri} is to be {wanted}")
+            raise SubmitError(f"{job_file}: input {spec.name} loads back as {path!r}, which azure-ai-ml "
+                              f"would have {found} when submitting; {spec.uri} is to be {wanted}")
 
 
 def identity_configuration(job: ResolvedJob) -> Any | None:

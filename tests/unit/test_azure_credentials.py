@@ -23,8 +23,8 @@ SAS_URL = f"https://acct.blob.core.windows.net/c/d?sv=2022-11-02&sp=rl&sig={SIGN
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"
 # a storage account key is 64 random bytes in base64 (88 characters); these are made up
 KEY = base64.b64encode(hashlib.sha512(b"not a real account key").digest()).decode()
-CONNECTION = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={KEY};EndpointSuffix=core.windows.net"
-SAS_CONNECTION = f"BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature=sv=2022-11-02&sp=rl"
+CONNECTION = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={KEY};EndpointSuffix=core.windows.n"
+SAS_CONNECTION = "BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature=sv=2022-11-02&sp=rl"
 SECRETS = (SIGNATURE, JWT, "hunter2", "hf_abcdef", KEY, KEY[:40])
 
 

@@ -1,5 +1,5 @@
-"""`--input` and `--output`, parsed as strictly as Azure ML reads them: what azure-ai-ml 1.35.2 would turn into
-a wrong path or refuse only after the upload is one line naming the value, offline. In a real submission
+"""`--input` and `--output`, parsed as strictly as Azure ML reads them: what azure-ai-ml 1.35.2 would turn
+into a wrong path or refuse only after the upload is one line naming the value, offline. In a real submission
 every `azureml:` data asset is looked up in the workspace before the environment is registered or the code
 uploaded, a URL goes through unchanged and a local path is uploaded, for every kind of job (the fake
 workspace of test_azure_submit_v2.py records every request, blob uploads included)."""
@@ -273,8 +273,8 @@ def test_sdk_v1_refuses_a_url_or_local_input_in_one_line(project, local_data, ca
                  "extra.data=${{inputs.data}}"])
 
     assert code == 2
-    assert capsys.readouterr().err == ("hvdazure: error: --input and --output need SDK v2 (the default); with "
-                                       "--sdk v1, pass the script a datastore path instead\n")
+    assert capsys.readouterr().err == ("hvdazure: error: --input and --output need SDK v2 (the default); "
+                                       "with --sdk v1, pass the script a datastore path instead\n")
 
 
 # --- outputs: where Azure ML writes them ------------------------------------------------------------------
