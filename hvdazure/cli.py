@@ -87,8 +87,7 @@ def _submit(args: argparse.Namespace) -> int:
             docker_args=args.docker_args, vm_size=args.vm_size, identity=args.identity,
             sweep=args.sweep_from(args) if args.sweep_from else None)
         if args.dry_run:
-            output_yaml = args.output_yaml or submission.DEFAULT_YAML
-            result: DryRunResult | Submitted = submission.dry_run(spec, output_yaml, sdk=args.sdk)
+            result: DryRunResult | Submitted = submission.dry_run(spec, args.output_yaml, sdk=args.sdk)
         elif args.output_yaml:
             return _fail("--output-yaml goes with --dry-run")
         else:
@@ -377,8 +376,10 @@ def _add_submit_options(parser: _Parser,
     submission = parser.add_argument_group("submission")
     submission.add_argument("--dry-run", action="store_true",
                             help="write the job YAML and validate it offline; upload and submit nothing")
-    submission.add_argument("--output-yaml", metavar="PATH", help="with --dry-run: where to write the YAML "
-                                                                  "(default: hvdazure-job.yml)")
+    submission.add_argument("--output-yaml", metavar="PATH",
+                            help="with --dry-run: where to write the YAML (default: "
+                                 "~/.cache/hvdazure/dry-run/EXPERIMENT/hvdazure-job.yml, outside the code "
+                                 "directory, which is uploaded)")
     submission.add_argument("--stream", action="store_true", help="follow the job's logs after submitting")
     submission.add_argument("--sdk", default="v2", help="v2 (azure-ai-ml, default) or v1 (azureml-core, "
                                                         "legacy, out of support since 2026-06-30)")

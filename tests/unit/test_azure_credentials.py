@@ -36,6 +36,7 @@ def project(tmp_path, monkeypatch):
     (directory / "space.yaml").write_text("lr: {type: choice, values: [0.1, 0.01]}\n")
     (directory / "urls.yaml").write_text(f"extra.data_url: {{type: choice, values: ['{SAS_URL}', 'b']}}\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 

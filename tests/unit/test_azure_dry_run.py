@@ -33,6 +33,7 @@ def project(tmp_path, monkeypatch):
     directory.mkdir()
     (directory / "train.py").write_text("print('training')\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 
@@ -204,9 +205,42 @@ def test_cli_dry_run_prints_the_layout_image_and_command(project, capsys):
            "(Standard_ND96asr_v4)" in out
     assert any(line.startswith("environment: azureml:hvdazure-gpu:0.1.0-") and IMAGE in line for line in out)
     assert "command: python train.py --set epochs=3" in out
-    assert out[-1] == ("to submit: az ml environment create -f hvdazure-job.environment.yml && "
-                       "az ml job create -f hvdazure-job.yml")
-    assert (project / "hvdazure-job.yml").is_file()
+    written = project.parent / "cache" / "hvdazure" / "dry-run" / "project"
+    assert out[-1] == (f"to submit: az ml environment create -f {written}/hvdazure-job.environment.yml && "
+                       f"az ml job create -f {written}/hvdazure-job.yml")
+    assert (written / "hvdazure-job.yml").is_file()
+
+
+def test_the_default_files_are_written_outside_the_code_directory_so_a_second_dry_run_counts_the_same(
+        project, capsys):
+    """The code directory is the current one by default: files written there would be uploaded."""
+    argv = ["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run"]
+    reports = []
+    for _ in range(2):
+        assert main(argv) == 0
+        reports.append(capsys.readouterr())
+
+    first, second = (next(line for line in r.out.splitlines() if line.startswith("code: ")) for r in reports)
+    assert first == second == f"code: {project} (1 files, 0.0 MB)"
+    assert sorted(p.name for p in project.iterdir()) == ["train.py"]
+    written = project.parent / "cache" / "hvdazure" / "dry-run" / "project"
+    assert (f"wrote {written}/hvdazure-job.environment.yml, {written}/hvdazure-job.yml (outside the code "
+            "directory, so not uploaded with it)") in reports[1].out.splitlines()
+    assert reports[1].err == ""
+
+
+def test_files_written_into_the_code_directory_are_warned_about_unless_ignored(project, capsys):
+    argv = ["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run",
+            "--output-yaml", "jobs/job.yml"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err == (
+        "hvdazure: warning: the dry run's files (jobs/job.environment.yml, jobs/job.yml) are inside the code "
+        f"directory {project}, so submissions upload them with the code: write them elsewhere "
+        "(--output-yaml) or add them to .amlignore\n")
+
+    (project / ".amlignore").write_text("jobs/\n")
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_cli_options_may_follow_the_script_and_its_arguments_follow_double_dash(project, capsys):

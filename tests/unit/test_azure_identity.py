@@ -39,6 +39,7 @@ def project(tmp_path, monkeypatch):
     (directory / "train.py").write_text("print('training')\n")
     (directory / "space.yaml").write_text("lr: {type: choice, values: [0.1, 0.01]}\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 

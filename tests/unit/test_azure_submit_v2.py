@@ -191,6 +191,7 @@ def project(tmp_path, monkeypatch):
     (directory / "data" / "big.bin").write_bytes(b"x" * 1000)
     (directory / ".amlignore").write_text("data/\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 
