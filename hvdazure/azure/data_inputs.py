@@ -98,10 +98,10 @@ def parse_output_value(text: str) -> OutputSpec:
     parts (check_output checks them)."""
     name, equals, value = text.partition("=")
     if not equals:
-        name, colon, mode = text.partition(":")
-        if colon and not mode:
+        name, colon, given = text.partition(":")
+        if colon and not given:
             raise JobSpecError(f"--output {text!r}: no mode after ':' (one of {', '.join(OUTPUT_MODES)})")
-        return OutputSpec(name=name, mode=_output_mode(mode) if mode else DEFAULT_OUTPUT_MODE)
+        return OutputSpec(name=name, mode=_output_mode(given) if given else DEFAULT_OUTPUT_MODE)
     option = f"--output {name}"
     if not value:
         raise JobSpecError(f"{option}: no URI after '=': give NAME, NAME:MODE or NAME={DATASTORE_PATH_FORM}")

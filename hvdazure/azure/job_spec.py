@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from hvdazure.azure import credential_check, data_inputs, sweep_spec, vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
+from hvdazure.azure.compute import check_compute_name
 from hvdazure.azure.errors import JobSpecError, check_count
 from hvdazure.azure.job_identity import with_identity
 from hvdazure.azure.resolved_job import InputSpec, JobEnvironment, OutputSpec, ResolvedJob
@@ -167,8 +168,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     vm_size = vm_size or spec.vm_size
     nodes = check_count(spec.nodes, "--nodes")
     processes = _processes_per_node(spec.processes_per_node, vm_size)
-    if not isinstance(spec.compute, str) or not spec.compute.strip():
-        raise JobSpecError("--compute: name the Azure ML compute cluster to run on")
+    compute = check_compute_name(spec.compute, "--compute")
     code_dir, script = _code_and_script(spec, cwd)
     if snapshot is None or snapshot.code_dir != code_dir:
         snapshot = scan(code_dir)
@@ -198,7 +198,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     warnings = [w for w in (snapshot.size_warning(), _more_processes_than_gpus(processes, vm_size),
                             *_unreferenced(args, inputs, outputs)) if w]
     job = ResolvedJob(
-        code_dir=code_dir, script=script, script_args=args, compute=spec.compute.strip(), nodes=nodes,
+        code_dir=code_dir, script=script, script_args=args, compute=compute, nodes=nodes,
         processes_per_node=processes, environment=_environment(spec, cwd), env=env, inputs=inputs,
         outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
         f"{nodes}x{processes}", tags=tags, shm_size=shm, docker_args=spec.docker_args or None,
@@ -290,14 +290,20 @@ def _more_processes_than_gpus(processes: int, vm_size: str | None) -> str | None
 
 
 def _code_and_script(spec: JobSpec, cwd: Path) -> tuple[Path, str]:
+    """The code directory, and the script as the job runs it (`python SCRIPT` from the code directory's top):
+    SCRIPT is a path in the code directory, or, failing that, from the current directory into it
+    (`hvdazure submit src/train.py --code src`, as a shell completes it)."""
     code_dir = (cwd / (spec.code_dir or ".")).resolve()
     if not code_dir.is_dir():
         raise JobSpecError(f"code directory not found: {spec.code_dir}")
     if not spec.script:
         raise JobSpecError("no script given: hvdazure submit train.py ...")
-    script_path = (cwd / spec.script).resolve()
-    if not script_path.is_file():
-        raise JobSpecError(f"script not found: {spec.script} (no such file in {cwd})")
+    places = [code_dir] if code_dir == cwd.resolve() else [code_dir, cwd]
+    found = [place / spec.script for place in places if (place / spec.script).is_file()]
+    script_path = found[0].resolve() if found else None
+    if script_path is None:
+        raise JobSpecError(f"script not found: {spec.script} (no such file in "
+                           f"{' or '.join(str(place) for place in places)})")
     try:
         script = script_path.relative_to(code_dir).as_posix()
     except ValueError:

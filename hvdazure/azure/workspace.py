@@ -73,9 +73,11 @@ class WorkspaceRef:
         if not all(ids) and isinstance(data.get("Scope"), str):
             parts = data["Scope"].strip("/").split("/")
             ids = [_after(parts, key) for key in ("subscriptions", "resourceGroups", "workspaces")]
-        if not all(isinstance(i, str) and i for i in ids):
-            raise SubmitError(f"workspace config {path} lacks subscription_id, resource_group or "
-                              "workspace_name")
+        missing = [key for key, value in zip(("subscription_id", "resource_group", "workspace_name"), ids,
+                                             strict=True) if not (isinstance(value, str) and value)]
+        if missing:
+            raise SubmitError(f"workspace config {path} lacks {', '.join(missing)} (the workspace's portal "
+                              "page downloads a complete one)")
         subscription_id, resource_group, workspace_name = (str(i) for i in ids)
         return cls(subscription_id, resource_group, workspace_name)
 

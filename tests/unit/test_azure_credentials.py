@@ -118,7 +118,7 @@ def test_a_submission_refuses_a_credential_before_it_looks_for_the_workspace(pro
     ["--tag", f"src=https://acct.blob.core.windows.net/c/d?sp=rl&sig={SIGNATURE}"],
 ])
 def test_cli_refuses_the_issues_credentials_in_one_line_without_them(project, capsys, argv):
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run", *argv])
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run", *argv])
 
     err = capsys.readouterr().err
     assert code == 2
@@ -131,7 +131,7 @@ def test_cli_refuses_the_issues_credentials_in_one_line_without_them(project, ca
 @pytest.mark.parametrize("argv", [["--env", f"STORAGE={KEY}"], ["--tag", f"storage={KEY}"],
                                   ["--", "--account-key", KEY], ["--", "--set", f"extra.storage={KEY}"]])
 def test_cli_refuses_a_bare_storage_key_without_printing_or_writing_it(project, capsys, argv):
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run", *argv])
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run", *argv])
 
     printed = capsys.readouterr()
     assert code == 2

@@ -165,7 +165,7 @@ def test_a_malformed_registry_environment_is_refused(project, reference, message
 
 
 def test_cli_dry_run_v1_with_a_registry_environment_is_one_line(project, capsys):
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--environment", REGISTRY_VERSION,
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--environment", REGISTRY_VERSION,
                  "--dry-run", "--sdk", "v1"])
 
     err = capsys.readouterr().err

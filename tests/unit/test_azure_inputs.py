@@ -97,7 +97,7 @@ def test_what_azure_ml_would_misread_or_refuse_late_is_one_line_naming_it(text, 
 
 
 def test_an_input_built_in_python_is_checked_as_strictly(project):  # noqa: F811
-    job = JobSpec(script="train.py", compute="c", processes_per_node=1, image=IMAGE,
+    job = JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
                   inputs=[InputSpec("data", "azureml:digits", mode="download")])
     with pytest.raises(JobSpecError, match=r"^--input data: azureml:digits has no version"):
         resolve(job)
@@ -150,7 +150,7 @@ def test_data_assets_are_looked_up_before_the_environment_and_the_code(project, 
 def test_the_dry_run_says_which_references_the_submission_looks_up_first(project, tmp_path):  # noqa: F811
     from hvdazure.azure import submission
 
-    job = JobSpec(script="train.py", compute="c", processes_per_node=1, environment="azureml:team@latest",
+    job = JobSpec(script="train.py", compute="cpu", processes_per_node=1, environment="azureml:team@latest",
                   inputs=[InputSpec("data", "azureml:digits@latest"), InputSpec("raw", "https://a.b/c/")],
                   script_args=["--set", "extra.data=${{inputs.data}}", "--set", "extra.raw=${{inputs.raw}}"])
     report = submission.dry_run(job, tmp_path / "job.yml").report()
@@ -220,7 +220,7 @@ def test_the_dry_run_writes_a_url_as_it_is_and_a_local_path_as_an_absolute_path(
                                                                                   tmp_path, kind):
     from azure.ai.ml import load_job
 
-    result = submission.dry_run(JobSpec(script="train.py", compute="c", processes_per_node=1, image=IMAGE,
+    result = submission.dry_run(JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
                                         inputs=[InputSpec("raw", URL), InputSpec("local", "../localdata")],
                                         script_args=ARGS, sweep=KINDS[kind]), tmp_path / "out" / "job.yml")
 
@@ -237,7 +237,7 @@ def test_the_dry_run_refuses_a_job_file_whose_inputs_the_submission_would_look_u
     """What azure-ai-ml's own dump writes (`azureml:` before every path) is caught by the offline check."""
     from hvdazure.azure.submit_v2 import V2Backend
 
-    job = resolve(JobSpec(script="train.py", compute="c", processes_per_node=1, image=IMAGE,
+    job = resolve(JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
                           inputs=[InputSpec("raw", URL)], script_args=ARGS[:2]))
     files = V2Backend().write_yaml(job, tmp_path / "job.yml")
     files[-1].write_text(files[-1].read_text().replace(f"path: {URL}", f"path: azureml:{URL}"))
@@ -257,7 +257,7 @@ def test_the_dry_run_refuses_a_job_file_whose_inputs_the_submission_would_look_u
 ])
 def test_a_local_input_of_the_wrong_kind_is_refused_before_anything_is_written(project, local_data, capsys,  # noqa: F811
                                                                                value, message):
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run",
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
                  "--output-yaml", "../job.yml", "--input", f"local={value}", "--", "--set",
                  "extra.local=${{inputs.local}}"])
 
@@ -268,8 +268,8 @@ def test_a_local_input_of_the_wrong_kind_is_refused_before_anything_is_written(p
 
 @pytest.mark.parametrize("value", [URL, "../localdata"])
 def test_sdk_v1_refuses_a_url_or_local_input_in_one_line(project, local_data, capsys, value):  # noqa: F811
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run", "--sdk",
-                 "v1", "--output-yaml", "../job.yml", "--input", f"data={value}", "--", "--set",
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
+                 "--sdk", "v1", "--output-yaml", "../job.yml", "--input", f"data={value}", "--", "--set",
                  "extra.data=${{inputs.data}}"])
 
     assert code == 2
@@ -330,7 +330,7 @@ def test_an_output_azure_ml_would_not_write_where_asked_is_one_line_naming_it(te
 
 
 def test_an_output_built_in_python_is_checked_as_strictly(project):  # noqa: F811
-    job = JobSpec(script="train.py", compute="c", processes_per_node=1, image=IMAGE,
+    job = JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
                   outputs=[OutputSpec("m", "s3://bucket/x")])
     with pytest.raises(JobSpecError, match=r"^--output m: s3://bucket/x is not a datastore path"):
         resolve(job)
@@ -339,7 +339,7 @@ def test_an_output_built_in_python_is_checked_as_strictly(project):  # noqa: F81
 @pytest.mark.parametrize("value", ["m=s3://bucket/x", "m=/local/dir", "ckpt=azureml:mymodel:1",
                                    f"m={DATASTORE}:ro_mount"])
 def test_the_cli_refuses_each_output_in_one_line_and_writes_nothing(project, capsys, value):  # noqa: F811
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run",
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
                  "--output-yaml", "../job.yml", "--output", value])
 
     err = capsys.readouterr().err
@@ -350,7 +350,7 @@ def test_the_cli_refuses_each_output_in_one_line_and_writes_nothing(project, cap
 
 
 def test_name_colon_mode_reaches_the_rest_body(project, tmp_path):  # noqa: F811
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run",
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
                  "--output-yaml", str(tmp_path / "job.yml"), "--output", "ckpt:upload", "--output",
                  f"best=uri_file:{DATASTORE}best.pt", "--", "--set", "checkpoint_dir=${{outputs.ckpt}}",
                  "--set", "extra.best=${{outputs.best}}"])

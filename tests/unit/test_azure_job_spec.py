@@ -112,6 +112,32 @@ def test_a_missing_script_or_code_directory_is_refused(project):
     assert refused(code_dir="nowhere") == "code directory not found: nowhere"
 
 
+def test_the_script_is_a_path_in_the_code_directory(project):
+    """As the job runs it: `python train.py` from the top of `--code src`."""
+    (project / "train.py").write_text("print('a different script, outside the code directory')\n")
+
+    job = resolve(spec(code_dir="src", script="train.py"))
+    assert (job.code_dir, job.script, job.command) == (project / "src", "train.py", "python train.py")
+
+
+def test_a_path_from_the_current_directory_into_the_code_directory_is_taken_too(project):
+    assert resolve(spec(code_dir="src", script="src/train.py")).script == "train.py"
+    assert refused(code_dir="src", script="nope.py") == (
+        f"script not found: nope.py (no such file in {project / 'src'} or {project})")
+
+
+@pytest.mark.parametrize("name", ["bad name!", "gpu_cluster", "1gpu", "x", "a" * 33, "azureml:gpu-cluster"])
+def test_a_compute_name_azure_ml_cannot_have_is_refused(project, name):
+    assert refused(compute=name) == (f"--compute {name!r}: 2 to 32 letters, digits and '-', starting with a "
+                                     "letter (Azure ML's compute names)")
+    assert refused(compute=" ") == "--compute: name the Azure ML compute cluster to run on"
+
+
+@pytest.mark.parametrize("name", ["gpu-cluster", "A100x8", "nc", "a" * 32, "cpu-cluster-2"])
+def test_compute_names_azure_ml_takes_pass(project, name):
+    assert resolve(spec(compute=name)).compute == name
+
+
 def test_a_script_outside_the_code_directory_is_refused(project):
     (project / "outside.py").write_text("")
 
@@ -369,8 +395,16 @@ def test_a_missing_workspace_is_one_line(tmp_path, options, message):
         WorkspaceRef.from_options(cwd=tmp_path, **options)
 
 
-def test_a_config_json_without_ids_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text('{"subscription_id": "s"}')
+@pytest.mark.parametrize(("config", "missing"), [
+    ({"subscription_id": "s"}, "resource_group, workspace_name"),
+    ({"subscription_id": "s", "resource_group": "g", "workspace_name": ""}, "workspace_name"),
+    ({"workspace_name": "w"}, "subscription_id, resource_group"),
+    ({}, "subscription_id, resource_group, workspace_name"),
+])
+def test_a_config_json_without_ids_names_the_missing_ones(tmp_path, config, missing):
+    (tmp_path / "config.json").write_text(json.dumps(config))
 
-    with pytest.raises(SubmitError, match="lacks subscription_id, resource_group or workspace_name"):
+    with pytest.raises(SubmitError) as error:
         WorkspaceRef.from_config_file(tmp_path / "config.json")
+    assert str(error.value) == (f"workspace config {tmp_path / 'config.json'} lacks {missing} (the "
+                                "workspace's portal page downloads a complete one)")
