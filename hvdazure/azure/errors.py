@@ -37,6 +37,7 @@ _CREDENTIALS = [
 ]
 # A SAS URL's other query parameters are no credential alone, but would help to reuse its signature: they
 # are removed from messages, and not refused in a job.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the colours azure-ai-ml writes into its exceptions' text
 _SAS_PARAMETERS = re.compile(r"([?&](?:se|sp|sv|sr|st|skoid|sktid|skt|ske|sks|skv|spr|srt|ss)=)[^&\s'\"]*",
                              re.I)
 # Names of variables, tags and settings that hold secrets (HF_TOKEN, WANDB_API_KEY, AZURE_CLIENT_SECRET,
@@ -68,9 +69,15 @@ def named_like_credential(name: str) -> bool:
 def redacted_line(exc: BaseException) -> str:
     """An exception as one redacted line: its first non-empty line, prefixed with its type (not for our own
     SubmitError, whose message is already the line). The first line only, unlike core.errors.exception_line:
-    the Azure SDKs' later lines are response dumps (headers, bodies) no one-line error should carry."""
-    text = redact(str(exc)).strip()
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    the Azure SDKs' later lines are response dumps (headers, bodies) no one-line error should carry. But
+    azure-ai-ml's formatted errors (colour codes, then `1) One or more fields are invalid`, `Details:`,
+    `(x) WHAT`) are read as their summary and first detail."""
+    text = _ANSI.sub("", redact(str(exc))).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    detail = next((line[4:] for line in lines if line.startswith("(x) ")), None)
+    if detail is not None and "Details:" in lines:
+        first = f"{first.lstrip('0123456789) ')}: {detail}"
     if isinstance(exc, SubmitError):
         return first
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -376,6 +376,17 @@ def test_one_line_keeps_the_first_line_redacted():
         "RuntimeError: upload to https://a.blob.core.windows.net/c?sig=REDACTED failed")
 
 
+def test_azure_ai_mls_coloured_errors_are_one_line_of_what_and_why():
+    """azure-ai-ml 1.35.2's MlException text, as a failed submission raised it."""
+    error = RuntimeError(
+        "\n\x1b[37m\n\x1b[30m\n1) One or more fields are invalid\x1b[39m\x1b[39m\n\nDetails: \n\n"
+        "\x1b[31m(x) Could not parse azureml:data:x. If providing an ARM id, it should start with a '/'."
+        "\x1b[39m\n\nResolutions: \n1) Double-check that all specified parameters are of the correct types\n")
+
+    assert redacted_line(error) == ("RuntimeError: One or more fields are invalid: Could not parse "
+                                    "azureml:data:x. If providing an ARM id, it should start with a '/'.")
+
+
 def test_the_workspace_comes_from_config_json_found_upwards(tmp_path):
     (tmp_path / ".azureml").mkdir()
     (tmp_path / ".azureml" / "config.json").write_text(json.dumps(
