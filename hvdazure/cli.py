@@ -349,7 +349,8 @@ def _add_submit_options(parser: _Parser,
     """The options of every `hvdazure submit`: the script, its layout, environment and job, the sweep's when
     it is one (`add_sweep_options`), the workspace, and what to do."""
     parser.trailing_dest = "script_args"
-    parser.add_argument("script", help="the training script, inside the code directory")
+    parser.add_argument("script", help="the training script: a path in the code directory (--code), as the "
+                                       "job runs it (or from here into it)")
     layout = parser.add_argument_group("layout")
     layout.add_argument("--compute", required=True, help="the Azure ML compute cluster")
     layout.add_argument("--nodes", type=int, default=1, help="nodes (default: 1)")
@@ -379,10 +380,13 @@ def _add_submit_options(parser: _Parser,
     job.add_argument("--code", metavar="DIR", help="directory to upload; the job starts there (default: .)")
     job.add_argument("--input", action="append", default=[], metavar="NAME=[TYPE:]URI[:MODE]",
                      help="input (repeatable): azureml:ASSET:VERSION or @latest, azureml://datastores/..., "
-                          "an https/abfss URL, a local path; TYPE uri_folder (default) or uri_file; MODE "
-                          "ro_mount (default), download or direct; read it with ${{inputs.NAME}}")
-    job.add_argument("--output", action="append", default=[], metavar="NAME[=URI][:MODE]",
-                     help="output (repeatable), rw_mount by default; ${{outputs.NAME}}")
+                          "an https/abfss URL, a local path (uploaded); TYPE uri_folder (default) or "
+                          "uri_file; MODE ro_mount (default), download or direct; read it with "
+                          "${{inputs.NAME}}")
+    job.add_argument("--output", action="append", default=[], metavar="NAME[=[TYPE:]URI][:MODE]",
+                     help="output (repeatable): a datastore path, azureml://datastores/DS/paths/PATH, or "
+                          "none for Azure ML's default place; TYPE uri_folder (default) or uri_file; MODE "
+                          "rw_mount (default), upload or direct; write to ${{outputs.NAME}}")
     job.add_argument("--experiment", help="experiment name (default: the code directory's name)")
     job.add_argument("--display-name", help="the job's display name")
     job.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag (repeatable)")
