@@ -228,6 +228,9 @@ class V2Backend:
                    + f"distributionType {distribution['distributionType']}, processCountPerInstance "
                    f"{distribution['processCountPerInstance']}, instanceCount "
                    f"{layout['resources']['instanceCount']})")
+        if job.inputs:  # _check_inputs: each as the submission will resolve it
+            checked += ", and each input as azure-ai-ml resolves it when submitting (" + ", ".join(
+                f"{spec.name} {data_inputs.expected_resolution(spec.uri)}" for spec in job.inputs) + ")"
         how = " && ".join([*(f"az ml environment create -f {n}" for n in names[:-1]),
                            f"az ml job create -f {names[-1]}"])
         return OfflineCheck(checked=checked, how_to_submit=how, notes=_lookup_notes(job))

@@ -230,6 +230,8 @@ def test_the_dry_run_writes_a_url_as_it_is_and_a_local_path_as_an_absolute_path(
     assert (loaded["raw"].path, loaded["local"].path) == (URL, str(local_data))
     assert f"input local: uri_folder {local_data} (ro_mount, uploaded when submitting)" in result.report()
     assert f"input raw: uri_folder {URL} (ro_mount)" in result.report()
+    assert result.check.checked.endswith(", and each input as azure-ai-ml resolves it when submitting (raw "
+                                         "passed through, local uploaded)")
 
 
 def test_the_dry_run_refuses_a_job_file_whose_inputs_the_submission_would_look_up_as_assets(project,  # noqa: F811
