@@ -87,10 +87,9 @@ def _submit(args: argparse.Namespace) -> int:
             docker_args=args.docker_args, vm_size=args.vm_size, identity=args.identity,
             sweep=args.sweep_from(args) if args.sweep_from else None)
         if args.dry_run:
-            output_yaml = args.output_yaml or submission.DEFAULT_YAML
-            result: DryRunResult | Submitted = submission.dry_run(spec, output_yaml, sdk=args.sdk)
+            result: DryRunResult | Submitted = submission.dry_run(spec, args.output_yaml, sdk=args.sdk)
         elif args.output_yaml:
-            return _fail("--output-yaml goes with --dry-run")
+            return _fail("--output-yaml goes with --dry-run", args.json)
         else:
             cluster = compute.ClusterSpec(args.compute, args.vm_size or "", max_nodes=None) \
                 if args.create_compute else None  # sized for the job: a sweep's concurrent trials
@@ -99,7 +98,7 @@ def _submit(args: argparse.Namespace) -> int:
     except errors.SubmitError as exc:
         if args.verbose and exc.__cause__ is not None:
             print(errors.redact("".join(traceback.format_exception(exc.__cause__))), file=sys.stderr, end="")
-        return _fail(errors.redacted_line(exc))
+        return _fail(errors.redacted_line(exc), args.json)
     print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.report()))
     return 0
 
@@ -135,7 +134,7 @@ def _azure_compute_create(args: argparse.Namespace) -> int:
         cluster.validate()
         info = submission.create_compute(cluster, _workspace(args))
     except errors.SubmitError as exc:
-        return _fail(errors.redacted_line(exc))
+        return _fail(errors.redacted_line(exc), args.json)
     print(json.dumps(dataclasses.asdict(info), indent=2) if args.json else info.describe())
     return 0
 
@@ -147,7 +146,7 @@ def _data_index(args: argparse.Namespace) -> int:
         print(commands.index(args.source, args.output, progress=args.progress,
                              storage_options=args.storage_option, as_json=args.json))
     except (ValueError, OSError) as exc:  # OSError: a missing source, a StorageError
-        return _fail(str(exc))
+        return _fail(str(exc), args.json)
     return 0
 
 
@@ -159,7 +158,7 @@ def _data_pack(args: argparse.Namespace) -> int:
                             samples_per_shard=args.samples_per_shard, shuffle=args.shuffle,
                             progress=args.progress, storage_options=args.storage_option, as_json=args.json))
     except (ValueError, TypeError, OSError) as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), args.json)
     return 0
 
 
@@ -170,8 +169,12 @@ def _workspace(args: argparse.Namespace) -> WorkspaceRef:
                                      args.workspace)
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, as_json: bool = False) -> int:
+    """One line on stderr, exit status 2; with --json also the failure on stdout, where the result goes:
+    `{"error": MESSAGE, "exit_code": 2}`."""
     print(f"hvdazure: error: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": 2}, indent=2))
     return 2
 
 
@@ -190,26 +193,42 @@ class _Parser(argparse.ArgumentParser):
     verbatim (a submitted script's own arguments), so that options may come before or after the script;
     and that hands the arguments to one of its `variants` when they start with its name (`hvdazure submit
     sweep ...`), parsing them itself otherwise (`hvdazure submit SCRIPT ...`); and whose errors are one
-    line. Every parser of the CLI is one (subparsers take their parent's class)."""
+    line pointing to the help of the (sub)command that refused them, as JSON too when it was given --json.
+    Every parser of the CLI is one (subparsers take their parent's class)."""
 
     trailing_dest: str | None = None
     variants: dict[str, argparse.ArgumentParser] | None = None
+    _json_asked = False  # this parser's own arguments (not a script's, after --) hold its --json flag
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        refusing = vars(namespace).pop(_LEFT_OVER_BY, self)  # the innermost (sub)command that left them
+        if extras:
+            refusing.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
 
     def parse_known_args(self, args=None, namespace=None):
         if self.variants and args and args[0] in self.variants:
             return self.variants[args[0]].parse_known_args(args[1:], namespace)
-        if self.trailing_dest is None or args is None:
-            return super().parse_known_args(args, namespace)
-        args = list(args)
-        split = args.index("--") if "--" in args else len(args)
+        args = sys.argv[1:] if args is None else list(args)
+        split = args.index("--") if self.trailing_dest is not None and "--" in args else len(args)
+        self._json_asked = "--json" in args[:split] and any(
+            isinstance(action, argparse._StoreTrueAction) and action.dest == "json"
+            for action in self._actions)
         namespace, extras = super().parse_known_args(args[:split], namespace)
-        setattr(namespace, self.trailing_dest, args[split + 1:])
+        if self.trailing_dest is not None:
+            setattr(namespace, self.trailing_dest, args[split + 1:])
+        if extras and not hasattr(namespace, _LEFT_OVER_BY):
+            setattr(namespace, _LEFT_OVER_BY, self)
         return namespace, extras
 
     def error(self, message: str) -> NoReturn:
         """One line and exit status 2, as every other refusal of the CLI: argparse's own error prints the
         whole usage first, which buries the line that says what is wrong (the usage is a --help away)."""
-        self.exit(2, f"hvdazure: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+        raise SystemExit(_fail(f"{' '.join(message.split())} (see {self.prog} --help)", self._json_asked))
+
+
+_LEFT_OVER_BY = "_hvdazure_left_over_by"  # set on the namespace: which parser left arguments unrecognised
 
 
 def _add_workspace_options(parser: argparse.ArgumentParser) -> None:
@@ -330,7 +349,8 @@ def _add_submit_options(parser: _Parser,
     """The options of every `hvdazure submit`: the script, its layout, environment and job, the sweep's when
     it is one (`add_sweep_options`), the workspace, and what to do."""
     parser.trailing_dest = "script_args"
-    parser.add_argument("script", help="the training script, inside the code directory")
+    parser.add_argument("script", help="the training script: a path in the code directory (--code), as the "
+                                       "job runs it (or from here into it)")
     layout = parser.add_argument_group("layout")
     layout.add_argument("--compute", required=True, help="the Azure ML compute cluster")
     layout.add_argument("--nodes", type=int, default=1, help="nodes (default: 1)")
@@ -360,10 +380,13 @@ def _add_submit_options(parser: _Parser,
     job.add_argument("--code", metavar="DIR", help="directory to upload; the job starts there (default: .)")
     job.add_argument("--input", action="append", default=[], metavar="NAME=[TYPE:]URI[:MODE]",
                      help="input (repeatable): azureml:ASSET:VERSION or @latest, azureml://datastores/..., "
-                          "an https/abfss URL, a local path; TYPE uri_folder (default) or uri_file; MODE "
-                          "ro_mount (default), download or direct; read it with ${{inputs.NAME}}")
-    job.add_argument("--output", action="append", default=[], metavar="NAME[=URI][:MODE]",
-                     help="output (repeatable), rw_mount by default; ${{outputs.NAME}}")
+                          "an https/abfss URL, a local path (uploaded); TYPE uri_folder (default) or "
+                          "uri_file; MODE ro_mount (default), download or direct; read it with "
+                          "${{inputs.NAME}}")
+    job.add_argument("--output", action="append", default=[], metavar="NAME[=[TYPE:]URI][:MODE]",
+                     help="output (repeatable): a datastore path, azureml://datastores/DS/paths/PATH, or "
+                          "none for Azure ML's default place; TYPE uri_folder (default) or uri_file; MODE "
+                          "rw_mount (default), upload or direct; write to ${{outputs.NAME}}")
     job.add_argument("--experiment", help="experiment name (default: the code directory's name)")
     job.add_argument("--display-name", help="the job's display name")
     job.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag (repeatable)")
@@ -377,8 +400,10 @@ def _add_submit_options(parser: _Parser,
     submission = parser.add_argument_group("submission")
     submission.add_argument("--dry-run", action="store_true",
                             help="write the job YAML and validate it offline; upload and submit nothing")
-    submission.add_argument("--output-yaml", metavar="PATH", help="with --dry-run: where to write the YAML "
-                                                                  "(default: hvdazure-job.yml)")
+    submission.add_argument("--output-yaml", metavar="PATH",
+                            help="with --dry-run: where to write the YAML (default: "
+                                 "~/.cache/hvdazure/dry-run/EXPERIMENT/hvdazure-job.yml, outside the code "
+                                 "directory, which is uploaded)")
     submission.add_argument("--stream", action="store_true", help="follow the job's logs after submitting")
     submission.add_argument("--sdk", default="v2", help="v2 (azure-ai-ml, default) or v1 (azureml-core, "
                                                         "legacy, out of support since 2026-06-30)")

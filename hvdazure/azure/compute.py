@@ -3,12 +3,28 @@ create` and `hvdazure submit --create-compute`. A cluster that exists is used as
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from hvdazure.azure import vm_sizes
 from hvdazure.azure.errors import JobSpecError
+
+# Azure ML's compute names: letters, digits and '-', starting with a letter (azure-ai-ml checks none; the
+# service's lengths differ by kind: 2 to 16 for clusters in azureml-core's own check, 3 to 24 for compute
+# instances), so up to 32, which hvdazure has always taken, is refused only by the service
+_COMPUTE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{1,31}$")
+
+
+def check_compute_name(name: object, option: str) -> str:
+    """`name` when it is an Azure ML compute name, else one line naming it."""
+    if not isinstance(name, str) or not name.strip():
+        raise JobSpecError(f"{option}: name the Azure ML compute cluster to run on")
+    if not _COMPUTE_NAME.match(name.strip()):
+        raise JobSpecError(f"{option} {name!r}: 2 to 32 letters, digits and '-', starting with a letter "
+                           "(Azure ML's compute names)")
+    return name.strip()
 
 
 @dataclass(frozen=True)
@@ -25,8 +41,7 @@ class ClusterSpec:
     idle_seconds: int = 600
 
     def validate(self) -> None:
-        if not self.name or not self.name.replace("-", "").isalnum() or not 2 <= len(self.name) <= 32:
-            raise JobSpecError(f"compute name {self.name!r}: 2 to 32 letters, digits and '-'")
+        check_compute_name(self.name, "compute name")
         if not self.vm_size:
             raise JobSpecError("--vm-size is required to create a compute cluster (e.g. Standard_ND96asr_v4)")
         if self.max_nodes is None:

@@ -1,5 +1,5 @@
-"""What an `--input` names, parsed strictly: the forms azure-ai-ml 1.35.2 passes to Azure ML, and nothing
-it would turn into a wrong path. No Azure SDK here.
+"""What an `--input` or an `--output` names, parsed strictly: the forms azure-ai-ml 1.35.2 passes to Azure ML,
+and nothing it would turn into a wrong path. No Azure SDK here.
 
 `NAME=[TYPE:]URI[:MODE]`. TYPE is uri_folder (the default) or uri_file. URI is one of:
 
@@ -18,6 +18,19 @@ MODE is one of the modes azure-ai-ml's schema takes for the type (`DataInputSche
 default, download, direct); eval_mount and eval_download are mltable's, rw_mount and upload outputs'.
 Anything else, a mistyped mode or a type hvdazure does not pass (mltable, the model types), is one line
 naming the value: azure-ai-ml would otherwise read it as part of the path.
+
+How azure-ai-ml resolves an input when it submits (`JobOperations._resolve_job_input`) is what `resolution`
+names: an ARM id, a URL (a scheme and a host: `https://...`, `azureml://datastores/...`) or a binding passes
+through as it is; an absolute path is uploaded; anything else with a ':' or an '@' is looked up as a data
+asset; any other relative path is uploaded. So a local input is written as its absolute path (a relative one
+holding an '@' would be looked up as an asset), and a URL as it is, never with azure-ai-ml's own `azureml:`
+prefix (submit_v2.write_yaml).
+
+`--output NAME[:MODE]` or `NAME=[TYPE:]URI[:MODE]`: Azure ML writes an output to a datastore path
+(`azureml://datastores/DS/paths/PATH`, or its long form), or, without a URI, to a place of its own in the
+workspace's default datastore. TYPE is uri_folder (the default) or uri_file; MODE rw_mount (the default),
+upload or direct, azure-ai-ml's `OutputSchema` modes (its `mount` is rw_mount's other name). A data asset, a
+storage URL, a local path or an input's mode is refused in one line naming the value.
 """
 
 from __future__ import annotations
@@ -26,29 +39,37 @@ import re
 from dataclasses import dataclass
 
 from hvdazure.azure.errors import JobSpecError
-from hvdazure.azure.resolved_job import InputSpec
+from hvdazure.azure.resolved_job import InputSpec, OutputSpec
 
 INPUT_TYPES = ("uri_folder", "uri_file")
+OUTPUT_TYPES = INPUT_TYPES
+OUTPUT_MODES = ("rw_mount", "upload", "direct")  # azure-ai-ml's OutputSchema (and "mount", rw_mount's alias)
+DEFAULT_OUTPUT_MODE = "rw_mount"
 INPUT_MODES = ("ro_mount", "download", "direct")  # for both types: azure-ai-ml's DataInputSchema
 DEFAULT_MODE = "ro_mount"
 # what Azure ML has beyond them, so that a refusal says where such a value belongs
 _OTHER_TYPES = ("mltable", "custom_model", "mlflow_model", "triton_model")
 _OTHER_MODES = {"eval_mount": "mltable inputs", "eval_download": "mltable inputs", "rw_mount": "outputs",
                 "upload": "outputs", "mount": "outputs"}
+_OTHER_OUTPUT_MODES = {"ro_mount": "inputs", "download": "inputs", "eval_mount": "mltable inputs",
+                       "eval_download": "mltable inputs"}
 URL_SCHEMES = ("https", "http", "abfss", "abfs", "wasbs", "wasb", "adl")
 _ASSET_NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]*"
 _ASSET = re.compile(rf"^azureml:(?P<name>{_ASSET_NAME})(?:@(?P<label>[^:@/]*)|:(?P<version>[^:@/]*))?$")
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _MODE_LIKE = re.compile(r"^[A-Za-z][A-Za-z_\-]*$")  # a word that can only be meant as a mode
 _SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
-_AZUREML_URIS = [re.compile(p, re.I) for p in (
+_DATASTORE_PATHS = [re.compile(p, re.I) for p in (
     r"^azureml://datastores/[^/]+/paths/",
     r"^azureml://subscriptions/[^/]+/resourcegroups/[^/]+/workspaces/[^/]+/datastores/[^/]+/paths/",
+)]
+_AZUREML_URIS = [*_DATASTORE_PATHS, *(re.compile(p, re.I) for p in (
     r"^azureml://jobs/[^/]+/outputs/[^/]+/paths/",
     r"^azureml://subscriptions/[^/]+/resourcegroups/[^/]+/workspaces/[^/]+/data/[^/]+/versions/[^/]+$",
     r"^azureml://locations/[^/]+/workspaces/[^/]+/data/[^/]+/versions/[^/]+$",
     r"^azureml://registries/[^/]+/data/[^/]+/versions/[^/]+$",
-)]
+))]
+DATASTORE_PATH_FORM = "azureml://datastores/NAME/paths/PATH"
 
 
 @dataclass(frozen=True)
@@ -67,9 +88,91 @@ class DataAsset:
 def parse_input_value(name: str, value: str) -> InputSpec:
     """The InputSpec of `--input NAME=VALUE`, VALUE being `[TYPE:]URI[:MODE]`, split into its parts (a type
     prefix Azure ML does not take is refused here; check_input checks the rest)."""
-    kind, uri = _split_type(name, value)
+    kind, uri = _split_type(f"--input {name}", value)
     uri, mode = _split_mode(uri)
     return InputSpec(name=name, uri=uri, type=kind, mode=mode or DEFAULT_MODE)
+
+
+def parse_output_value(text: str) -> OutputSpec:
+    """The OutputSpec of `--output TEXT`: `NAME`, `NAME:MODE` or `NAME=[TYPE:]URI[:MODE]`, split into its
+    parts (check_output checks them)."""
+    name, equals, value = text.partition("=")
+    if not equals:
+        name, colon, given = text.partition(":")
+        if colon and not given:
+            raise JobSpecError(f"--output {text!r}: no mode after ':' (one of {', '.join(OUTPUT_MODES)})")
+        return OutputSpec(name=name, mode=_output_mode(given) if given else DEFAULT_OUTPUT_MODE)
+    option = f"--output {name}"
+    if not value:
+        raise JobSpecError(f"{option}: no URI after '=': give NAME, NAME:MODE or NAME={DATASTORE_PATH_FORM}")
+    kind, uri = _split_type(option, value, OUTPUT_TYPES)
+    uri, mode = _split_mode(uri)
+    if not uri:
+        raise JobSpecError(f"{option}: no URI before ':{mode}': give NAME:{mode} or "
+                           f"NAME={DATASTORE_PATH_FORM}:{mode}")
+    return OutputSpec(name=name, uri=uri, type=kind, mode=_output_mode(mode) if mode else DEFAULT_OUTPUT_MODE)
+
+
+def check_output(spec: OutputSpec) -> None:
+    """Raise JobSpecError (one line naming the value) unless Azure ML writes `spec` where it says: a datastore
+    path or its own default place, with a type and a mode of outputs."""
+    option = f"--output {spec.name}"
+    if spec.type not in OUTPUT_TYPES:
+        raise JobSpecError(f"{option}: type {spec.type!r} is not one of {', '.join(OUTPUT_TYPES)}")
+    if spec.mode not in OUTPUT_MODES:
+        where = _OTHER_OUTPUT_MODES.get(spec.mode)
+        detail = f" ({spec.mode} is for {where})" if where else ""
+        raise JobSpecError(f"{option}: mode {spec.mode!r} is not one of {', '.join(OUTPUT_MODES)} for an "
+                           f"output{detail}")
+    if spec.uri is None:
+        return
+    uri = spec.uri
+    way_on = (f"Azure ML writes outputs to a datastore path, {DATASTORE_PATH_FORM}, or, without a URI, to "
+              "its default datastore")
+    if any(pattern.match(uri) for pattern in _DATASTORE_PATHS):
+        return
+    if not uri:
+        raise JobSpecError(f"{option}: an empty URI: {way_on}")
+    if uri.startswith("azureml:") and not uri.startswith("azureml://"):
+        raise JobSpecError(f"{option}: {uri} names a data asset, which a job does not write to: {way_on}")
+    scheme = _SCHEME.match(uri)
+    if scheme and scheme["scheme"].lower() == "azureml":
+        raise JobSpecError(f"{option}: {uri} is not a datastore path: {way_on}")
+    if scheme and scheme["scheme"].lower() in URL_SCHEMES:
+        raise JobSpecError(f"{option}: {uri} is a storage URL, not a datastore path (register the storage "
+                           f"account as a datastore): {way_on}")
+    if scheme or ":" in uri.split("/", 1)[0]:
+        raise JobSpecError(f"{option}: {uri} is not a datastore path: {way_on}")
+    raise JobSpecError(f"{option}: {uri} is a local path, which a job cannot write to: {way_on}")
+
+
+def resolution(path: str, is_arm_id: bool = False) -> str:
+    """How azure-ai-ml's submission treats an input's `path` (JobOperations._resolve_job_input, without the
+    SDK): "passed through", "uploaded" or "looked up as a data asset". `is_arm_id`: the SDK's own test for a
+    full ARM id (`/subscriptions/...`), which only an `azureml:` asset reference resolves to here."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(path)
+    if is_arm_id or (parsed.scheme and parsed.netloc) or path.startswith("${{"):
+        return "passed through"
+    if path.startswith("/"):
+        return "uploaded"
+    if ":" in path or "@" in path:
+        return "looked up as a data asset"
+    return "uploaded"
+
+
+def expected_resolution(uri: str) -> str:
+    """How a submission must treat an input given as `uri`: a data asset reference is looked up, a local path
+    uploaded, anything else passed through."""
+    if asset_reference(uri) is not None:
+        return "looked up as a data asset"
+    return "uploaded" if is_local_path(uri) else "passed through"
+
+
+def is_local_path(uri: str) -> bool:
+    """True for a path on this machine (uploaded with the job), False for azureml:, https:, abfss:, ..."""
+    return ":" not in uri.split("/", 1)[0]
 
 
 def check_input(spec: InputSpec) -> None:
@@ -96,16 +199,20 @@ def asset_reference(uri: str) -> DataAsset | None:
     return DataAsset(match["name"], label=match["label"])
 
 
-def _split_type(name: str, value: str) -> tuple[str, str]:
+def _split_type(option: str, value: str, types: tuple[str, ...] = INPUT_TYPES) -> tuple[str, str]:
     head, sep, tail = value.partition(":")
-    if sep and head in INPUT_TYPES:
+    if sep and head in types:
         return head, tail
     names_a_type = head in _OTHER_TYPES or (
         re.fullmatch(r"[a-z][a-z_]*", head) is not None and head not in ("azureml", *URL_SCHEMES)
         and (tail.startswith("azureml:") or _SCHEME.match(tail) is not None))
     if sep and names_a_type:
-        raise JobSpecError(f"--input {name}: type {head!r} is not one of {', '.join(INPUT_TYPES)}")
+        raise JobSpecError(f"{option}: type {head!r} is not one of {', '.join(types)}")
     return "uri_folder", value
+
+
+def _output_mode(mode: str) -> str:
+    return DEFAULT_OUTPUT_MODE if mode == "mount" else mode  # azure-ai-ml sends both as ReadWriteMount
 
 
 def _split_mode(uri: str) -> tuple[str, str | None]:

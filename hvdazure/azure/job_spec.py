@@ -21,6 +21,7 @@ job is this command with the sampled values as `--set` arguments, and an in-job 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from hvdazure.azure import credential_check, data_inputs, sweep_spec, vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
+from hvdazure.azure.compute import check_compute_name
 from hvdazure.azure.errors import JobSpecError, check_count
 from hvdazure.azure.job_identity import with_identity
 from hvdazure.azure.resolved_job import InputSpec, JobEnvironment, OutputSpec, ResolvedJob
@@ -40,7 +42,6 @@ from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
 if TYPE_CHECKING:
     from hvdazure.core.config import TrainConfig
 
-OUTPUT_MODES = ("rw_mount", "upload", "direct")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # input, output and environment variable names
 _EXPERIMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,254}$")
 _SHM_SIZE = re.compile(r"^[1-9][0-9]*[bkmg]$", re.I)
@@ -142,15 +143,11 @@ def parse_input(text: str) -> InputSpec:
 
 
 def parse_output(text: str) -> OutputSpec:
-    """`NAME`, or `NAME=URI[:MODE]` (`azureml://datastores/NAME/paths/...`), mode rw_mount unless given."""
-    name, sep, uri = text.partition("=")
-    mode = "rw_mount"
-    head, colon, tail = uri.rpartition(":")
-    if colon and tail in OUTPUT_MODES:
-        uri, mode = head, tail
-    if sep and not uri:
-        raise JobSpecError(f"--output {text!r}: give NAME or NAME=URI[:MODE]")
-    spec = OutputSpec(name=name, uri=uri or None, mode=mode)
+    """`NAME`, `NAME:MODE` or `NAME=[TYPE:]URI[:MODE]`, e.g. `ckpt`, `ckpt:upload`,
+    `ckpt=azureml://datastores/workspaceblobstore/paths/runs/digits/`; parsed strictly (data_inputs.py says
+    what Azure ML takes). The type is uri_folder and the mode rw_mount unless given; without a URI, Azure ML
+    picks a place in the workspace's default datastore."""
+    spec = data_inputs.parse_output_value(text)
     _check_output(spec)
     return spec
 
@@ -171,19 +168,16 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     vm_size = vm_size or spec.vm_size
     nodes = check_count(spec.nodes, "--nodes")
     processes = _processes_per_node(spec.processes_per_node, vm_size)
-    if not isinstance(spec.compute, str) or not spec.compute.strip():
-        raise JobSpecError("--compute: name the Azure ML compute cluster to run on")
+    compute = check_compute_name(spec.compute, "--compute")
     code_dir, script = _code_and_script(spec, cwd)
     if snapshot is None or snapshot.code_dir != code_dir:
         snapshot = scan(code_dir)
     if not snapshot.contains(script):
         raise JobSpecError(f"script {script} is excluded by {code_dir / str(snapshot.ignore_file)}: "
                            "it would not be uploaded")
-    inputs, outputs = tuple(spec.inputs), tuple(spec.outputs)
-    for item in inputs:
+    for item in spec.inputs:
         _check_input(item)
-        if is_local_path(item.uri) and not (cwd / item.uri).exists():
-            raise JobSpecError(f"--input {item.name}: {item.uri} does not exist (a local path is uploaded)")
+    inputs, outputs = tuple(_local_input(item, cwd) for item in spec.inputs), tuple(spec.outputs)
     for out in outputs:
         _check_output(out)
     _unique([i.name for i in inputs], "--input")
@@ -204,7 +198,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     warnings = [w for w in (snapshot.size_warning(), _more_processes_than_gpus(processes, vm_size),
                             *_unreferenced(args, inputs, outputs)) if w]
     job = ResolvedJob(
-        code_dir=code_dir, script=script, script_args=args, compute=spec.compute.strip(), nodes=nodes,
+        code_dir=code_dir, script=script, script_args=args, compute=compute, nodes=nodes,
         processes_per_node=processes, environment=_environment(spec, cwd), env=env, inputs=inputs,
         outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
         f"{nodes}x{processes}", tags=tags, shm_size=shm, docker_args=spec.docker_args or None,
@@ -262,9 +256,7 @@ def shm_size(size: str | None) -> str | None:
     return text.lower()
 
 
-def is_local_path(uri: str) -> bool:
-    """True for a path on this machine (uploaded with the job), False for azureml:, https:, abfss:, ..."""
-    return ":" not in uri.split("/", 1)[0]
+is_local_path = data_inputs.is_local_path
 
 
 def environment_version(image: str, conda_text: str | None) -> str:
@@ -298,14 +290,20 @@ def _more_processes_than_gpus(processes: int, vm_size: str | None) -> str | None
 
 
 def _code_and_script(spec: JobSpec, cwd: Path) -> tuple[Path, str]:
+    """The code directory, and the script as the job runs it (`python SCRIPT` from the code directory's top):
+    SCRIPT is a path in the code directory, or, failing that, from the current directory into it
+    (`hvdazure submit src/train.py --code src`, as a shell completes it)."""
     code_dir = (cwd / (spec.code_dir or ".")).resolve()
     if not code_dir.is_dir():
         raise JobSpecError(f"code directory not found: {spec.code_dir}")
     if not spec.script:
         raise JobSpecError("no script given: hvdazure submit train.py ...")
-    script_path = (cwd / spec.script).resolve()
-    if not script_path.is_file():
-        raise JobSpecError(f"script not found: {spec.script} (no such file in {cwd})")
+    places = [code_dir] if code_dir == cwd.resolve() else [code_dir, cwd]
+    found = [place / spec.script for place in places if (place / spec.script).is_file()]
+    script_path = found[0].resolve() if found else None
+    if script_path is None:
+        raise JobSpecError(f"script not found: {spec.script} (no such file in "
+                           f"{' or '.join(str(place) for place in places)})")
     try:
         script = script_path.relative_to(code_dir).as_posix()
     except ValueError:
@@ -367,13 +365,28 @@ def _check_input(spec: InputSpec) -> None:
     credential_check.refuse_value(f"--input {spec.name}", spec.uri, credential_check.DATA_ASSET)
 
 
+def _local_input(spec: InputSpec, cwd: Path) -> InputSpec:
+    """An input with its local path made absolute (from `cwd`, like the CLI option), which azure-ai-ml
+    uploads as it is; other inputs as they are. The path must exist and be of the input's type: azure-ai-ml
+    would refuse it only once submitting."""
+    if not is_local_path(spec.uri):
+        return spec
+    path = (cwd / spec.uri).resolve()
+    if not path.exists():
+        raise JobSpecError(f"--input {spec.name}: {spec.uri} does not exist (a local path is uploaded)")
+    if spec.type == "uri_folder" and not path.is_dir():
+        raise JobSpecError(f"--input {spec.name}: {spec.uri} is a file, and a uri_folder input a directory: "
+                           f"give --input {spec.name}=uri_file:{spec.uri}")
+    if spec.type == "uri_file" and not path.is_file():
+        raise JobSpecError(f"--input {spec.name}: {spec.uri} is a directory, and a uri_file input a file")
+    return dataclasses.replace(spec, uri=str(path))
+
+
 def _check_output(spec: OutputSpec) -> None:
     if not _NAME.match(spec.name):
         raise JobSpecError(f"--output name {spec.name!r}: letters, digits and '_', not starting with a digit")
-    if spec.mode not in OUTPUT_MODES:
-        raise JobSpecError(f"--output {spec.name}: mode {spec.mode!r} is not one of "
-                           f"{', '.join(OUTPUT_MODES)}")
     credential_check.refuse_value(f"--output {spec.name}", spec.uri or "", credential_check.DATASTORE_PATH)
+    data_inputs.check_output(spec)
 
 
 def _check_env(env: Mapping[str, str]) -> dict[str, str]:

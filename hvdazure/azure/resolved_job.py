@@ -306,7 +306,8 @@ class ResolvedJob:
             lines.append("environment variables: "
                          + " ".join(f"{k}={v}" for k, v in sorted(self.env.items())))
         for spec in self.inputs:
-            lines.append(f"input {spec.name}: {spec.type} {spec.uri} ({spec.mode})")
+            uploaded = ", uploaded when submitting" if Path(spec.uri).is_absolute() else ""  # a local path
+            lines.append(f"input {spec.name}: {spec.type} {spec.uri} ({spec.mode}{uploaded})")
         for out in self.outputs:
             lines.append(f"output {out.name}: {out.type} {out.uri or '(default datastore)'} ({out.mode})")
         return lines + self.kind.summary(self)

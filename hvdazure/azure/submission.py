@@ -18,14 +18,16 @@ ML sweep job (SDK v1: a HyperDrive run), or a command job whose ranks run the sw
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hvdazure.azure.backend import OfflineCheck, SubmitBackend, Submitted
+from hvdazure.azure.code_snapshot import is_ignored
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import JobSpecError, SubmitError, redacted_line
 from hvdazure.azure.job_spec import JobSpec, resolve
@@ -34,7 +36,7 @@ from hvdazure.azure.sweep_spec import InJobSweepSpec
 from hvdazure.azure.workspace import WorkspaceRef
 
 SDKS = ("v2", "v1")
-DEFAULT_YAML = "hvdazure-job.yml"
+DEFAULT_YAML = "hvdazure-job.yml"  # the job's file name; a dry run writes it to default_output_yaml
 _INSTALL_HINT = {"v2": "pip install 'hvdazure[azure]' (azure-ai-ml)",
                  "v1": "pip install 'hvdazure[azure-v1]' (azureml-core)"}
 
@@ -63,22 +65,42 @@ class DryRunResult:
 
     def report(self) -> list[str]:
         """What the dry run found, for a person: the layout, the files, what was checked, how to submit."""
+        where = "" if any(_inside(f, self.job.code_dir) for f in self.files) else \
+            " (outside the code directory, so not uploaded with it)"
         return [f"dry run (SDK {self.sdk}): nothing was uploaded or submitted",
                 *self.job.summary(self.check.command),
-                *self.check.notes, f"wrote {', '.join(_display_path(f) for f in self.files)}",
+                *self.check.notes, f"wrote {', '.join(_display_path(f) for f in self.files)}{where}",
                 f"validated offline: {self.check.checked}", f"to submit: {self.check.how_to_submit}"]
 
 
-def dry_run(spec: JobSpec, output_yaml: str | Path = DEFAULT_YAML, sdk: str = "v2",
+def default_output_yaml(job: ResolvedJob, env: Mapping[str, str] | None = None) -> Path:
+    """Where a dry run writes the job by default: ~/.cache/hvdazure/dry-run/EXPERIMENT/hvdazure-job.yml
+    (XDG_CACHE_HOME/hvdazure/... where that is set), outside the code directory: a file in it would be
+    uploaded by the next submission, and counted by the next dry run."""
+    from hvdazure.core.cluster.environment import home_cache_dir
+
+    hvdazure_cache = Path(home_cache_dir(os.environ if env is None else env)).parent
+    return hvdazure_cache / "dry-run" / job.experiment / DEFAULT_YAML
+
+
+def dry_run(spec: JobSpec, output_yaml: str | Path | None = None, sdk: str = "v2",
             warn: Callable[[str], None] = _warn) -> DryRunResult:
-    """Validate `spec`, write the job as YAML to `output_yaml` and validate that with the SDK, offline.
-    SDK v2 also writes `<stem>.environment.yml` when the environment needs registering."""
+    """Validate `spec`, write the job as YAML to `output_yaml` (default: default_output_yaml, outside the
+    code directory) and validate that with the SDK, offline. SDK v2 also writes `<stem>.environment.yml`
+    when the environment needs registering. A file written inside the code directory, where the next
+    submission would upload it, is warned about unless its ignore file excludes it."""
     backend = backend_for(sdk)
     job = resolve(spec)
     backend.check_supported(job)
     for warning in job.warnings:
         warn(warning)
-    files = backend.write_yaml(job, output_yaml)
+    files = backend.write_yaml(job, default_output_yaml(job) if output_yaml is None else output_yaml)
+    uploaded = [f for f in files if _inside(f, job.code_dir)
+                and not is_ignored(job.code_dir, f.relative_to(job.code_dir).as_posix())]
+    if uploaded:
+        warn(f"the dry run's files ({', '.join(_display_path(f) for f in uploaded)}) are inside the code "
+             f"directory {job.code_dir}, so submissions upload them with the code: write them elsewhere "
+             f"(--output-yaml) or add them to {job.snapshot.ignore_file or '.amlignore'}")
     body = backend.validate_offline(job, files)
     check = backend.describe_check(job, body, [_display_path(f) for f in files])
     return DryRunResult(job=job, files=files, body=body, sdk=sdk, check=check)
@@ -170,6 +192,10 @@ def backend_for(sdk: str) -> SubmitBackend:
         return V2Backend()
     except ImportError as exc:
         raise SubmitError(f"--sdk {sdk} needs {_INSTALL_HINT[sdk]}: {redacted_line(exc)}") from None
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    return path.resolve().is_relative_to(directory.resolve())
 
 
 def _display_path(path: Path) -> str:

@@ -88,7 +88,7 @@ def _check_environment_and_identity(job: ResolvedJob) -> None:
     if job.identity is not None and isinstance(job.kind, SweepJob):
         raise JobSpecError("--identity with --sdk v1 is not for a HyperDrive sweep: azureml-core's "
                            "HyperDrive submission has no credential passthrough; use SDK v2 (the default), "
-                           "or --in-job-sweep")
+                           "or `hvdazure submit in-job-sweep`")
 
 
 def _environment_notes(job: ResolvedJob) -> tuple[str, ...]:

@@ -30,7 +30,6 @@ from hvdazure.azure import compute, data_inputs
 from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError, redacted_line
-from hvdazure.azure.job_spec import is_local_path
 from hvdazure.azure.resolved_job import CommandJob, InJobSweep, ResolvedJob, SweepJob
 from hvdazure.azure.sweep_v2 import SweepJobForm
 from hvdazure.azure.workspace import WorkspaceRef
@@ -89,7 +88,7 @@ def build_job(job: ResolvedJob) -> Any:
     }
     shared_fields = {  # the job's own; a sweep job's trials share them
         "compute": job.compute,
-        "inputs": {i.name: Input(type=i.type, path=_input_path(i.uri), mode=i.mode) for i in job.inputs},
+        "inputs": {i.name: Input(type=i.type, path=i.uri, mode=i.mode) for i in job.inputs},
         "outputs": {o.name: Output(type=o.type, path=o.uri, mode=o.mode) for o in job.outputs},
         "experiment_name": job.experiment,
         "display_name": job.display_name,
@@ -110,6 +109,21 @@ def _check_identity(job: ResolvedJob, body: dict[str, Any], job_file: str) -> No
         wanted = {"identityType": "Managed", **client_id}
     if found != wanted:
         raise SubmitError(f"{job_file} does not load back with the identity asked for: {found} != {wanted}")
+
+
+def _check_inputs(job: ResolvedJob, loaded: Any, job_file: str) -> None:
+    """Every input, as `load_job` reads it back, is what the job says and is resolved by the submission as
+    its kind must be: a URL passed through unchanged, a local path uploaded, a data asset looked up
+    (data_inputs.resolution follows azure-ai-ml's JobOperations._resolve_job_input)."""
+    from azure.ai.ml._utils._arm_id_utils import is_ARM_id_for_resource
+
+    for spec in job.inputs:
+        path = str(loaded.inputs[spec.name].path)
+        found = data_inputs.resolution(path, is_ARM_id_for_resource(path))
+        wanted = data_inputs.expected_resolution(spec.uri)
+        if found != wanted or (wanted != "looked up as a data asset" and path != spec.uri):
+            raise SubmitError(f"{job_file}: input {spec.name} loads back as {path!r}, which azure-ai-ml "
+                              f"would have {found} when submitting; {spec.uri} is to be {wanted}")
 
 
 def identity_configuration(job: ResolvedJob) -> Any | None:
@@ -157,6 +171,8 @@ class V2Backend:
         written = []
         data = _plain(build_job(job)._to_dict())
         layout_of(data, form)["code"] = _relative(job.code_dir, path.parent)
+        for spec in job.inputs:  # as given: azure-ai-ml's dump prefixes every path with `azureml:`
+            data["inputs"][spec.name]["path"] = spec.uri
         ordered = [*(key for key in form.yaml_order if key in data),
                    *(key for key in data if key not in form.yaml_order)]
         data = {key: data[key] for key in ordered if data[key] not in ({}, [], None)}
@@ -200,6 +216,7 @@ class V2Backend:
                               f"MPI processes once loaded: {json.dumps(distribution)}")
         form.check_body(body, job_file.name)
         _check_identity(job, body, job_file.name)
+        _check_inputs(job, loaded, job_file.name)
         return body
 
     def describe_check(self, job: ResolvedJob, body: dict[str, Any], names: list[str]) -> OfflineCheck:
@@ -211,6 +228,9 @@ class V2Backend:
                    + f"distributionType {distribution['distributionType']}, processCountPerInstance "
                    f"{distribution['processCountPerInstance']}, instanceCount "
                    f"{layout['resources']['instanceCount']})")
+        if job.inputs:  # _check_inputs: each as the submission will resolve it
+            checked += ", and each input as azure-ai-ml resolves it when submitting (" + ", ".join(
+                f"{spec.name} {data_inputs.expected_resolution(spec.uri)}" for spec in job.inputs) + ")"
         how = " && ".join([*(f"az ml environment create -f {n}" for n in names[:-1]),
                            f"az ml job create -f {names[-1]}"])
         return OfflineCheck(checked=checked, how_to_submit=how, notes=_lookup_notes(job))
@@ -326,11 +346,6 @@ def ensure_inputs(ml_client: Any, job: ResolvedJob) -> None:
                                   "workspace") from None
             raise SubmitError(f"--input {spec.name}: data asset {asset.reference} cannot be resolved: "
                               f"{redacted_line(exc)}") from None
-
-
-def _input_path(uri: str) -> str:
-    """Local paths are uploaded by the SDK: resolve them from the current directory, like the CLI option."""
-    return str(Path(uri).resolve()) if is_local_path(uri) else uri
 
 
 def _relative(target: Path, start: Path) -> str:

@@ -4,6 +4,9 @@ submission contacts Azure; the refusal is one line naming the field, never the v
 
 from __future__ import annotations
 
+import base64
+import hashlib
+
 import pytest
 
 from hvdazure.azure import submission
@@ -18,7 +21,11 @@ IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 SIGNATURE = "abc%3D"
 SAS_URL = f"https://acct.blob.core.windows.net/c/d?sv=2022-11-02&sp=rl&sig={SIGNATURE}"
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"
-SECRETS = (SIGNATURE, JWT, "hunter2", "hf_abcdef")
+# a storage account key is 64 random bytes in base64 (88 characters); these are made up
+KEY = base64.b64encode(hashlib.sha512(b"not a real account key").digest()).decode()
+CONNECTION = f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={KEY};EndpointSuffix=core.windows.n"
+SAS_CONNECTION = "BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature=sv=2022-11-02&sp=rl"
+SECRETS = (SIGNATURE, JWT, "hunter2", "hf_abcdef", KEY, KEY[:40])
 
 
 @pytest.fixture
@@ -29,6 +36,7 @@ def project(tmp_path, monkeypatch):
     (directory / "space.yaml").write_text("lr: {type: choice, values: [0.1, 0.01]}\n")
     (directory / "urls.yaml").write_text(f"extra.data_url: {{type: choice, values: ['{SAS_URL}', 'b']}}\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 
@@ -66,6 +74,16 @@ CASES = [  # (what the job is given, the field the refusal names, the kind of cr
      "the script's argument --set extra.u", "a SAS signature, sig="),
     ({"sweep": InJobSweepSpec("urls.yaml", "eval_loss")}, "search space parameter extra.data_url",
      "a SAS signature, sig="),
+    ({"env": {"STORAGE": KEY}}, "--env STORAGE", "a storage account key"),
+    ({"tags": {"storage": KEY}}, "--tag storage", "a storage account key"),
+    ({"script_args": ["--account-key", KEY]}, "the script's argument --account-key", "a storage account key"),
+    ({"script_args": ["--set", f"extra.storage={KEY}"]}, "the script's argument --set extra.storage",
+     "a storage account key"),
+    ({"script_args": [f"--set=extra.storage='{KEY}'"]}, "the script's argument --set extra.storage",
+     "a storage account key"),
+    ({"env": {"STORAGE": CONNECTION}}, "--env STORAGE", "a key or password"),
+    ({"script_args": ["--conn", SAS_CONNECTION]}, "the script's argument --conn", "a key or password"),
+    ({"display_name": f"digits {KEY}"}, "--display-name", "a storage account key"),
 ]
 
 
@@ -100,7 +118,7 @@ def test_a_submission_refuses_a_credential_before_it_looks_for_the_workspace(pro
     ["--tag", f"src=https://acct.blob.core.windows.net/c/d?sp=rl&sig={SIGNATURE}"],
 ])
 def test_cli_refuses_the_issues_credentials_in_one_line_without_them(project, capsys, argv):
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run", *argv])
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run", *argv])
 
     err = capsys.readouterr().err
     assert code == 2
@@ -108,6 +126,44 @@ def test_cli_refuses_the_issues_credentials_in_one_line_without_them(project, ca
     assert err.count("\n") == 1
     assert SIGNATURE not in err
     assert not (project / "hvdazure-job.yml").exists()
+
+
+@pytest.mark.parametrize("argv", [["--env", f"STORAGE={KEY}"], ["--tag", f"storage={KEY}"],
+                                  ["--", "--account-key", KEY], ["--", "--set", f"extra.storage={KEY}"]])
+def test_cli_refuses_a_bare_storage_key_without_printing_or_writing_it(project, capsys, argv):
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run", *argv])
+
+    printed = capsys.readouterr()
+    assert code == 2
+    assert "looks like a credential (a storage account key)" in printed.err
+    assert printed.err.count("\n") == 1
+    assert KEY[:20] not in printed.out + printed.err
+    assert not (project / "hvdazure-job.yml").exists()
+
+
+NOT_SECRETS = [
+    hashlib.sha256(b"x").hexdigest(), hashlib.sha512(b"x").hexdigest(), "0" * 40,  # hex digests, a git sha
+    base64.b64encode(hashlib.sha256(b"x").digest()).decode(),  # base64 of 32 bytes (an SRI sha256)
+    base64.b64encode(bytes(48)).decode(), base64.b64encode(bytes(63)).decode(),  # of 48 and 63 bytes
+    base64.b64encode(bytes(65)).decode(), base64.b64encode(bytes(66)).decode(),
+    "digits-2x8-lr0.05-bs512", "f47ac10b-58cc-4372-a567-0e02b2c3d479", "a" * 86 + "==" + "b",
+    "/mnt/data/" + "x" * 100,
+]
+
+
+@pytest.mark.parametrize("value", NOT_SECRETS)
+def test_hashes_other_base64_and_run_names_are_not_taken_for_keys(project, value):
+    job = resolve(spec(script_args=["--set", f"extra.run={value}", "--digest", value], tags={"run": value},
+                       env={"RUN": value}))
+
+    assert credential_in(value) is None
+    assert job.tags["run"] == value
+
+
+def test_a_key_alone_or_in_a_connection_string_is_redacted():
+    for text in (KEY, f"key '{KEY}' refused", CONNECTION, f"AccountKey={KEY};"):
+        assert credential_in(text) is not None
+        assert KEY[:20] not in redact(text)
 
 
 def test_urls_and_names_that_hold_no_credential_pass(project):

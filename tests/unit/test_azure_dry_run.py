@@ -33,6 +33,7 @@ def project(tmp_path, monkeypatch):
     directory.mkdir()
     (directory / "train.py").write_text("print('training')\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 
@@ -124,7 +125,7 @@ def test_a_shm_size_reaches_both_sdks_with_its_unit_in_lower_case(project, tmp_p
 
 
 def test_cli_refuses_a_shm_size_without_a_unit_in_one_line(project, capsys):
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run",
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
                  "--shm-size", "16"])
 
     assert code == 2
@@ -204,14 +205,47 @@ def test_cli_dry_run_prints_the_layout_image_and_command(project, capsys):
            "(Standard_ND96asr_v4)" in out
     assert any(line.startswith("environment: azureml:hvdazure-gpu:0.1.0-") and IMAGE in line for line in out)
     assert "command: python train.py --set epochs=3" in out
-    assert out[-1] == ("to submit: az ml environment create -f hvdazure-job.environment.yml && "
-                       "az ml job create -f hvdazure-job.yml")
-    assert (project / "hvdazure-job.yml").is_file()
+    written = project.parent / "cache" / "hvdazure" / "dry-run" / "project"
+    assert out[-1] == (f"to submit: az ml environment create -f {written}/hvdazure-job.environment.yml && "
+                       f"az ml job create -f {written}/hvdazure-job.yml")
+    assert (written / "hvdazure-job.yml").is_file()
+
+
+def test_the_default_files_are_written_outside_the_code_directory_so_a_second_dry_run_counts_the_same(
+        project, capsys):
+    """The code directory is the current one by default: files written there would be uploaded."""
+    argv = ["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run"]
+    reports = []
+    for _ in range(2):
+        assert main(argv) == 0
+        reports.append(capsys.readouterr())
+
+    first, second = (next(line for line in r.out.splitlines() if line.startswith("code: ")) for r in reports)
+    assert first == second == f"code: {project} (1 files, 0.0 MB)"
+    assert sorted(p.name for p in project.iterdir()) == ["train.py"]
+    written = project.parent / "cache" / "hvdazure" / "dry-run" / "project"
+    assert (f"wrote {written}/hvdazure-job.environment.yml, {written}/hvdazure-job.yml (outside the code "
+            "directory, so not uploaded with it)") in reports[1].out.splitlines()
+    assert reports[1].err == ""
+
+
+def test_files_written_into_the_code_directory_are_warned_about_unless_ignored(project, capsys):
+    argv = ["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
+            "--output-yaml", "jobs/job.yml"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err == (
+        "hvdazure: warning: the dry run's files (jobs/job.environment.yml, jobs/job.yml) are inside the code "
+        f"directory {project}, so submissions upload them with the code: write them elsewhere "
+        "(--output-yaml) or add them to .amlignore\n")
+
+    (project / ".amlignore").write_text("jobs/\n")
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_cli_options_may_follow_the_script_and_its_arguments_follow_double_dash(project, capsys):
-    code = main(["submit", "--compute", "c", "train.py", "-ppn", "2", "--image", IMAGE, "--dry-run", "--json",
-                 "--output-yaml", "out/job.yml", "--", "--set", "epochs=3", "--json"])
+    code = main(["submit", "--compute", "cpu", "train.py", "-ppn", "2", "--image", IMAGE, "--dry-run",
+                 "--json", "--output-yaml", "out/job.yml", "--", "--set", "epochs=3", "--json"])
 
     result = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -227,12 +261,59 @@ def test_cli_options_may_follow_the_script_and_its_arguments_follow_double_dash(
     (["--", "--set", "batch_size=0"], "hvdazure: error: the script's arguments: config field 'batch_size'"),
 ])
 def test_cli_refuses_a_bad_job_in_one_line(project, capsys, argv, message):
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run", *argv])
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run", *argv])
 
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith(message)
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("argv", "help_of"), [  # every subcommand: the parser is the CLI's one _Parser
+    (["submit", "train.py", "--compute", "cpu", "--nodse", "2"], "hvdazure submit"),
+    (["submit", "sweep", "train.py", "--compute", "cpu", "--space", "s", "--metric", "m", "--bogus"],
+     "hvdazure submit sweep"),
+    (["submit", "in-job-sweep", "train.py", "--compute", "cpu", "--space", "s", "--metric", "m", "--bogus"],
+     "hvdazure submit in-job-sweep"),
+    (["azure", "compute", "create", "c", "--vm-size", "S", "--max-nodes", "1", "--bogus"],
+     "hvdazure azure compute create"),
+    (["data", "index", "shards", "--bogus"], "hvdazure data index"),
+    (["doctor", "--bogus"], "hvdazure doctor"),
+    (["run", "-np", "2", "--bogus", "t.py"], "hvdazure run"),
+    (["--bogus", "doctor"], "hvdazure"),
+])
+def test_an_unknown_option_points_to_the_help_of_the_command_that_refused_it(capsys, argv, help_of):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith(f" (see {help_of} --help)\n")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--nodes", "two"], "argument --nodes: invalid int value: 'two' (see hvdazure submit --help)"),
+    (["--bogus"], "unrecognized arguments: --bogus (see hvdazure submit --help)"),
+    (["--nodes", "0"], "--nodes must be at least 1, got 0"),
+    (["--compute", "bad name!"], "--compute 'bad name!': 2 to 32 letters, digits and '-', starting with a "
+                                 "letter (Azure ML's compute names)"),
+])
+def test_with_json_a_failure_is_json_on_stdout_and_one_line_on_stderr(project, capsys, argv, message):
+    try:
+        code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
+                     "--json", *argv, "--", "--json"])
+    except SystemExit as exit_info:
+        code = exit_info.code
+
+    printed = capsys.readouterr()
+    assert code == 2
+    assert json.loads(printed.out) == {"error": message, "exit_code": 2}
+    assert printed.err == f"hvdazure: error: {message}\n"
+
+
+def test_without_json_a_failure_prints_nothing_on_stdout(project, capsys):
+    assert main(["submit", "train.py", "--compute", "bad name!", "-ppn", "1", "--image", IMAGE,
+                 "--dry-run", "--", "--json"]) == 2
+    assert capsys.readouterr().out == ""
 
 
 def test_cli_create_compute_needs_a_vm_size_before_anything_else(project, capsys):
@@ -244,7 +325,7 @@ def test_cli_create_compute_needs_a_vm_size_before_anything_else(project, capsys
 
 
 def test_cli_submit_without_a_workspace_says_how_to_name_one(project, capsys):
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE])
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE])
 
     assert code == 2
     assert capsys.readouterr().err.startswith("hvdazure: error: no Azure ML workspace given: pass "

@@ -35,6 +35,7 @@ def project(tmp_path, monkeypatch):
     directory.mkdir()
     (directory / "train.py").write_text("print('training')\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 
@@ -164,7 +165,7 @@ def test_a_malformed_registry_environment_is_refused(project, reference, message
 
 
 def test_cli_dry_run_v1_with_a_registry_environment_is_one_line(project, capsys):
-    code = main(["submit", "train.py", "--compute", "c", "-ppn", "1", "--environment", REGISTRY_VERSION,
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--environment", REGISTRY_VERSION,
                  "--dry-run", "--sdk", "v1"])
 
     err = capsys.readouterr().err

@@ -39,6 +39,7 @@ def project(tmp_path, monkeypatch):
     (directory / "train.py").write_text("print('training')\n")
     (directory / "space.yaml").write_text("lr: {type: choice, values: [0.1, 0.01]}\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 
@@ -125,8 +126,8 @@ def test_v2_submission_puts_the_job_with_its_identity(project, fake):  # noqa: F
 
 @pytest.mark.parametrize("variant", [[], ["sweep", "--space", "space.yaml", "--metric", "eval_loss"]])
 def test_cli_takes_identity_for_submit_and_sweep_and_prints_it(project, capsys, variant):
-    code = main(["submit", *variant, "train.py", "--compute", "c", "-ppn", "1", "--image", IMAGE, "--dry-run",
-                 "--json", "--identity", f"managed:{CLIENT_ID}"])
+    code = main(["submit", *variant, "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE,
+                 "--dry-run", "--json", "--identity", f"managed:{CLIENT_ID}"])
 
     assert code == 0
     assert json.loads(capsys.readouterr().out)["identity"] == {"type": "managed", "client_id": CLIENT_ID}
@@ -203,5 +204,6 @@ def test_a_v1_in_job_sweep_runs_with_credential_passthrough(v1_project, service)
 
 
 def test_v1_refuses_an_identity_for_a_hyperdrive_sweep(project):
-    with pytest.raises(JobSpecError, match=r"^--identity with --sdk v1 is not for a HyperDrive sweep"):
+    with pytest.raises(JobSpecError, match=r"^--identity with --sdk v1 is not for a HyperDrive") as error:
         submission.dry_run(spec(identity="user", sweep=sweep(space="space.yaml")), "run.yml", sdk="v1")
+    assert str(error.value).endswith("use SDK v2 (the default), or `hvdazure submit in-job-sweep`")

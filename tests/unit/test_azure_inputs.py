@@ -1,11 +1,13 @@
-"""`--input`, parsed as strictly as Azure ML reads it: what azure-ai-ml 1.35.2 would turn into a wrong path
-or refuse only after the upload is one line naming the value, offline. And in a real submission every
-`azureml:` data asset is looked up in the workspace before the environment is registered or the code
-uploaded (the fake workspace of test_azure_submit_v2.py records every request, blob uploads included)."""
+"""`--input` and `--output`, parsed as strictly as Azure ML reads them: what azure-ai-ml 1.35.2 would turn
+into a wrong path or refuse only after the upload is one line naming the value, offline. In a real submission
+every `azureml:` data asset is looked up in the workspace before the environment is registered or the code
+uploaded, a URL goes through unchanged and a local path is uploaded, for every kind of job (the fake
+workspace of test_azure_submit_v2.py records every request, blob uploads included)."""
 
 from __future__ import annotations
 
 import pytest
+import yaml
 from test_azure_submit_v2 import (  # noqa: F401  (fixtures)
     IMAGE,
     WORKSPACE,
@@ -17,8 +19,10 @@ from test_azure_submit_v2 import (  # noqa: F401  (fixtures)
     submit,
 )
 
+from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.job_spec import InputSpec, JobSpec, parse_input, resolve
+from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, parse_input, parse_output, resolve
+from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
 from hvdazure.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -93,7 +97,7 @@ def test_what_azure_ml_would_misread_or_refuse_late_is_one_line_naming_it(text, 
 
 
 def test_an_input_built_in_python_is_checked_as_strictly(project):  # noqa: F811
-    job = JobSpec(script="train.py", compute="c", processes_per_node=1, image=IMAGE,
+    job = JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
                   inputs=[InputSpec("data", "azureml:digits", mode="download")])
     with pytest.raises(JobSpecError, match=r"^--input data: azureml:digits has no version"):
         resolve(job)
@@ -146,7 +150,7 @@ def test_data_assets_are_looked_up_before_the_environment_and_the_code(project, 
 def test_the_dry_run_says_which_references_the_submission_looks_up_first(project, tmp_path):  # noqa: F811
     from hvdazure.azure import submission
 
-    job = JobSpec(script="train.py", compute="c", processes_per_node=1, environment="azureml:team@latest",
+    job = JobSpec(script="train.py", compute="cpu", processes_per_node=1, environment="azureml:team@latest",
                   inputs=[InputSpec("data", "azureml:digits@latest"), InputSpec("raw", "https://a.b/c/")],
                   script_args=["--set", "extra.data=${{inputs.data}}", "--set", "extra.raw=${{inputs.raw}}"])
     report = submission.dry_run(job, tmp_path / "job.yml").report()
@@ -176,3 +180,189 @@ def test_a_missing_reference_stops_the_submission_before_a_cluster_is_created(pr
     assert str(error.value) == message
     assert not [p for _, p, _ in fake.calls if p.startswith("/computes/")]
     assert _uploads_or_registrations(fake) == []
+
+
+# --- how the submission resolves each input: URLs as they are, local paths uploaded -----------------------
+URL = "https://acct2.blob.core.windows.net/c/raw/"
+KINDS = {"command job": None, "sweep job": SweepSpec("space.yaml", "eval_loss"),
+         "in-job sweep": InJobSweepSpec("space.yaml", "eval_loss")}
+ARGS = ["--set", "extra.raw=${{inputs.raw}}", "--set", "extra.local=${{inputs.local}}"]
+
+
+@pytest.fixture
+def local_data(project):  # noqa: F811
+    """A folder outside the code directory, so its upload is its own, not the code's."""
+    (project / "space.yaml").write_text("lr: {type: choice, values: [0.1, 0.01]}\n")
+    folder = project.parent / "localdata"
+    folder.mkdir()
+    (folder / "part-0.bin").write_bytes(b"x" * 10)
+    return folder
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_submission_passes_a_url_through_and_uploads_a_local_folder(project, fake, local_data, kind):  # noqa: F811
+    submit(fake, inputs=[InputSpec("raw", URL), InputSpec("local", "../localdata")], script_args=ARGS,
+           sweep=KINDS[kind])
+
+    inputs = fake.job_put()["inputs"]
+    assert inputs["raw"]["uri"] == URL  # unchanged: no data asset lookup
+    assert not [p for _, p, _ in fake.calls if p.startswith("/data/")]
+    # the folder goes to the default datastore, and the job reads it from there
+    uploaded = [p for m, p, _ in fake.calls if m == "PUT" and p.startswith("blob:https://")]
+    assert uploaded and all(p.endswith("/localdata/part-0.bin") for p in uploaded)
+    assert ("GET", "/datastores/workspaceblobstore") in fake.arm_calls()
+    assert inputs["local"]["uri"].startswith("azureml://datastores/workspaceblobstore/paths/LocalUpload/")
+    assert inputs["local"]["uri"].endswith("/localdata/")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_dry_run_writes_a_url_as_it_is_and_a_local_path_as_an_absolute_path(project, local_data,  # noqa: F811
+                                                                                  tmp_path, kind):
+    from azure.ai.ml import load_job
+
+    result = submission.dry_run(JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
+                                        inputs=[InputSpec("raw", URL), InputSpec("local", "../localdata")],
+                                        script_args=ARGS, sweep=KINDS[kind]), tmp_path / "out" / "job.yml")
+
+    written = yaml.safe_load((tmp_path / "out" / "job.yml").read_text())["inputs"]
+    assert (written["raw"]["path"], written["local"]["path"]) == (URL, str(local_data))
+    loaded = load_job(tmp_path / "out" / "job.yml").inputs
+    assert (loaded["raw"].path, loaded["local"].path) == (URL, str(local_data))
+    assert f"input local: uri_folder {local_data} (ro_mount, uploaded when submitting)" in result.report()
+    assert f"input raw: uri_folder {URL} (ro_mount)" in result.report()
+    assert result.check.checked.endswith(", and each input as azure-ai-ml resolves it when submitting (raw "
+                                         "passed through, local uploaded)")
+
+
+def test_the_dry_run_refuses_a_job_file_whose_inputs_the_submission_would_look_up_as_assets(project,  # noqa: F811
+                                                                                             local_data,
+                                                                                             tmp_path):
+    """What azure-ai-ml's own dump writes (`azureml:` before every path) is caught by the offline check."""
+    from hvdazure.azure.submit_v2 import V2Backend
+
+    job = resolve(JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
+                          inputs=[InputSpec("raw", URL)], script_args=ARGS[:2]))
+    files = V2Backend().write_yaml(job, tmp_path / "job.yml")
+    files[-1].write_text(files[-1].read_text().replace(f"path: {URL}", f"path: azureml:{URL}"))
+
+    with pytest.raises(SubmitError) as error:
+        V2Backend().validate_offline(job, files)
+    assert str(error.value) == (f"job.yml: input raw loads back as 'azureml:{URL}', which azure-ai-ml would "
+                                f"have looked up as a data asset when submitting; {URL} is to be passed "
+                                "through")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("uri_file:../localdata", "--input local: ../localdata is a directory, and a uri_file input a file"),
+    ("../localdata/part-0.bin", "--input local: ../localdata/part-0.bin is a file, and a uri_folder input a "
+                                "directory: give --input local=uri_file:../localdata/part-0.bin"),
+    ("../nothing", "--input local: ../nothing does not exist (a local path is uploaded)"),
+])
+def test_a_local_input_of_the_wrong_kind_is_refused_before_anything_is_written(project, local_data, capsys,  # noqa: F811
+                                                                               value, message):
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
+                 "--output-yaml", "../job.yml", "--input", f"local={value}", "--", "--set",
+                 "extra.local=${{inputs.local}}"])
+
+    assert code == 2
+    assert capsys.readouterr().err == f"hvdazure: error: {message}\n"
+    assert not (project.parent / "job.yml").exists()
+
+
+@pytest.mark.parametrize("value", [URL, "../localdata"])
+def test_sdk_v1_refuses_a_url_or_local_input_in_one_line(project, local_data, capsys, value):  # noqa: F811
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
+                 "--sdk", "v1", "--output-yaml", "../job.yml", "--input", f"data={value}", "--", "--set",
+                 "extra.data=${{inputs.data}}"])
+
+    assert code == 2
+    assert capsys.readouterr().err == ("hvdazure: error: --input and --output need SDK v2 (the default); "
+                                       "with --sdk v1, pass the script a datastore path instead\n")
+
+
+# --- outputs: where Azure ML writes them ------------------------------------------------------------------
+DATASTORE = "azureml://datastores/workspaceblobstore/paths/runs/x/"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("ckpt", OutputSpec("ckpt")),
+    ("ckpt:upload", OutputSpec("ckpt", mode="upload")),
+    ("ckpt:mount", OutputSpec("ckpt")),  # azure-ai-ml's other name for rw_mount
+    (f"ckpt={DATASTORE}", OutputSpec("ckpt", DATASTORE)),
+    (f"ckpt={DATASTORE}:upload", OutputSpec("ckpt", DATASTORE, mode="upload")),
+    ("m=uri_file:azureml://datastores/ws/paths/m.pt", OutputSpec("m", "azureml://datastores/ws/paths/m.pt",
+                                                               type="uri_file")),
+    ("m=azureml://subscriptions/s/resourcegroups/rg/workspaces/ws/datastores/blob/paths/x/:direct",
+     OutputSpec("m", "azureml://subscriptions/s/resourcegroups/rg/workspaces/ws/datastores/blob/paths/x/",
+                mode="direct")),
+])
+def test_the_outputs_azure_ml_writes_parse(text, expected):
+    assert parse_output(text) == expected
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("m=s3://bucket/x", "--output m: s3://bucket/x is not a datastore path: Azure ML writes outputs to a "
+                        "datastore path, azureml://datastores/NAME/paths/PATH, or, without a URI, to its "
+                        "default datastore"),
+    ("m=/local/dir", "--output m: /local/dir is a local path, which a job cannot write to: Azure ML writes"),
+    ("m=out/dir", "--output m: out/dir is a local path, which a job cannot write to"),
+    ("ckpt=azureml:mymodel:1", "--output ckpt: azureml:mymodel:1 names a data asset, which a job does not "
+                               "write to: Azure ML writes outputs to a datastore path"),
+    ("m=https://acct.blob.core.windows.net/c/x/", "--output m: https://acct.blob.core.windows.net/c/x/ is a "
+                                                  "storage URL, not a datastore path (register the storage "
+                                                  "account as a datastore)"),
+    ("m=azureml://jobs/j/outputs/o/paths/x", "--output m: azureml://jobs/j/outputs/o/paths/x is not a "
+                                             "datastore path"),
+    (f"m={DATASTORE}:ro_mount", "--output m: mode 'ro_mount' is not one of rw_mount, upload, direct for an "
+                                "output (ro_mount is for inputs)"),
+    (f"m={DATASTORE}:rw-mount", "--output m: mode 'rw-mount' is not one of rw_mount, upload, direct"),
+    ("ckpt:download", "--output ckpt: mode 'download' is not one of rw_mount, upload, direct for an output "
+                      "(download is for inputs)"),
+    ("ckpt:", "--output 'ckpt:': no mode after ':' (one of rw_mount, upload, direct)"),
+    ("m=mlflow_model:azureml://datastores/ws/paths/m/", "--output m: type 'mlflow_model' is not one of "
+                                                        "uri_folder, uri_file"),
+    ("m=", "--output m: no URI after '=': give NAME, NAME:MODE or NAME=azureml://datastores/NAME/paths/PATH"),
+    ("1m", "--output name '1m': letters, digits and '_'"),
+])
+def test_an_output_azure_ml_would_not_write_where_asked_is_one_line_naming_it(text, message):
+    with pytest.raises(JobSpecError) as error:
+        parse_output(text)
+
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+def test_an_output_built_in_python_is_checked_as_strictly(project):  # noqa: F811
+    job = JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
+                  outputs=[OutputSpec("m", "s3://bucket/x")])
+    with pytest.raises(JobSpecError, match=r"^--output m: s3://bucket/x is not a datastore path"):
+        resolve(job)
+
+
+@pytest.mark.parametrize("value", ["m=s3://bucket/x", "m=/local/dir", "ckpt=azureml:mymodel:1",
+                                   f"m={DATASTORE}:ro_mount"])
+def test_the_cli_refuses_each_output_in_one_line_and_writes_nothing(project, capsys, value):  # noqa: F811
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
+                 "--output-yaml", "../job.yml", "--output", value])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"hvdazure: error: --output {value.partition('=')[0]}: ")
+    assert err.count("\n") == 1
+    assert not (project.parent / "job.yml").exists()
+
+
+def test_name_colon_mode_reaches_the_rest_body(project, tmp_path):  # noqa: F811
+    code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
+                 "--output-yaml", str(tmp_path / "job.yml"), "--output", "ckpt:upload", "--output",
+                 f"best=uri_file:{DATASTORE}best.pt", "--", "--set", "checkpoint_dir=${{outputs.ckpt}}",
+                 "--set", "extra.best=${{outputs.best}}"])
+
+    from azure.ai.ml import load_job
+    from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
+
+    assert code == 0
+    outputs = to_rest_job_object(load_job(tmp_path / "job.yml")).as_dict()["properties"]["outputs"]
+    assert outputs == {"ckpt": {"mode": "Upload", "jobOutputType": "uri_folder"},
+                       "best": {"uri": f"{DATASTORE}best.pt", "mode": "ReadWriteMount",
+                                "jobOutputType": "uri_file"}}

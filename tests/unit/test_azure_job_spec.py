@@ -22,6 +22,7 @@ def project(tmp_path, monkeypatch):
     (directory / "src").mkdir(parents=True)
     (directory / "src" / "train.py").write_text("print('training')\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 
@@ -109,6 +110,32 @@ def test_the_users_variables_override_the_nccl_defaults(project):
 def test_a_missing_script_or_code_directory_is_refused(project):
     assert refused(script="src/nope.py") == f"script not found: src/nope.py (no such file in {project})"
     assert refused(code_dir="nowhere") == "code directory not found: nowhere"
+
+
+def test_the_script_is_a_path_in_the_code_directory(project):
+    """As the job runs it: `python train.py` from the top of `--code src`."""
+    (project / "train.py").write_text("print('a different script, outside the code directory')\n")
+
+    job = resolve(spec(code_dir="src", script="train.py"))
+    assert (job.code_dir, job.script, job.command) == (project / "src", "train.py", "python train.py")
+
+
+def test_a_path_from_the_current_directory_into_the_code_directory_is_taken_too(project):
+    assert resolve(spec(code_dir="src", script="src/train.py")).script == "train.py"
+    assert refused(code_dir="src", script="nope.py") == (
+        f"script not found: nope.py (no such file in {project / 'src'} or {project})")
+
+
+@pytest.mark.parametrize("name", ["bad name!", "gpu_cluster", "1gpu", "x", "a" * 33, "azureml:gpu-cluster"])
+def test_a_compute_name_azure_ml_cannot_have_is_refused(project, name):
+    assert refused(compute=name) == (f"--compute {name!r}: 2 to 32 letters, digits and '-', starting with a "
+                                     "letter (Azure ML's compute names)")
+    assert refused(compute=" ") == "--compute: name the Azure ML compute cluster to run on"
+
+
+@pytest.mark.parametrize("name", ["gpu-cluster", "A100x8", "nc", "a" * 32, "cpu-cluster-2"])
+def test_compute_names_azure_ml_takes_pass(project, name):
+    assert resolve(spec(compute=name)).compute == name
 
 
 def test_a_script_outside_the_code_directory_is_refused(project):
@@ -349,6 +376,17 @@ def test_one_line_keeps_the_first_line_redacted():
         "RuntimeError: upload to https://a.blob.core.windows.net/c?sig=REDACTED failed")
 
 
+def test_azure_ai_mls_coloured_errors_are_one_line_of_what_and_why():
+    """azure-ai-ml 1.35.2's MlException text, as a failed submission raised it."""
+    error = RuntimeError(
+        "\n\x1b[37m\n\x1b[30m\n1) One or more fields are invalid\x1b[39m\x1b[39m\n\nDetails: \n\n"
+        "\x1b[31m(x) Could not parse azureml:data:x. If providing an ARM id, it should start with a '/'."
+        "\x1b[39m\n\nResolutions: \n1) Double-check that all specified parameters are of the correct types\n")
+
+    assert redacted_line(error) == ("RuntimeError: One or more fields are invalid: Could not parse "
+                                    "azureml:data:x. If providing an ARM id, it should start with a '/'.")
+
+
 def test_the_workspace_comes_from_config_json_found_upwards(tmp_path):
     (tmp_path / ".azureml").mkdir()
     (tmp_path / ".azureml" / "config.json").write_text(json.dumps(
@@ -368,8 +406,16 @@ def test_a_missing_workspace_is_one_line(tmp_path, options, message):
         WorkspaceRef.from_options(cwd=tmp_path, **options)
 
 
-def test_a_config_json_without_ids_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text('{"subscription_id": "s"}')
+@pytest.mark.parametrize(("config", "missing"), [
+    ({"subscription_id": "s"}, "resource_group, workspace_name"),
+    ({"subscription_id": "s", "resource_group": "g", "workspace_name": ""}, "workspace_name"),
+    ({"workspace_name": "w"}, "subscription_id, resource_group"),
+    ({}, "subscription_id, resource_group, workspace_name"),
+])
+def test_a_config_json_without_ids_names_the_missing_ones(tmp_path, config, missing):
+    (tmp_path / "config.json").write_text(json.dumps(config))
 
-    with pytest.raises(SubmitError, match="lacks subscription_id, resource_group or workspace_name"):
+    with pytest.raises(SubmitError) as error:
         WorkspaceRef.from_config_file(tmp_path / "config.json")
+    assert str(error.value) == (f"workspace config {tmp_path / 'config.json'} lacks {missing} (the "
+                                "workspace's portal page downloads a complete one)")

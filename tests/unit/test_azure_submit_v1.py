@@ -149,6 +149,7 @@ def project(tmp_path, monkeypatch):
     directory.mkdir()
     (directory / "train.py").write_text("print('training')\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 

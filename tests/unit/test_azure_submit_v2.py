@@ -101,6 +101,8 @@ class FakeWorkspace:
             return 200, fixture("v2_pending_upload.json")
         if re.fullmatch(r"/codes/[^/]+/versions/[^/]+", path) and method == "PUT":
             return 200, {"id": arm_id, "name": path.rsplit("/", 1)[1], "properties": body["properties"]}
+        if path == "/datastores/workspaceblobstore":  # where azure-ai-ml uploads a local input
+            return 200, fixture("v2_datastore_blob.json")
         if match := re.fullmatch(r"/data/([^/]+)", path):
             if match.group(1) not in self.data_assets:
                 return _not_found(path)
@@ -121,7 +123,8 @@ class FakeWorkspace:
         return _not_found(path)
 
     def blob(self, request: requests.PreparedRequest):
-        """The storage account: PUT stores, HEAD finds; the SAS query is recorded as sent."""
+        """The storage account: PUT stores, HEAD finds; the SAS query is recorded as sent. A code upload is
+        recorded by its path below the pending upload, any other (a local input's) by its full URL."""
         key = request.url.split("?")[0]
         self.calls.append((request.method, "blob:" + key.split("/LocalUpload/0001/", 1)[-1], None))
         headers = {"ETag": '"0x1"', "Last-Modified": "Thu, 01 Jan 2026 00:00:00 GMT",
@@ -188,6 +191,7 @@ def project(tmp_path, monkeypatch):
     (directory / "data" / "big.bin").write_bytes(b"x" * 1000)
     (directory / ".amlignore").write_text("data/\n")
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 
@@ -421,7 +425,7 @@ def test_stream_follows_the_logs_of_the_job_just_created(project, tmp_path):
             streamed.append(name)
 
     client = types.SimpleNamespace(jobs=Jobs(), environments=types.SimpleNamespace(get=lambda *a, **k: None))
-    job = resolve(JobSpec(script="train.py", compute="c", processes_per_node=1, image=IMAGE))
+    job = resolve(JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE))
     files = submit_v2.V2Backend().write_yaml(job, tmp_path / "job.yml")
 
     assert submit_v2.V2Connection(client).submit(job, files, stream=True).name == "job-1"

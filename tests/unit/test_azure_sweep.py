@@ -42,6 +42,7 @@ def project(tmp_path, monkeypatch):
     (directory / "train.py").write_text("print('training')\n")
     (directory / "space.yaml").write_text(SPACE)
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 
@@ -443,8 +444,9 @@ def test_cli_dry_run_of_a_sweep_prints_the_trials_objective_policy_and_space(pro
             in out)
     assert ("search space (space.yaml): lr loguniform(min_value=-9.2, max_value=-2.3); batch_size "
             "choice[16, 32, 64]; extra.hidden choice[32, 64, 128] as extra_hidden") in out
-    assert out[-1] == ("to submit: az ml environment create -f hvdazure-job.environment.yml && "
-                       "az ml job create -f hvdazure-job.yml")
+    written = project.parent / "cache" / "hvdazure" / "dry-run" / "project"
+    assert out[-1] == (f"to submit: az ml environment create -f {written}/hvdazure-job.environment.yml && "
+                       f"az ml job create -f {written}/hvdazure-job.yml")
 
 
 def test_cli_json_says_what_the_sweep_searches(project, capsys):

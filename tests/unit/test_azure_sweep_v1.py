@@ -47,6 +47,7 @@ def project(tmp_path, monkeypatch):
     (directory / "train.py").write_text("print('training')\n")
     (directory / "space.yaml").write_text(SPACE)
     monkeypatch.chdir(directory)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
     return directory
 
 
