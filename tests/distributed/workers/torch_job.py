@@ -13,10 +13,16 @@ extra: n_train, n_eval, features, stop_rank + stop_step (that rank alone asks to
        metric "extra" = 7), nonfinite_empty (training_step returns an infinite loss if it is ever called
        for an empty micro-batch, as a stand-in sample with a non-finite loss would).
 Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts.
+
+Several trainings in one job (one launch, as `hvdazure sweep` runs its trials): `torch_job.py --runs
+RUNS.json`, a JSON object of name -> list of FIELD=VALUE settings; each training runs in turn on the same
+ranks and reports into HVDAZURE_TEST_OUT/<name>/ (tests/distributed/harness.py `TrainingsJob`).
 """
 
 import hashlib
+import json
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -120,8 +126,9 @@ def report_checkpoint_error_and_linger(trainer: RegressionTrainer, error: Checkp
         time.sleep(0.1)
 
 
-if __name__ == "__main__":
-    trainer = RegressionTrainer(TrainConfig.from_cli(log_every=1, progress_bar=False))
+def train_and_report(argv: list[str] | None = None) -> None:
+    """One training configured by `argv` (`--set ...`), reported into HVDAZURE_TEST_OUT."""
+    trainer = RegressionTrainer(TrainConfig.from_cli(argv, log_every=1, progress_bar=False))
     try:
         history = trainer.fit()
     except CheckpointError as exc:
@@ -144,3 +151,18 @@ if __name__ == "__main__":
         "batchnorm_batches": [int(m.num_batches_tracked) for m in trainer.model.modules()
                               if isinstance(m, torch.nn.BatchNorm1d)],
     })
+
+
+def train_each_of(runs_file: str) -> None:
+    """Every training named in the JSON file, in turn, each reporting into a folder of its name."""
+    out = Path(os.environ["HVDAZURE_TEST_OUT"])
+    for name, settings in json.loads(Path(runs_file).read_text()).items():
+        os.environ["HVDAZURE_TEST_OUT"] = str(out / name)
+        train_and_report([arg for setting in settings for arg in ("--set", setting)])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--runs"]:
+        train_each_of(sys.argv[2])
+    else:
+        train_and_report()
