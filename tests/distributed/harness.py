@@ -105,22 +105,33 @@ class FinishedRun:
         return into
 
 
+@dataclass
+class Trainings:
+    """The job that ran several trainings (run_trainings), and each training's reports: `trainings[name]`
+    is that training's rank -> report."""
+
+    job: JobRun
+    reports: dict[str, dict[int, dict]]
+
+    def __getitem__(self, name: str) -> dict[int, dict]:
+        return self.reports[name]
+
+
 def run_trainings(runs: dict[str, tuple[str, ...]], out_dir: Path, np: int = 2, controller: str = "gloo",
-                  timeout: float = 300) -> dict[str, dict[int, dict]]:
-    """Several trainings of workers/torch_job.py (name -> its FIELD=VALUE settings) in ONE job: each runs
-    in turn on the same ranks, as `hvdazure sweep` runs trials, so a file of real-rank tests pays for one
-    launch, not one per training. Returns each training's reports (rank -> report) by name."""
+                  script: str = "torch_job.py", timeout: float = 300) -> Trainings:
+    """Several trainings of a worker (name -> its FIELD=VALUE settings) in ONE job: each runs in turn on the
+    same ranks, as `hvdazure sweep` runs trials (workers/_report.py `main`), so a file of real-rank tests
+    pays for one launch, not one per training."""
     for name in runs:
         (out_dir / name).mkdir(parents=True)
     spec = out_dir / "runs.json"
     spec.write_text(json.dumps({name: list(settings) for name, settings in runs.items()}))
-    job = run_job("torch_job.py", "--runs", str(spec), out_dir=out_dir, np=np, controller=controller,
-                  timeout=timeout)
+    job = run_job(script, "--runs", str(spec), out_dir=out_dir, np=np, controller=controller, timeout=timeout)
     assert job.returncode == 0, job.output
     reports = {name: read_reports(out_dir / name) for name in runs}
     for name, by_rank in reports.items():
         assert sorted(by_rank) == list(range(np)), f"{name}: {job.output}"
-    return reports
+    return Trainings(job, reports)
 
 
 class TorchRuns:

@@ -15,21 +15,18 @@ extra: n_train, n_eval, features, stop_rank + stop_step (that rank alone asks to
 Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts.
 
 Several trainings in one job (one launch, as `hvdazure sweep` runs its trials): `torch_job.py --runs
-RUNS.json`, a JSON object of name -> list of FIELD=VALUE settings; each training runs in turn on the same
-ranks and reports into HVDAZURE_TEST_OUT/<name>/ (tests/distributed/harness.py `TrainingsJob`).
+RUNS.json` (workers/_report.py `main`).
 """
 
 import hashlib
-import json
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from _report import report_rank
+from _report import main, report_rank
 from torch.utils.data import Dataset
 
 from hvdazure import Callback, TrainConfig
@@ -153,16 +150,5 @@ def train_and_report(argv: list[str] | None = None) -> None:
     })
 
 
-def train_each_of(runs_file: str) -> None:
-    """Every training named in the JSON file, in turn, each reporting into a folder of its name."""
-    out = Path(os.environ["HVDAZURE_TEST_OUT"])
-    for name, settings in json.loads(Path(runs_file).read_text()).items():
-        os.environ["HVDAZURE_TEST_OUT"] = str(out / name)
-        train_and_report([arg for setting in settings for arg in ("--set", setting)])
-
-
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--runs"]:
-        train_each_of(sys.argv[2])
-    else:
-        train_and_report()
+    main(train_and_report)
