@@ -12,6 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +63,66 @@ def run_job(
         raise AssertionError(f"job hung: {' '.join(cmd)} still running after {timeout}s\n"
                              f"{stdout}\n{stderr}") from None
     return JobRun(proc.returncode, stdout, stderr, read_reports(out_dir))
+
+
+def set_args(settings: tuple[str, ...] | list[str]) -> list[str]:
+    """`--set FIELD=VALUE` for each setting, as a worker's command line takes them."""
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+def train(script: str | Path, tmp_path: Path, name: str, *settings: str, np: int = 2,
+          controller: str = "gloo", expect: int | None = 0, timeout: float = 240,
+          env: dict[str, str] | None = None) -> JobRun:
+    """One job of `script` with `settings`, reporting into tmp_path/name; its exit status must be `expect`
+    (None: any)."""
+    out = tmp_path / name
+    out.mkdir()
+    job = run_job(script, *set_args(settings), out_dir=out, np=np, controller=controller, timeout=timeout,
+                  env=env)
+    if expect is not None:
+        assert job.returncode == expect, job.output
+    return job
+
+
+def start_job(script: str | Path, tmp_path: Path, name: str, *settings: str, np: int = 2,
+              controller: str = "gloo", env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+    """Start a job in the background, for a test to interrupt: (its `hvdazure run` process, its report
+    folder tmp_path/name). Its output (stdout and stderr together) is `finish(proc)`'s."""
+    out = tmp_path / name
+    out.mkdir()
+    script = Path(script) if Path(script).is_absolute() else WORKERS / script
+    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", str(np), f"--{controller}", str(script),
+           *set_args(settings)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out), **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, out
+
+
+def wait_for(predicate: Callable[[], object], what: str, proc: subprocess.Popen | None = None,
+             timeout: float = 180) -> None:
+    """Wait until `predicate()` holds; fail (killing `proc`, with its output) if `proc` ends first or the
+    wait passes `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        ended = proc is not None and proc.poll() is not None
+        if ended or time.monotonic() > deadline:
+            output = ""
+            if proc is not None:
+                proc.kill()
+                output = proc.communicate()[0]
+            raise AssertionError(f"the job ended or hung before {what}:\n{output}")
+        time.sleep(0.01)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
+    """Wait for a job start_job started to end; its output. Fails, killing it, if it hangs."""
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.communicate()
+        raise AssertionError("job hung") from None
+    return output
 
 
 def kill_tree(pid: int) -> None:
