@@ -5,7 +5,7 @@ SITE ?= site
 export TF_CPP_MIN_LOG_LEVEL ?= 1
 export NO_MKDOCS_2_WARNING ?= 1  # MkDocs 2 / Material end-of-life notice on every build (CONTRIBUTING.md)
 
-.PHONY: setup demo demo-tf test test-unit test-distributed lint docs docs-check docs-serve doctor clean
+.PHONY: setup demo demo-tf test test-fast test-unit test-distributed lint docs docs-check docs-serve doctor clean
 
 setup:
 	@bash scripts/setup_env.sh
@@ -19,6 +19,11 @@ demo-tf: setup
 # tests/docs/ reads the site docs-check built (HVDAZURE_DOCS_SITE) instead of building it again
 test: setup lint docs-check
 	HVDAZURE_DOCS_SITE=$(SITE) $(VENV)/bin/pytest tests --durations=30
+
+# The edit-test loop (under 3 minutes on 2 cores): the unit tier and the docs' checks that run no training,
+# no real ranks, no Azurite. `make test` stays the whole suite, and what CI runs.
+test-fast: setup
+	$(VENV)/bin/pytest tests/unit tests/docs -m "(unit or docs) and not slow" -q --durations=10
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit

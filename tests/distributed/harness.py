@@ -12,6 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,66 @@ def run_job(
     return JobRun(proc.returncode, stdout, stderr, read_reports(out_dir))
 
 
+def set_args(settings: tuple[str, ...] | list[str]) -> list[str]:
+    """`--set FIELD=VALUE` for each setting, as a worker's command line takes them."""
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+def train(script: str | Path, tmp_path: Path, name: str, *settings: str, np: int = 2,
+          controller: str = "gloo", expect: int | None = 0, timeout: float = 240,
+          env: dict[str, str] | None = None) -> JobRun:
+    """One job of `script` with `settings`, reporting into tmp_path/name; its exit status must be `expect`
+    (None: any)."""
+    out = tmp_path / name
+    out.mkdir()
+    job = run_job(script, *set_args(settings), out_dir=out, np=np, controller=controller, timeout=timeout,
+                  env=env)
+    if expect is not None:
+        assert job.returncode == expect, job.output
+    return job
+
+
+def start_job(script: str | Path, tmp_path: Path, name: str, *settings: str, np: int = 2,
+              controller: str = "gloo", env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+    """Start a job in the background, for a test to interrupt: (its `hvdazure run` process, its report
+    folder tmp_path/name). Its output (stdout and stderr together) is `finish(proc)`'s."""
+    out = tmp_path / name
+    out.mkdir()
+    script = Path(script) if Path(script).is_absolute() else WORKERS / script
+    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", str(np), f"--{controller}", str(script),
+           *set_args(settings)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out), **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, out
+
+
+def wait_for(predicate: Callable[[], object], what: str, proc: subprocess.Popen | None = None,
+             timeout: float = 180) -> None:
+    """Wait until `predicate()` holds; fail (killing `proc`, with its output) if `proc` ends first or the
+    wait passes `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        ended = proc is not None and proc.poll() is not None
+        if ended or time.monotonic() > deadline:
+            output = ""
+            if proc is not None:
+                proc.kill()
+                output = proc.communicate()[0]
+            raise AssertionError(f"the job ended or hung before {what}:\n{output}")
+        time.sleep(0.01)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
+    """Wait for a job start_job started to end; its output. Fails, killing it, if it hangs."""
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.communicate()
+        raise AssertionError("job hung") from None
+    return output
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and every process below it."""
     try:
@@ -103,6 +165,35 @@ class FinishedRun:
         """The checkpoints copied into `into` (which must not exist yet), for a test to resume or damage."""
         shutil.copytree(self.checkpoint_dir, into)
         return into
+
+
+@dataclass
+class Trainings:
+    """The job that ran several trainings (run_trainings), and each training's reports: `trainings[name]`
+    is that training's rank -> report."""
+
+    job: JobRun
+    reports: dict[str, dict[int, dict]]
+
+    def __getitem__(self, name: str) -> dict[int, dict]:
+        return self.reports[name]
+
+
+def run_trainings(runs: dict[str, tuple[str, ...]], out_dir: Path, np: int = 2, controller: str = "gloo",
+                  script: str = "torch_job.py", timeout: float = 300) -> Trainings:
+    """Several trainings of a worker (name -> its FIELD=VALUE settings) in ONE job: each runs in turn on the
+    same ranks, as `hvdazure sweep` runs trials (workers/_report.py `main`), so a file of real-rank tests
+    pays for one launch, not one per training."""
+    for name in runs:
+        (out_dir / name).mkdir(parents=True)
+    spec = out_dir / "runs.json"
+    spec.write_text(json.dumps({name: list(settings) for name, settings in runs.items()}))
+    job = run_job(script, "--runs", str(spec), out_dir=out_dir, np=np, controller=controller, timeout=timeout)
+    assert job.returncode == 0, job.output
+    reports = {name: read_reports(out_dir / name) for name in runs}
+    for name, by_rank in reports.items():
+        assert sorted(by_rank) == list(range(np)), f"{name}: {job.output}"
+    return Trainings(job, reports)
 
 
 class TorchRuns:

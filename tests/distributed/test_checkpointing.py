@@ -5,12 +5,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
+from functools import partial
 
 import pytest
-from harness import WORKERS, processes_running, read_reports, run_job
+from harness import WORKERS, finish, processes_running, read_reports, run_job, start_job, wait_for
+from harness import set_args as _args
+from harness import train as train_job
 
 from hvdazure.core.checkpoint_store import CheckpointManager
 
@@ -18,45 +19,8 @@ JOB = "torch_job.py"
 # 37 samples, batch 4 on 2 ranks: 5 steps per epoch with an uneven last step; checkpoints every 3 steps
 BASE = ("epochs=3", "batch_size=4", "extra.n_train=37", "lr=0.05", "checkpoint_every_steps=3",
         "checkpoint_every_epochs=null")
-
-
-def _args(settings):
-    return [a for s in settings for a in ("--set", s)]
-
-
-def train(tmp_path, name, *settings, np=2, expect=0):
-    out = tmp_path / name
-    out.mkdir()
-    job = run_job(JOB, *_args(settings), out_dir=out, np=np, timeout=180)
-    assert job.returncode == expect, job.output
-    return job
-
-
-def start(tmp_path, name, *settings, np=2):
-    """Start a job in the background: (process, its report folder)."""
-    out = tmp_path / name
-    out.mkdir()
-    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", str(np), "--gloo", str(WORKERS / JOB),
-           *_args(settings)]
-    proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    return proc, out
-
-
-def wait_for(predicate, what, timeout=90):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
-def finish(proc, timeout=90):
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError("job hung") from None
-    return output
+train = partial(train_job, JOB)  # train(tmp_path, name, *settings, np=2, expect=0)
+start = partial(start_job, JOB)  # start(tmp_path, name, *settings): (process, report folder)
 
 
 @pytest.fixture

@@ -4,10 +4,25 @@ import pytest
 from harness import CONTROLLERS, REPO, run_job
 
 
+@pytest.fixture(scope="module")
+def collectives_job(tmp_path_factory):
+    """`collectives.py FRAMEWORK` under a controller, each launched once for every test that reads it."""
+    jobs = {}
+
+    def get(framework, controller):
+        if (framework, controller) not in jobs:
+            out = tmp_path_factory.mktemp(f"collectives-{framework}-{controller}")
+            jobs[framework, controller] = run_job("collectives.py", framework, out_dir=out,
+                                                  controller=controller)
+        return jobs[framework, controller]
+
+    return get
+
+
 @pytest.mark.parametrize("controller", CONTROLLERS)
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-def test_collectives_give_exact_results_on_every_rank(tmp_path, controller, framework):
-    job = run_job("collectives.py", framework, out_dir=tmp_path, controller=controller)
+def test_collectives_give_exact_results_on_every_rank(collectives_job, controller, framework):
+    job = collectives_job(framework, controller)
 
     assert job.returncode == 0, job.output
     assert sorted(job.reports) == [0, 1]
@@ -23,8 +38,8 @@ def test_collectives_give_exact_results_on_every_rank(tmp_path, controller, fram
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
-def test_cluster_detection_before_init_agrees_with_horovod(tmp_path, controller):
-    job = run_job("collectives.py", "torch", out_dir=tmp_path, controller=controller)
+def test_cluster_detection_before_init_agrees_with_horovod(collectives_job, controller):
+    job = collectives_job("torch", controller)
 
     assert job.returncode == 0, job.output
     expected_launcher = {"gloo": "horovodrun", "mpi": "openmpi"}[controller]

@@ -6,13 +6,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
+from functools import partial
 
 import numpy as np
 import pytest
-from harness import WORKERS, processes_running, read_reports, run_job
+from harness import WORKERS, finish, processes_running, read_reports, run_job, start_job, wait_for
+from harness import set_args as _args
+from harness import train as train_job
 
 from hvdazure.core.checkpoint_store import CheckpointManager
 
@@ -21,48 +21,8 @@ JOB = "tf_job.py"
 # 9 eval samples, so that checkpoints after the first evaluation have an eval_mse to be the best by
 BASE = ("epochs=3", "batch_size=4", "extra.n_train=37", "extra.n_eval=9", "lr=0.05", "monitor=eval_mse",
         "checkpoint_every_steps=3", "checkpoint_every_epochs=null")
-
-
-def _args(settings):
-    return [a for s in settings for a in ("--set", s)]
-
-
-def train(tmp_path, name, *settings, np=2, controller="gloo", expect=0):
-    out = tmp_path / name
-    out.mkdir()
-    job = run_job(JOB, *_args(settings), out_dir=out, np=np, controller=controller, timeout=240)
-    assert job.returncode == expect, job.output
-    return job
-
-
-def start(tmp_path, name, *settings, controller="gloo"):
-    """Start a 2-rank job in the background: (process, its report folder)."""
-    out = tmp_path / name
-    out.mkdir()
-    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", "2", f"--{controller}", str(WORKERS / JOB),
-           *_args(settings)]
-    proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    return proc, out
-
-
-def wait_for(predicate, what, proc, timeout=180):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"the job ended or hung before {what}:\n{proc.communicate()[0]}")
-        time.sleep(0.01)
-
-
-def finish(proc, timeout=120):
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise AssertionError("job hung") from None
-    return output
+train = partial(train_job, JOB)  # train(tmp_path, name, *settings, np=2, controller="gloo", expect=0)
+start = partial(start_job, JOB)  # start(tmp_path, name, *settings, controller="gloo")
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,15 @@
 """TensorFlowTrainer on real ranks: what every data-parallel user relies on, asserted across processes (the
 TensorFlow side of test_torch_trainer.py).
 
-TensorFlow takes seconds to start on every rank, so the jobs are few and shared: each (variant, number of
-ranks) below runs once per module, on first use, and each test asserts one behaviour on the runs it needs.
+TensorFlow takes seconds to start on every rank, so the jobs are few and shared: one job per (number of
+ranks, controller) runs its variants below in turn (harness.run_trainings), once per module, on first use,
+and each test asserts one behaviour on the runs it needs.
 """
 
+from types import SimpleNamespace
+
 import pytest
-from harness import CONTROLLERS, run_job
+from harness import CONTROLLERS, run_job, run_trainings
 
 JOB = "tf_job.py"
 # Global batches of 8 (2 ranks x 4, or 1 x 8); base_batch_size 4: the LR is scaled linearly to 2 x lr for
@@ -26,27 +29,26 @@ VARIANTS = {
 }
 
 
-def train(out, *settings, np=2, controller="gloo"):
-    out.mkdir()
-    job = run_job(JOB, *[arg for s in settings for arg in ("--set", s)], out_dir=out, np=np,
-                  controller=controller, timeout=240)
-    assert job.returncode == 0, job.output
-    assert sorted(job.reports) == list(range(np)), job.output
-    return job
+def _trainings(np, controller):
+    """Every variant that runs with `np` ranks under `controller`, by name."""
+    return {variant: (*COMMON, *settings, BATCH[np]) for variant, (settings, used) in VARIANTS.items()
+            if np == 1 or used == controller}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """runs(variant, np): that run's job, started on first use and shared by the module's tests."""
-    done = {}
+    """runs(variant, np): the job that ran that variant with np ranks (each job runs all of its variants in
+    turn: 2 ranks under Gloo, 2 under MPI, 1 under MPI, as no horovodrun is needed to start one rank)."""
+    jobs = {}
 
     def get(variant, np):
-        if (variant, np) not in done:
-            settings, controller = VARIANTS[variant]
-            out = tmp_path_factory.mktemp(f"{variant}-{np}") / "run"
-            done[variant, np] = train(out, *COMMON, *settings, BATCH[np], np=np,
-                                      controller=controller if np == 2 else "mpi")
-        return done[variant, np]
+        controller = VARIANTS[variant][1] if np == 2 else "mpi"
+        if (np, controller) not in jobs:
+            out = tmp_path_factory.mktemp(f"tf-{np}-{controller}")
+            jobs[np, controller] = run_trainings(_trainings(np, controller), out, np=np,
+                                                 controller=controller, script=JOB)
+        trainings = jobs[np, controller]
+        return SimpleNamespace(reports=trainings[variant], output=trainings.job.output)
 
     return get
 

@@ -57,6 +57,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow  # each runs a training: `make test-fast` leaves them to `make test`
 @pytest.mark.parametrize("example", PYTHON_EXAMPLES, ids=_id)
 def test_a_runnable_python_example_runs(example: tuple[Path, checks.Fence], scratch: Path,
                                        tmp_path: Path) -> None:
@@ -71,6 +72,7 @@ def test_a_runnable_python_example_runs(example: tuple[Path, checks.Fence], scra
     assert done.returncode == 0, f"{_id(example)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", SHELL_EXAMPLES, ids=_id)
 def test_a_runnable_shell_example_runs_command_by_command(example: tuple[Path, checks.Fence]) -> None:
     """The quickstart's commands, from the repository's root, as a reader types them."""

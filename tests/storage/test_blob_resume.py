@@ -17,11 +17,13 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import fsspec
 import pytest
-from distributed.harness import JobRun, TorchRuns, kill_tree, processes_running, run_job
+from distributed.harness import TorchRuns, kill_tree, processes_running, set_args
+from distributed.harness import train as train_job
 
 from storage.azurite import ACCOUNT_KEY, Azurite, forget_filesystems
 from storage.conftest import ProxiedBlob
@@ -35,18 +37,7 @@ BASE = ("epochs=3", "batch_size=4", "extra.n_train=37", "lr=0.05", "checkpoint_e
 CONTROLLERS = ("gloo", "mpi")
 
 
-def _args(settings: tuple[str, ...]) -> list[str]:
-    return [a for s in settings for a in ("--set", s)]
-
-
-def train(tmp_path: Path, name: str, *settings: str, np: int = 2, controller: str = "gloo",
-          expect: int | None = 0, env: dict[str, str] | None = None) -> JobRun:
-    out = tmp_path / name
-    out.mkdir()
-    job = run_job(JOB, *_args(settings), out_dir=out, np=np, controller=controller, timeout=180, env=env)
-    if expect is not None:
-        assert job.returncode == expect, job.output
-    return job
+train = partial(train_job, JOB, timeout=180)  # (tmp_path, name, *settings, np, controller, expect, env)
 
 
 def _fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -100,7 +91,7 @@ def test_a_rank_killed_mid_epoch_resumes_bit_identical_and_damaged_newest_checkp
     out = tmp_path / "killed"
     out.mkdir()
     cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", "2", f"--{controller}", str(JOB),
-           *_args((*settings, "extra.step_sleep=0.3"))]
+           *set_args((*settings, "extra.step_sleep=0.3"))]
     proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:

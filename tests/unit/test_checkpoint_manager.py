@@ -34,7 +34,7 @@ from hvdazure.core.checkpoint_store import (
 )
 
 
-@pytest.fixture(params=["local", "memory", "blob"])
+@pytest.fixture(params=["local", "memory", pytest.param("blob", marks=pytest.mark.storage)])
 def root(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
     if request.param == "local":
         yield str(tmp_path / "checkpoints")

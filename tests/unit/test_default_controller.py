@@ -37,6 +37,7 @@ def test_an_mpirun_of_another_mpi_than_horovods_is_not_used(tmp_path):
     assert controller.default_controller(which=fake_mpirun(tmp_path, "mpirun (Open MPI) 4.1.4")) == "mpi"
 
 
+@pytest.mark.distributed  # a real 2-rank job, in this file beside the unit tests of the same choice
 @pytest.mark.skipif(HERE is not None, reason=f"MPI cannot run here: {HERE}")
 def test_hvdazure_run_without_a_flag_starts_the_ranks_under_mpirun_where_mpi_can_run():
     probe = ("import os; print('world', os.environ.get('OMPI_COMM_WORLD_SIZE'), "

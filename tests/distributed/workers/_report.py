@@ -1,7 +1,10 @@
-"""Lets a worker script write what it saw as JSON, one file per rank, for the test to assert on."""
+"""Lets a worker script write what it saw as JSON, one file per rank, for the test to assert on, and run
+several trainings in one job (`--runs RUNS.json`: tests/distributed/harness.py `run_trainings`)."""
 
 import json
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -10,3 +13,16 @@ def report_rank(rank: int, data: dict) -> None:
     tmp = out / f".rank-{rank}.json.tmp"
     tmp.write_text(json.dumps(data))
     tmp.rename(out / f"rank-{rank}.json")
+
+
+def main(train_and_report: Callable[[list[str] | None], None]) -> None:
+    """One training from the command line (`--set ...`), or, given `--runs RUNS.json` (a JSON object of
+    name -> list of FIELD=VALUE settings), each training in turn on the same ranks, each reporting into
+    HVDAZURE_TEST_OUT/<name>/."""
+    if sys.argv[1:2] != ["--runs"]:
+        train_and_report(None)
+        return
+    out = Path(os.environ["HVDAZURE_TEST_OUT"])
+    for name, settings in json.loads(Path(sys.argv[2]).read_text()).items():
+        os.environ["HVDAZURE_TEST_OUT"] = str(out / name)
+        train_and_report([arg for setting in settings for arg in ("--set", setting)])

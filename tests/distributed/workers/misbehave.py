@@ -5,7 +5,8 @@
                                (a large model being freed, data loader workers joining): its peer sees
                                the shutdown and fails first
     misbehave.py sigkill       rank 1 is killed by SIGKILL
-    misbehave.py hang          every rank sleeps forever (for --timeout)
+    misbehave.py hang          every rank sleeps forever (for --timeout); it starts without importing
+                               torch or Horovod, so a short --timeout finds every rank started
     misbehave.py sigterm       every rank records the SIGTERM it receives, then exits 143
 """
 
@@ -15,11 +16,19 @@ import signal
 import sys
 import time
 
-import horovod.torch as hvd
-import torch
 from _report import report_rank
 
 mode = sys.argv[1]
+if mode == "hang":
+    rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    report_rank(rank, {"pid": os.getpid(), "started": True})
+    print(f"rank {rank} ready", flush=True)
+    while True:
+        time.sleep(1)
+
+import horovod.torch as hvd  # noqa: E402  (after the hang mode, which needs neither)
+import torch  # noqa: E402
+
 seen = {}
 # Registered before hvd.init(), so it runs after Horovod's own exit handler has shut Horovod down.
 atexit.register(lambda: mode == "slow-exit" and seen.get("rank") == 1 and time.sleep(3))
@@ -38,11 +47,6 @@ if mode == "sigterm":
     print(f"rank {rank} ready", flush=True)
     while True:
         time.sleep(0.1)
-
-if mode == "hang":
-    print(f"rank {rank} ready", flush=True)
-    while True:
-        time.sleep(1)
 
 if rank == 1:
     time.sleep(0.5)  # let rank 0 enter the allreduce first

@@ -10,7 +10,8 @@ extra: n_train, n_eval, features, step_sleep (seconds per step, to make a job sl
        autograph_log (print every function AutoGraph converts, with tf.autograph.set_verbosity),
        load_weights (after training, rank 0 also reports the weights of a new model given
        `load_weights(checkpoint_dir, which)` by set_weights, for which in latest and best).
-Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts.
+Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts. Several trainings in one job:
+`tf_job.py --runs RUNS.json` (workers/_report.py `main`).
 """
 
 import hashlib
@@ -21,7 +22,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import tensorflow as tf
-from _report import report_rank
+from _report import main, report_rank
 
 from hvdazure import Callback, TrainConfig
 from hvdazure.tensorflow import TensorFlowTrainer, load_weights
@@ -103,8 +104,9 @@ def loaded_weights(trainer: RegressionTrainer) -> dict[str, list[list[float]]]:
     return loaded
 
 
-if __name__ == "__main__":
-    trainer = RegressionTrainer(TrainConfig.from_cli(log_every=1, progress_bar=False))
+def train_and_report(argv: list[str] | None = None) -> None:
+    """One training configured by `argv` (`--set ...`), reported into HVDAZURE_TEST_OUT."""
+    trainer = RegressionTrainer(TrainConfig.from_cli(argv, log_every=1, progress_bar=False))
     if trainer.config.extra.get("autograph_log"):
         tf.autograph.set_verbosity(1, alsologtostdout=True)
     history = trainer.fit()
@@ -123,3 +125,7 @@ if __name__ == "__main__":
         **({"loaded": loaded_weights(trainer)} if trainer.is_main and trainer.config.extra.get("load_weights")
            else {}),
     })
+
+
+if __name__ == "__main__":
+    main(train_and_report)

@@ -13,6 +13,9 @@ extra: n_train, n_eval, features, stop_rank + stop_step (that rank alone asks to
        metric "extra" = 7), nonfinite_empty (training_step returns an infinite loss if it is ever called
        for an empty micro-batch, as a stand-in sample with a non-finite loss would).
 Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts.
+
+Several trainings in one job (one launch, as `hvdazure sweep` runs its trials): `torch_job.py --runs
+RUNS.json` (workers/_report.py `main`).
 """
 
 import hashlib
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _report import report_rank
+from _report import main, report_rank
 from torch.utils.data import Dataset
 
 from hvdazure import Callback, TrainConfig
@@ -120,8 +123,9 @@ def report_checkpoint_error_and_linger(trainer: RegressionTrainer, error: Checkp
         time.sleep(0.1)
 
 
-if __name__ == "__main__":
-    trainer = RegressionTrainer(TrainConfig.from_cli(log_every=1, progress_bar=False))
+def train_and_report(argv: list[str] | None = None) -> None:
+    """One training configured by `argv` (`--set ...`), reported into HVDAZURE_TEST_OUT."""
+    trainer = RegressionTrainer(TrainConfig.from_cli(argv, log_every=1, progress_bar=False))
     try:
         history = trainer.fit()
     except CheckpointError as exc:
@@ -144,3 +148,7 @@ if __name__ == "__main__":
         "batchnorm_batches": [int(m.num_batches_tracked) for m in trainer.model.modules()
                               if isinstance(m, torch.nn.BatchNorm1d)],
     })
+
+
+if __name__ == "__main__":
+    main(train_and_report)

@@ -1,7 +1,0 @@
-import pytest
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if "tests/distributed/" in str(item.fspath):
-            item.add_marker(pytest.mark.distributed)
