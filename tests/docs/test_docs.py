@@ -66,7 +66,9 @@ def test_a_runnable_python_example_runs(example: tuple[Path, checks.Fence], scra
         shutil.copy(scratch / name, tmp_path / name)
     script = tmp_path / "example.py"
     script.write_text(fence.code)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    # XDG_CACHE_HOME: what an example leaves in the user's cache (a dry run's files) stays in the test's
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3",
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}
     done = subprocess.run([sys.executable, str(script), *fence.arguments.split()], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, f"{_id(example)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
