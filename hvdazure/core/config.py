@@ -146,6 +146,7 @@ class TrainConfig:
     scheduled_events_url: str | None = None
     """Where preemption notices are read; null: the environment's own address (Azure's instance metadata
     service inside Azure ML)."""
+    # logging and tracking
     tensorboard: bool = False
     """Log metrics to TensorBoard under `output_dir/tensorboard`, from rank 0."""
     mlflow: bool = False
@@ -155,6 +156,7 @@ class TrainConfig:
     `sqlite:///` `output_dir/mlflow.db`."""
     progress_bar: bool = True
     """Rank 0 shows a progress bar on a terminal (a line per interval otherwise); false: lines only."""
+    # your own settings
     extra: dict[str, Any] = field(default_factory=dict)
     """Your own settings, read as `self.config.extra`: `--set extra.hidden=64`."""
 
