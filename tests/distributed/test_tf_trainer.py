@@ -5,6 +5,8 @@ TensorFlow takes seconds to start on every rank, so the jobs are few and shared:
 ranks) below runs once per module, on first use, and each test asserts one behaviour on the runs it needs.
 """
 
+from pathlib import Path
+
 import pytest
 from harness import CONTROLLERS, run_job
 
@@ -44,6 +46,8 @@ def runs(tmp_path_factory):
         if (variant, np) not in done:
             settings, controller = VARIANTS[variant]
             out = tmp_path_factory.mktemp(f"{variant}-{np}") / "run"
+            if variant == "plain":  # test_a_tensorflow_run_writes_tensorboard_events_of_the_reduced_metrics
+                settings = (*settings, "tensorboard=true", f"output_dir={out.parent / 'outputs'}")
             done[variant, np] = train(out, *COMMON, *settings, BATCH[np], np=np,
                                       controller=controller if np == 2 else "mpi")
         return done[variant, np]
@@ -113,6 +117,21 @@ def test_evaluation_on_an_odd_sized_set_equals_the_single_process_result(runs):
     assert [r["eval_index"] for r in two[0]["history"]] == [4.0, 4.0, 4.0]
     assert [r["eval_index"] for r in one[0]["history"]] == [4.0, 4.0, 4.0]
     assert two[0]["history"][-1]["eval_mse"] == pytest.approx(one[0]["history"][-1]["eval_mse"], abs=1e-10)
+
+
+def test_a_tensorflow_run_writes_tensorboard_events_of_the_reduced_metrics(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    reports = runs("plain", 2).reports
+    event_files = list((Path(reports[0]["output_dir"]) / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(event_files) == 1  # one writer: rank 0
+    events = EventAccumulator(str(event_files[0]), size_guidance={"tensors": 0})  # 0: keep all, not 10
+    events.Reload()
+    steps = 3 * reports[0]["steps_per_epoch"]
+    assert [e.step for e in events.Tensors("train/loss")] == list(range(1, steps + 1))
+    evals = [make_ndarray(e.tensor_proto).item() for e in events.Tensors("eval/mse")]
+    assert evals == pytest.approx([r["eval_mse"] for r in reports[0]["history"]], rel=1e-6)  # float32
 
 
 def test_evaluation_on_a_set_smaller_than_the_world_size_reports_it_on_every_rank(runs):

@@ -120,6 +120,7 @@ if __name__ == "__main__":
         "lrs": trainer.recorder.lrs,
         "steps_per_epoch": trainer.steps_per_epoch,
         "traces": trainer.traces,
+        "output_dir": trainer.config.output_dir,
         **({"loaded": loaded_weights(trainer)} if trainer.is_main and trainer.config.extra.get("load_weights")
            else {}),
     })

@@ -17,6 +17,7 @@ Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts.
 
 import hashlib
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -143,4 +144,5 @@ if __name__ == "__main__":
         "training_step_calls": trainer.training_step_calls,
         "batchnorm_batches": [int(m.num_batches_tracked) for m in trainer.model.modules()
                               if isinstance(m, torch.nn.BatchNorm1d)],
+        "tensorflow_imported": "tensorflow" in sys.modules,
     })
