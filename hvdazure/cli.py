@@ -472,8 +472,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also show the launcher's own report when a rank fails (horovodrun's traceback, "
                              "mpirun's summary), and every rank's traceback in full (by default an error on "
-                             "several ranks is shown once); hvdazure's one-line summary names the rank either "
-                             "way")
+                             "several ranks is shown once); hvdazure's one-line summary names the rank "
+                             "either way")
 
 
 def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:

@@ -121,8 +121,8 @@ def test_an_error_on_every_rank_is_shown_once_whole_with_the_users_frame_and_eve
                                           f'{tag}  File "{script}", line 4, in load',
                                           f"{tag}    return int(path)",
                                           f"{tag}           ^^^^^^^^^", f"{tag}{error}"], job.stderr
-    summary = re.fullmatch(r"hvdazure run: rank (\d) failed first, with exit code 1; rank (\d) failed with the "
-                           r"same error.*; stopped all ranks \(\d+\.\ds after start\)", lines[-1])
+    summary = re.fullmatch(r"hvdazure run: rank (\d) failed first, with exit code 1; rank (\d) failed with "
+                           r"the same error.*; stopped all ranks \(\d+\.\ds after start\)", lines[-1])
     assert summary and {summary[1], summary[2]} == {"0", "1"}, job.stderr
     kept = re.fullmatch(r"hvdazure run: 1 traceback not shown in full; every rank's output is in (\S+) "
                         r"\(--verbose shows it all here\)", lines[-2])

@@ -104,8 +104,8 @@ def test_without_a_frame_of_the_users_the_last_frame_is_kept():
     tracebacks.rank_ended(1)
     feed(tracebacks, 0, lines)
 
-    assert tracebacks.rank_ended(0) == tagged(0, ["Traceback (most recent call last; 1 of 2 frames not shown):",
-                                                  *lines[3:]])
+    assert tracebacks.rank_ended(0) == tagged(
+        0, ["Traceback (most recent call last; 1 of 2 frames not shown):", *lines[3:]])
 
 
 def test_a_multi_line_error_is_compared_whole_and_log_lines_after_it_do_not_count():
