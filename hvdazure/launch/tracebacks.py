@@ -29,6 +29,7 @@ from pathlib import Path
 from hvdazure.launch.exit_status import PEER_SHUTDOWN_MARKERS
 
 HOLD_S = 2.0  # how long a traceback's next line may take to arrive (lines come in a burst: one print)
+_MOST_LINES = 5000  # a traceback held longer than this is shown as it is: nothing grows without bound
 _HEADERS = ("Traceback (most recent call last):", "Exception Group Traceback (most recent call last):")
 _FRAME = re.compile(r'^  File "(?P<path>[^"]*)", line \d+')
 # Log lines of TensorFlow's C++ (absl) that a rank may write while it exits: not part of the error.
@@ -71,7 +72,8 @@ class _Traceback:
 
     def complete(self, now: float, hold_s: float) -> bool:
         """No line of it came for `hold_s`, or its error came `hold_s` ago (what follows is not it)."""
-        return now - self.last_at >= hold_s or (self.error_at is not None and now - self.error_at >= hold_s)
+        return (now - self.last_at >= hold_s or (self.error_at is not None and now - self.error_at >= hold_s)
+                or len(self.texts) >= _MOST_LINES)
 
     @property
     def error(self) -> str | None:
@@ -91,12 +93,11 @@ class _Traceback:
         when that would leave nothing out."""
         if self.error_from is None:
             return None
-        frames = [i for i, text in enumerate(self.texts) if _FRAME.match(text)]
+        frames = {i: match["path"] for i, text in enumerate(self.texts) if (match := _FRAME.match(text))}
         last = [i for i in frames if self.last_section < i < self.error_from]
         if not last:
             return None
-        ours = [i for i in last if not is_library_file(_FRAME.match(self.texts[i])["path"])]  # type: ignore[index]
-        start = (ours or last)[-1]
+        start = ([i for i in last if not is_library_file(frames[i])] or last)[-1]
         end = next((i for i in last if i > start), self.error_from)
         if start - 1 + self.error_from - end <= 0:  # left out: all but the header, that frame and the error
             return None

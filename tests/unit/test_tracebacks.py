@@ -195,3 +195,10 @@ def test_when_the_output_ends_every_held_traceback_is_shown():
 ])
 def test_the_users_frames_are_those_outside_python_installed_packages_and_hvdazure(path, library):
     assert is_library_file(path) is library
+
+
+def test_a_traceback_that_never_ends_is_shown_rather_than_held_without_bound():
+    tracebacks = Tracebacks()
+    lines = ["Traceback (most recent call last):", *[f"  line {i}" for i in range(6000)]]
+
+    assert len(feed(tracebacks, 0, lines, now=0.0)) >= 5000
