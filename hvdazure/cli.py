@@ -496,7 +496,9 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
                              "checkpoint before they are killed (default: 30)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also show the launcher's own report when a rank fails (horovodrun's traceback, "
-                             "mpirun's summary); hvdazure's one-line summary names the rank either way")
+                             "mpirun's summary), and every rank's traceback in full (by default an error on "
+                             "several ranks is shown once); hvdazure's one-line summary names the rank "
+                             "either way")
 
 
 def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:

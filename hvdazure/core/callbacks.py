@@ -83,19 +83,31 @@ class EarlyStopping(Callback):
             raise KeyError(f"early stopping monitors {self.monitor!r}, but the metrics are "
                            f"{', '.join(sorted(metrics))}")
         value = metrics[self.monitor]
-        if not math.isnan(value) and (self.best is None or self._improved(value)):
+        if not math.isnan(value) and (self.best is None or self._improved(value, by=self.min_delta)):
             self.best, self.bad_evaluations = value, 0
             return
         self.bad_evaluations += 1
         if self.bad_evaluations >= self.patience:
-            trainer.state.request_stop(f"early stopping: {self.monitor} did not improve for "
-                                       f"{self.patience} evaluations (best {self.best:.6g})")
+            evaluations = f"{self.patience} evaluation{'' if self.patience == 1 else 's'}"
+            trainer.state.request_stop(f"early stopping: {self.monitor} did not improve for {evaluations} "
+                                       f"({self._why_not_better(value)})")
 
-    def _improved(self, value: float) -> bool:
+    def _improved(self, value: float, by: float) -> bool:
+        """Whether `value` is better than the best by more than `by`."""
         assert self.best is not None
         if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
+            return value < self.best - by
+        return value > self.best + by
+
+    def _why_not_better(self, value: float) -> str:
+        """Why the last `value` was no improvement, in the stop reason: a value better than the best, but
+        by less than `min_delta`, reads as one that improved unless it is said."""
+        if self.best is None:
+            return f"every value was {value:.6g}"
+        if not math.isnan(value) and self._improved(value, by=0.0):
+            return (f"{value:.6g} is better than the best {self.best:.6g} by less than min_delta "
+                    f"{self.min_delta:g}")
+        return f"best {self.best:.6g}"
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "bad_evaluations": self.bad_evaluations}

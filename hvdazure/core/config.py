@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import sys
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -145,6 +146,7 @@ class TrainConfig:
     scheduled_events_url: str | None = None
     """Where preemption notices are read; null: the environment's own address (Azure's instance metadata
     service inside Azure ML)."""
+    # logging and tracking
     tensorboard: bool = False
     """Log metrics to TensorBoard under `output_dir/tensorboard`, from rank 0."""
     mlflow: bool = False
@@ -154,8 +156,15 @@ class TrainConfig:
     `sqlite:///` `output_dir/mlflow.db`."""
     progress_bar: bool = True
     """Rank 0 shows a progress bar on a terminal (a line per interval otherwise); false: lines only."""
+    # your own settings
     extra: dict[str, Any] = field(default_factory=dict)
     """Your own settings, read as `self.config.extra`: `--set extra.hidden=64`."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> TrainConfig:
+        """A misspelt keyword (`TrainConfig(epoch=3)`, `config.replace(epoch=3)`) is the same ConfigError
+        as in a YAML file or a `--set`, with its suggestion, not Python's bare TypeError."""
+        _check_field_names(kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -175,10 +184,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
         """Build from a mapping; unknown keys are an error (a typo must not be silently ignored)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown config field {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        _check_field_names(data)
         return cls(**dict(data))
 
     @classmethod
@@ -275,6 +281,34 @@ def _read_yaml_mapping(path: str | Path) -> dict[str, Any]:
 
 
 # --- validation ------------------------------------------------------------------------------------------
+def _check_field_names(names: Iterable[object]) -> None:
+    """The one check of field names, wherever they come from (keywords, a mapping, YAML, `--set`): the
+    first unknown one is a ConfigError, with the field it most likely means."""
+    known = [f.name for f in fields(TrainConfig)]
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"unknown config field {name!r}; {field_name_hint(str(name), known)}")
+
+
+def field_name_hint(name: str, known: Collection[str]) -> str:
+    """What to say after an unknown field `name`: the names it likely means (`did you mean 'epochs'?`:
+    a few that contain it, as `patience`, and those spelt alike), or, with none, every known name. A
+    dotted name (`extras.hidden`) is matched by its first part."""
+    head, dot, rest = name.partition(".")
+    if dot and head == "extra":
+        return f"`extra.NAME` is --set's form: in a mapping or YAML file write extra: {{{rest}: ...}}"
+    if dot and difflib.get_close_matches(head, ["extra"], n=1):
+        return f"did you mean {'extra' + dot + rest!r}?"
+    containing = [known_name for known_name in sorted(known) if len(name) >= 4 and name in known_name]
+    if len(containing) > 3:  # `checkpoint`: too many to help
+        containing = []
+    likely = [repr(candidate) for candidate in
+              dict.fromkeys(containing + difflib.get_close_matches(name, known, n=3))][:3]
+    if not likely:
+        return f"known: {', '.join(sorted(known))}"
+    return f"did you mean {' or '.join([', '.join(likely[:-1]), likely[-1]] if len(likely) > 1 else likely)}?"
+
+
 _HINTS: dict[str, Any] = {}
 
 

@@ -13,6 +13,7 @@ from hvdazure.core.callbacks import Callback
 from hvdazure.core.rank_logging import logger
 
 if TYPE_CHECKING:
+    from hvdazure.core.tensorboard_events import EventFile
     from hvdazure.core.trainer import Trainer
 
 
@@ -20,22 +21,22 @@ class TensorBoardLogger(Callback):
     """Scalars under `<output_dir>/tensorboard`: train metrics per log interval, eval per evaluation."""
 
     main_only = True
+    writer: EventFile  # from on_train_start on
 
     def __init__(self, log_dir: str | Path) -> None:
         self.log_dir = Path(log_dir)
-        self.writer: Any = None
 
     def on_train_start(self, trainer: Trainer) -> None:
-        from tensorboard.summary import Writer  # framework-agnostic writer; no torch/tf import
+        from hvdazure.core.tensorboard_events import EventFile  # tensorboard's protobufs: only when used
 
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = Writer(str(self.log_dir))
+        self.writer = EventFile(self.log_dir)
 
     def on_step_end(self, trainer: Trainer) -> None:
         s = trainer.state
         if s.metrics_reduced:
             for name, value in {**s.train_metrics, "lr": s.lr}.items():
                 self.writer.add_scalar(f"train/{name}", value, step=s.step)
+            self.writer.flush()
 
     def on_eval_end(self, trainer: Trainer) -> None:
         for name, value in trainer.state.eval_metrics.items():

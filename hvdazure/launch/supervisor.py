@@ -13,11 +13,14 @@ parent died is re-parented to it rather than lost; and whatever is left when the
 it exits, is stopped (see launch/lifetime.py).
 
 What users read: on several nodes, which interface their ranks talk over (launch/network.py); rank output,
-tagged with its rank; the launcher's own lines until a rank fails or the job is being stopped (after that
-they repeat what the summary says, with a traceback: `verbose` keeps them); and one summary line. It names
-the rank that failed first (and its host, on several), or a node none of whose ranks said how they ended
-(each rank's wrapper says where it started and how it ended, in lines read here and not shown): that node,
-or the network to it, went down.
+tagged with its rank, as it comes, except that a Python traceback is shown whole and an error once, not
+once per rank (launch/tracebacks.py; `verbose` shows every traceback in full); the launcher's own lines
+until a rank fails or the job is being stopped (after that they repeat what the summary says, with a
+traceback: `verbose` keeps them); and one summary line. It names the rank that failed first (and its host,
+on several) and the ranks that failed with the same error, or a node none of whose ranks said how they
+ended (each rank's wrapper says where it started and how it ended, in lines read here and not shown): that
+node, or the network to it, went down. Every line is also written to a log file, kept and named when some
+traceback was not shown in full.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 import psutil
@@ -51,12 +56,14 @@ from hvdazure.launch.exit_status import (
 from hvdazure.launch.lifetime import die_with_this_process, is_child_subreaper, set_child_subreaper
 from hvdazure.launch.network import CrossNodeInterface, choose_interface, host_names, this_machine
 from hvdazure.launch.rank_wrapper import GRACE_ENV
+from hvdazure.launch.tracebacks import Tracebacks
 
 TIMEOUT_EXIT_CODE = 124  # as coreutils' timeout(1)
 # What stops `hvdazure run` and so the whole job: Ctrl-C, kill, the terminal closing. A rank stops on
 # fewer (core/stop_signals.py's RANK_STOP_SIGNALS): it has no terminal.
 SUPERVISOR_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _LAUNCHER_GRACE_S = 5.0
+_TRACEBACK_POLL_S = 0.25  # how often tracebacks held past their hold time are looked for
 _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:")
 _HOROVODRUN_TAG = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:")
 # horovodrun imports TensorFlow, whose start-up log lines (absl format, INFO or WARNING) say nothing about
@@ -77,10 +84,12 @@ class JobResult:
 
 
 def normalize_line(line: str) -> tuple[str, bool]:
-    """Rewrite mpirun's `[job,rank]<stream>:` tag to horovodrun's `[rank]<stream>:`; say if it is stderr."""
+    """Rewrite mpirun's `[job,rank]<stream>:` tag to horovodrun's `[rank]<stream>:`; say if it is stderr.
+    mpirun tags each 4 KB it reads from a rank: a line that straddled two reads (a traceback comes in a
+    burst) carries its tag again inside, which is taken out."""
     match = _MPI_TAG.match(line)
     if match:
-        line = f"[{match.group(1)}]<{match.group(2)}>:{line[match.end():]}"
+        line = f"[{match.group(1)}]<{match.group(2)}>:{line[match.end():].replace(match.group(0), '')}"
     match = _HOROVODRUN_TAG.match(line)
     return line, bool(match and match.group(2) == "stderr")
 
@@ -99,6 +108,11 @@ class _Job:
         self.stop_requested = threading.Event()
         self.stopped_by_signal: int | None = None  # the first stop signal `hvdazure run` received
         self.stopping = False  # we stop the job: the launcher's complaints about it are noise
+        self.tracebacks = Tracebacks(verbose)
+        self.output_ended = threading.Event()
+        self._output_lock = threading.Lock()  # the output pump and the traceback poll both write
+        self._log: TextIO | None = None  # every line of the output (opened by start)
+        self._log_path = Path()
         # Children this process had before the job are not the job's (when run_job is called as a library).
         self._not_ours = {p.pid for p in psutil.Process().children(recursive=True)}
 
@@ -110,6 +124,9 @@ class _Job:
             stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1, errors="replace",
             preexec_fn=die_with_this_process(signal.SIGTERM),
         )
+        with contextlib.suppress(OSError):  # no log where no temporary file can be made: -v still shows all
+            fd, path = tempfile.mkstemp(prefix="hvdazure-run-", suffix=".log")
+            self._log, self._log_path = open(fd, "w", errors="replace"), Path(path)  # noqa: SIM115
 
     def on_signal(self, signum: int, _frame: object) -> None:
         if self.stopped_by_signal is None:
@@ -118,21 +135,57 @@ class _Job:
 
     def pump_output(self, out: TextIO, err: TextIO) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            line, is_err = normalize_line(raw)
-            if not _HOROVODRUN_TAG.match(line):
-                if self._shows_launcher_line(line):
-                    out.write(line)
-                    out.flush()
-                continue
-            if self._note_start_or_exit(line):
-                continue
-            failure = RankFailure.parse(line)
-            if failure is not None:
-                self._record(failure)
-                line = with_time_since_start(line, self.started_at)
-            (err if is_err else out).write(line)
-            (err if is_err else out).flush()
+        try:
+            for raw in self.proc.stdout:
+                line, is_err = normalize_line(raw)
+                with self._output_lock:
+                    self._take(line, is_err, out, err)
+        finally:
+            with self._output_lock:
+                _write(err, self.tracebacks.release_all())
+            self.output_ended.set()
+
+    def _take(self, line: str, is_err: bool, out: TextIO, err: TextIO) -> None:
+        """Log one line of the launcher's output and show what of it is shown now."""
+        tag = _HOROVODRUN_TAG.match(line)
+        failure = RankFailure.parse(line) if tag else None
+        if failure is not None:
+            line = with_time_since_start(line, self.started_at)
+        if self._log is not None:
+            self._log.write(line)
+        if tag is None:
+            if self._shows_launcher_line(line):
+                _write(out, [line])
+            return
+        rank = int(tag.group(1))
+        if self._note_start_or_exit(line):
+            _write(err, self.tracebacks.rank_ended(rank))
+        elif failure is not None:
+            self._record(failure)
+            _write(err, [*self.tracebacks.rank_ended(rank), line])
+        elif is_err:
+            now = time.monotonic()
+            _write(err, self.tracebacks.stderr_line(rank, line[:tag.end()], line[tag.end():], now))
+        else:
+            _write(out, [line])
+
+    def show_tracebacks_held_too_long(self, err: TextIO) -> None:
+        """Until the output ends, show each traceback whose next line is overdue: its rank goes on, or is
+        slow to exit."""
+        while not self.output_ended.wait(_TRACEBACK_POLL_S):
+            with self._output_lock:
+                _write(err, self.tracebacks.stale(time.monotonic()))
+
+    def close_log(self) -> Path | None:
+        """Close the log: kept, and its path returned, when a traceback was not shown in full; else
+        removed."""
+        if self._log is None:
+            return None
+        self._log.close()
+        if self.tracebacks.not_in_full:
+            return self._log_path
+        self._log_path.unlink(missing_ok=True)
+        return None
 
     def _shows_launcher_line(self, line: str) -> bool:
         """The launcher's own output is shown until a rank fails or the job is being stopped: after that it
@@ -179,6 +232,12 @@ class _Job:
         _, alive = psutil.wait_procs(procs, timeout=_LAUNCHER_GRACE_S)
         _signal_all(alive, signal.SIGKILL)
         psutil.wait_procs(alive, timeout=_LAUNCHER_GRACE_S)  # reaps the adopted ones
+
+
+def _write(stream: TextIO, lines: Sequence[str]) -> None:
+    if lines:
+        stream.write("".join(lines))
+        stream.flush()
 
 
 def _is_rank_wrapper(proc: psutil.Process) -> bool:
@@ -248,11 +307,13 @@ def run_job(
     start = time.monotonic()
     job = _Job(verbose)
     pump = threading.Thread(target=job.pump_output, args=(out, err), daemon=True)
+    poll = threading.Thread(target=job.show_tracebacks_held_too_long, args=(err,), daemon=True)
     timed_out = False
     with _stop_signals_caught(job.on_signal), _orphans_adopted():
         try:
             job.start(argv, job_env)
             pump.start()
+            poll.start()
             timed_out = _supervise(job, start, timeout_s, grace_s, failure_grace_s)
         finally:
             if job.proc is not None and job.proc.poll() is None:
@@ -260,7 +321,18 @@ def run_job(
             job.end_leftovers(grace_s)  # ranks or their children the launcher left behind
     if pump.ident is not None:  # started
         pump.join(timeout=5)
+    job.output_ended.set()  # the poll's end, even if the pump is stuck
+    if poll.ident is not None:
+        poll.join(timeout=5)
+    log = job.close_log()
+    if log is not None:
+        err.write(f"hvdazure run: {_tracebacks(job.tracebacks.not_in_full)} not shown in full; every rank's "
+                  f"output is in {log} (--verbose shows it all here)\n")
     return _report(job, timed_out, timeout_s, time.monotonic() - start, err)
+
+
+def _tracebacks(count: int) -> str:
+    return "1 traceback" if count == 1 else f"{count} tracebacks"
 
 
 def cross_node_interface(spec: LaunchSpec, env: Mapping[str, str] | None = None) -> CrossNodeInterface | None:
@@ -322,11 +394,24 @@ def _report(job: _Job, timed_out: bool, timeout_s: float | None, duration: float
     if job.failures:
         first = min(job.failures)  # the root cause: not a follow-on failure, and earliest
         err.write(f"hvdazure run: rank {first.rank}{_on_host(job, first.rank)} failed first, with exit code "
-                  f"{first.code}{first.detail}; stopped all ranks ({duration:.1f}s after start)\n")
+                  f"{first.code}{first.detail}{_same_error(job, first.rank)}; stopped all ranks "
+                  f"({duration:.1f}s after start)\n")
         return JobResult(first.code, first.rank, False, duration)
     if code != 0:
         err.write(f"hvdazure run: launcher exited with code {code}{detail}\n")
     return JobResult(code, None, False, duration)
+
+
+def _same_error(job: _Job, rank: int) -> str:
+    """"; ranks 0, 2 failed with the same error", and whose traceback shows it when not `rank`'s."""
+    failed = {failure.rank for failure in job.failures}
+    same = [r for r in job.tracebacks.same_error_as(rank) if r in failed or r not in job.exited]
+    if not same:
+        return ""
+    shown_by = job.tracebacks.shown_by(rank)
+    shown = f" (rank {shown_by}'s traceback is the one shown)" if shown_by not in (None, rank) else ""
+    ranks = f"rank{'s' if len(same) > 1 else ''} {', '.join(map(str, same))}"
+    return f"; {ranks} failed with the same error{shown}"
 
 
 def _on_host(job: _Job, rank: int) -> str:

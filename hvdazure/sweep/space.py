@@ -19,7 +19,15 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from hvdazure.core.config import _INVALID, ConfigError, TrainConfig, _coerce, _describe, _parse_yaml
+from hvdazure.core.config import (
+    _INVALID,
+    ConfigError,
+    TrainConfig,
+    _coerce,
+    _describe,
+    _parse_yaml,
+    field_name_hint,
+)
 
 # Azure ML's distributions and their parameters (azure.ai.ml.sweep: Choice, Randint, Uniform, ...).
 KINDS: dict[str, tuple[str, ...]] = {
@@ -166,7 +174,7 @@ def _parameter(name: str, spec: Any) -> Parameter:
     elif name in SET_BY_SWEEP:
         fail("is set by the sweep for each trial (each trial has its own output and checkpoint directory)")
     elif name not in known:
-        fail(f"is not a TrainConfig field (nor extra.NAME); known fields: {', '.join(sorted(known))}")
+        fail(f"is not a TrainConfig field (nor extra.NAME); {field_name_hint(name, known)}")
     else:
         hint = hints[name]
     if not isinstance(spec, Mapping) or "type" not in spec:

@@ -2,6 +2,7 @@
 
 import re
 import signal
+from pathlib import Path
 
 import pytest
 from harness import CONTROLLERS, WORKERS, processes_running, run_job
@@ -98,3 +99,55 @@ def test_every_rank_names_bad_input_even_a_rank_a_moment_behind(tmp_path, contro
     for rank in (0, 1):
         assert f"[{rank}]<stderr>:hvdazure: error: config field 'batch_size'" in job.stderr, job.stderr
     assert "rank 1" in job.stderr.splitlines()[-1] and "failed first" in job.stderr.splitlines()[-1]
+
+
+def test_an_error_on_every_rank_is_shown_once_whole_with_the_users_frame_and_every_rank_in_the_log(tmp_path):
+    """The same mistake fails on both ranks: one traceback, not two interleaved line by line; the summary
+    says the other rank failed with the same error; every rank's output is kept in the named log."""
+    script = tmp_path / "both_fail.py"
+    script.write_text("import os\n"
+                      "print('ready', flush=True)\n"
+                      "def load(path):\n"
+                      "    return int(path)\n"
+                      "load(os.environ.get('DATA', 'not-a-number'))\n")
+    job = run_job(script, out_dir=tmp_path, controller="mpi", timeout=60, env={"TMPDIR": str(tmp_path)})
+
+    assert job.returncode == 1, job.output
+    assert "[0]<stdout>:ready" in job.stdout and "[1]<stdout>:ready" in job.stdout
+    error = "ValueError: invalid literal for int() with base 10: 'not-a-number'"
+    assert job.stderr.count("Traceback (most recent call last)") == 1 and job.stderr.count(error) == 1
+    lines = job.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.endswith(":Traceback (most recent call last):"))
+    tag = lines[start].split(":")[0] + ":"
+    assert lines[start + 1:start + 7] == [f'{tag}  File "{script}", line 5, in <module>',
+                                          f"{tag}    load(os.environ.get('DATA', 'not-a-number'))",
+                                          f'{tag}  File "{script}", line 4, in load',
+                                          f"{tag}    return int(path)",
+                                          f"{tag}           ^^^^^^^^^", f"{tag}{error}"], job.stderr
+    summary = re.fullmatch(r"hvdazure run: rank (\d) failed first, with exit code 1; rank (\d) failed with "
+                           r"the same error.*; stopped all ranks \(\d+\.\ds after start\)", lines[-1])
+    assert summary and {summary[1], summary[2]} == {"0", "1"}, job.stderr
+    kept = re.fullmatch(r"hvdazure run: 1 traceback not shown in full; every rank's output is in (\S+) "
+                        r"\(--verbose shows it all here\)", lines[-2])
+    assert kept and Path(kept[1]).parent == tmp_path, job.stderr
+    log = Path(kept[1]).read_text()
+    assert log.count(error) == 2 and "[0]<stdout>:ready" in log and "[1]<stdout>:ready" in log
+
+
+def test_a_peers_follow_on_error_is_abridged_below_the_failing_ranks_whole_traceback(tmp_path):
+    """Rank 1 raises in user code while rank 0 waits in an allreduce, which then fails with Horovod's
+    shutdown error: rank 1's traceback in full, rank 0's cut to its own frame and the error."""
+    job = run_job("misbehave.py", "raise", out_dir=tmp_path, timeout=NO_HANG_TIMEOUT,
+                  env={"TMPDIR": str(tmp_path)})
+
+    assert job.returncode == 1, job.output
+    lines = job.stderr.splitlines()
+    cause = lines.index("[1]<stderr>:Traceback (most recent call last):")
+    assert lines[cause + 5] == "[1]<stderr>:ValueError: rank 1 dislikes its shard", job.stderr
+    follow_on = next(i for i, line in enumerate(lines) if line.startswith("[0]<stderr>:Traceback"))
+    assert re.fullmatch(r"\[0\]<stderr>:Traceback \(most recent call last; \d+ of \d+ frames not shown\):",
+                        lines[follow_on]), job.stderr
+    assert lines[follow_on + 1].endswith(", in <module>"), job.stderr  # the script's own frame
+    assert lines[follow_on + 2].endswith('hvd.allreduce(torch.ones(1), name="never_completes")'), job.stderr
+    assert "HorovodInternalError: Horovod has been shut down" in lines[follow_on + 3], job.stderr
+    assert lines[-1].startswith("hvdazure run: rank 1 failed first, with exit code 1; stopped"), job.stderr

@@ -6,6 +6,7 @@ ranks, controller) runs its variants below in turn (harness.run_trainings), once
 and each test asserts one behaviour on the runs it needs.
 """
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -45,8 +46,10 @@ def runs(tmp_path_factory):
         controller = VARIANTS[variant][1] if np == 2 else "mpi"
         if (np, controller) not in jobs:
             out = tmp_path_factory.mktemp(f"tf-{np}-{controller}")
-            jobs[np, controller] = run_trainings(_trainings(np, controller), out, np=np,
-                                                 controller=controller, script=JOB)
+            trainings = _trainings(np, controller)
+            if "plain" in trainings:  # test_a_tensorflow_run_writes_tensorboard_events_of_the_reduced_metrics
+                trainings["plain"] += ("tensorboard=true", f"output_dir={out / 'plain-outputs'}")
+            jobs[np, controller] = run_trainings(trainings, out, np=np, controller=controller, script=JOB)
         trainings = jobs[np, controller]
         return SimpleNamespace(reports=trainings[variant], output=trainings.job.output)
 
@@ -115,6 +118,21 @@ def test_evaluation_on_an_odd_sized_set_equals_the_single_process_result(runs):
     assert [r["eval_index"] for r in two[0]["history"]] == [4.0, 4.0, 4.0]
     assert [r["eval_index"] for r in one[0]["history"]] == [4.0, 4.0, 4.0]
     assert two[0]["history"][-1]["eval_mse"] == pytest.approx(one[0]["history"][-1]["eval_mse"], abs=1e-10)
+
+
+def test_a_tensorflow_run_writes_tensorboard_events_of_the_reduced_metrics(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    reports = runs("plain", 2).reports
+    event_files = list((Path(reports[0]["output_dir"]) / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(event_files) == 1  # one writer: rank 0
+    events = EventAccumulator(str(event_files[0]), size_guidance={"tensors": 0})  # 0: keep all, not 10
+    events.Reload()
+    steps = 3 * reports[0]["steps_per_epoch"]
+    assert [e.step for e in events.Tensors("train/loss")] == list(range(1, steps + 1))
+    evals = [make_ndarray(e.tensor_proto).item() for e in events.Tensors("eval/mse")]
+    assert evals == pytest.approx([r["eval_mse"] for r in reports[0]["history"]], rel=1e-6)  # float32
 
 
 def test_evaluation_on_a_set_smaller_than_the_world_size_reports_it_on_every_rank(runs):

@@ -28,6 +28,8 @@ def test_tensorboard_mlflow_and_quiet_ranks(tmp_path):
     assert [e.step for e in events.Tensors("eval/mse")] == [steps // 2, steps]
     last_eval = make_ndarray(events.Tensors("eval/mse")[-1].tensor_proto).item()
     assert last_eval == pytest.approx(reports[0]["history"][-1]["eval_mse"], rel=1e-6)  # stored as float32
+    # TensorBoard's own writers import TensorFlow where it is installed (seconds, banners); ours does not
+    assert [reports[rank]["tensorflow_imported"] for rank in (0, 1)] == [False, False]
 
     import mlflow
 

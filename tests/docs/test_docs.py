@@ -117,6 +117,19 @@ def test_the_checks_find_a_renamed_function_a_missing_file_a_field_and_a_bad_opt
                                    "`--set batch_size=4`") == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mpirun") is None, reason="needs mpirun, as root")
+def test_the_troubleshooting_row_for_mpirun_as_root_quotes_what_mpirun_prints() -> None:
+    page = (ROOT / "docs" / "guides" / "troubleshooting.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `mpirun") and "as root" in line]
+    assert len(rows) == 1, rows
+    quoted = rows[0].split("`")[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    printed = subprocess.run(["mpirun", "-np", "1", "true"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert printed.returncode != 0
+    assert quoted in printed.stdout + printed.stderr, printed.stdout + printed.stderr
+
+
 def test_the_config_table_has_every_field_with_its_type_default_and_meaning() -> None:
     rows = {row.name: row for row in reference.config_fields(TrainConfig)}
     assert list(rows) == [f.name for f in dataclasses.fields(TrainConfig)]
@@ -128,6 +141,17 @@ def test_the_config_table_has_every_field_with_its_type_default_and_meaning() ->
     assert rows["lr_scaling"].type == "one of `none`, `linear`, `sqrt`"
     assert rows["max_steps"].type == "int or null" and rows["max_steps"].default == "null"
     assert rows["checkpoint_async"].default == "true"
+
+
+def test_the_config_tables_group_each_field_under_its_own_heading() -> None:
+    """The `# comment` above a field heads its group: tensorboard and mlflow once sat under "Preemption
+    notices", the last heading above them."""
+    groups = {row.name: row.group for row in reference.config_fields(TrainConfig)}
+    expected = {"preemption_watch": "preemption notices", "scheduled_events_url": "preemption notices",
+                "tensorboard": "logging and tracking", "mlflow": "logging and tracking",
+                "mlflow_tracking_uri": "logging and tracking", "progress_bar": "logging and tracking",
+                "extra": "your own settings"}
+    assert {name: groups[name] for name in expected} == expected
 
 
 def test_a_changed_default_or_meaning_in_the_code_changes_the_config_table(tmp_path: Path) -> None:

@@ -161,6 +161,43 @@ def test_a_yaml_file_with_an_unknown_field_is_rejected(tmp_path: Path) -> None:
         TrainConfig.from_yaml(_write(tmp_path, "batchsize: 8\n"))
 
 
+# One check of field names, wherever they come from: keywords, replace(), a mapping, a YAML file, --set.
+def _unknown_field_errors(tmp_path: Path, name: str) -> list[str]:
+    def error(build: Any) -> str:
+        with pytest.raises(ConfigError) as exc_info:
+            build()
+        return str(exc_info.value)
+
+    path = _write(tmp_path, f"{name}: 3\n")
+    return [error(lambda: TrainConfig(**{name: 3})), error(lambda: TrainConfig().replace(**{name: 3})),
+            error(lambda: TrainConfig.from_dict({name: 3})), error(lambda: TrainConfig.from_yaml(path)),
+            error(lambda: TrainConfig._from_cli(["--set", f"{name}=3"], {}))]
+
+
+@pytest.mark.parametrize(("name", "hint"), [
+    ("epoch", "did you mean 'epochs'?"),
+    ("warmup", "did you mean 'warmup_epochs' or 'warmup_steps'?"),
+    ("patience", "did you mean 'early_stopping_patience'?"),
+    ("extras.hidden", "did you mean 'extra.hidden'?"),
+])
+def test_an_unknown_field_names_the_field_it_likely_means_not_every_field(tmp_path: Path, name: str,
+                                                                         hint: str) -> None:
+    for message in _unknown_field_errors(tmp_path, name):
+        assert message == f"unknown config field {name!r}; {hint}"
+
+
+def test_an_unknown_field_like_no_known_one_lists_the_known_fields(tmp_path: Path) -> None:
+    for message in _unknown_field_errors(tmp_path, "zzz"):
+        assert message.startswith("unknown config field 'zzz'; known: base_batch_size, batch_size, ")
+        assert len(message.split(", ")) == len(dataclasses.fields(TrainConfig))
+
+
+def test_extra_dotted_in_a_mapping_says_how_to_write_it() -> None:
+    with pytest.raises(ConfigError, match=r"'extra.hidden'; `extra.NAME` is --set's form: in a mapping or "
+                                          r"YAML file write extra: \{hidden: ...\}"):
+        TrainConfig.from_dict({"extra.hidden": 64})
+
+
 def test_invalid_yaml_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
     path = _write(tmp_path, "epochs: [1\n")
     with pytest.raises(ConfigError, match=f"config file {path} is not valid YAML"):

@@ -122,6 +122,23 @@ def test_the_stop_reason_names_the_metric_the_patience_and_the_best_value() -> N
     assert trainer.state.stop_reason == expected
 
 
+def test_the_stop_reason_says_a_better_value_fell_short_of_min_delta() -> None:
+    """0.944444 > 0.938889 reads as an improvement unless the reason says it was below min_delta."""
+    trainer = _Trainer()
+    _evaluate(EarlyStopping("eval_acc", "max", patience=1, min_delta=0.01), trainer, 0.938889, 0.944444,
+              name="acc")
+    assert trainer.state.stop_reason == ("early stopping: eval_acc did not improve for 1 evaluation "
+                                         "(0.944444 is better than the best 0.938889 by less than min_delta "
+                                         "0.01)")
+
+
+def test_the_stop_reason_when_every_value_was_nan() -> None:
+    trainer = _Trainer()
+    _evaluate(EarlyStopping("eval_loss", "min", patience=2), trainer, math.nan, math.nan)
+    assert trainer.state.stop_reason == ("early stopping: eval_loss did not improve for 2 evaluations "
+                                         "(every value was nan)")
+
+
 def test_an_unknown_mode_is_rejected() -> None:
     with pytest.raises(ValueError, match="'minimum'"):
         EarlyStopping("eval_loss", "minimum")

@@ -49,6 +49,13 @@ def test_mpirun_tags_are_rewritten_like_horovodrun_tags():
     assert normalize_line("untagged launcher line\n") == ("untagged launcher line\n", False)
 
 
+def test_a_line_mpirun_split_between_two_of_its_reads_comes_back_whole():
+    """Open MPI tags each 4 KB it reads: a line straddling two reads carries the tag again inside (seen in
+    every burst of tracebacks)."""
+    split = '[1,1]<stderr>:  File "/venv/lib/x.py", li[1,1]<stderr>:ne 3, in f\n'
+    assert normalize_line(split) == ('[1]<stderr>:  File "/venv/lib/x.py", line 3, in f\n', True)
+
+
 def test_users_read_failure_times_as_seconds_after_the_start_not_epoch_seconds():
     line = f"[1]<stderr>:{RankFailure(False, 1795980012.34, 1, 2).line()}\n"
 

@@ -46,7 +46,8 @@ def test_trial_parameters_become_config_changes_with_extra_gathered():
 
 
 @pytest.mark.parametrize(("parameters", "message"), [
-    ({"lrr": {"type": "uniform", "min_value": 0, "max_value": 1}}, "'lrr': is not a TrainConfig field"),
+    ({"lrr": {"type": "uniform", "min_value": 0, "max_value": 1}},
+     "'lrr': is not a TrainConfig field (nor extra.NAME); did you mean 'lr'?"),
     ({"batch_size": {"type": "uniform", "min_value": 8, "max_value": 64}},
      "'batch_size': uniform gives fractional values, but the field is an integer"),
     ({"batch_size": {"type": "choice", "values": [16, 32.5]}}, "choice value 32.5 is not an integer"),

@@ -5,6 +5,7 @@
                                (a large model being freed, data loader workers joining): its peer sees
                                the shutdown and fails first
     misbehave.py sigkill       rank 1 is killed by SIGKILL
+    misbehave.py raise         rank 1 raises a ValueError (its peer then fails with Horovod's shutdown error)
     misbehave.py hang          every rank sleeps forever (for --timeout); it starts without importing
                                torch or Horovod, so a short --timeout finds every rank started
     misbehave.py sigterm       every rank records the SIGTERM it receives, then exits 143
@@ -48,9 +49,16 @@ if mode == "sigterm":
     while True:
         time.sleep(0.1)
 
+
+def check_shard(rank: int) -> None:
+    raise ValueError(f"rank {rank} dislikes its shard")
+
+
 if rank == 1:
     time.sleep(0.5)  # let rank 0 enter the allreduce first
     if mode in ("exit", "slow-exit"):
         sys.exit(int(sys.argv[2]))
+    if mode == "raise":
+        check_shard(rank)
     os.kill(os.getpid(), signal.SIGKILL)
 hvd.allreduce(torch.ones(1), name="never_completes")

@@ -122,6 +122,7 @@ def train_and_report(argv: list[str] | None = None) -> None:
         "lrs": trainer.recorder.lrs,
         "steps_per_epoch": trainer.steps_per_epoch,
         "traces": trainer.traces,
+        "output_dir": trainer.config.output_dir,
         **({"loaded": loaded_weights(trainer)} if trainer.is_main and trainer.config.extra.get("load_weights")
            else {}),
     })

@@ -20,6 +20,7 @@ RUNS.json` (workers/_report.py `main`).
 
 import hashlib
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -147,6 +148,7 @@ def train_and_report(argv: list[str] | None = None) -> None:
         "training_step_calls": trainer.training_step_calls,
         "batchnorm_batches": [int(m.num_batches_tracked) for m in trainer.model.modules()
                               if isinstance(m, torch.nn.BatchNorm1d)],
+        "tensorflow_imported": "tensorflow" in sys.modules,
     })
 
 
