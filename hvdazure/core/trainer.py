@@ -192,15 +192,14 @@ class Trainer(ABC):
         pieces = self._build()
         if checkpoint_dir is not None:
             self._checkpoints = self._trainer_checkpoints(checkpoint_dir, pieces)
-            if c.resume != "auto":  # resume=auto lists the same directory, sharing its errors likewise
-                self._checkpoints.check_storage()
         self.callbacks = [cb for cb in self._default_callbacks() + self._user_callbacks
                           if self.is_main or not cb.main_only]
-        if c.resume is not None:
+        if self._checkpoints is not None:  # resumes if asked; refuses a directory holding another run's
+            self._checkpoints.start_run(c.resume, self._continue_from)
+        elif c.resume is not None:
             # the directory above the checkpoint, as a URL too (pathlib would make abfs://c/run abfs:/c)
             parent = c.resume.rstrip("/").rpartition("/")[0] or "."
-            source = self._checkpoints or self._trainer_checkpoints(parent, pieces)
-            source.resume(c.resume, self._continue_from)
+            self._trainer_checkpoints(parent, pieces).resume(c.resume, self._continue_from)
         self._backend.broadcast_model_and_optimizer()  # rank 0's model: as built, or as resumed there
         if c.max_steps is not None:  # a resume at another world size: max_steps counts the steps taken
             end = self.schedule_step + max(0, c.max_steps - self.state.step)
