@@ -9,6 +9,7 @@ checked against arithmetic, to 1e-12.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -622,6 +623,129 @@ def test_fake_a_wait_longer_than_the_timeout_fails_the_run() -> None:
 
     with pytest.raises(CollectiveTimeout, match="waited"):
         world.run([lambda: world.exchange(0, "allgather_bytes", "bytes", b""), late])
+
+
+# --- fit() again on the same trainer: the same run goes on ------------------------------------------------
+def fit_again(world_size: int, problem: LinearProblem, config: TrainConfig,
+              then: Callable[[FakeTrainer], object], momentum: float = 0.0) -> Trainers:
+    """One world whose ranks each call fit(), `then(trainer)` (e.g. raising epochs), and fit() again."""
+    world, trainers = build(world_size, problem, config, momentum=momentum)
+
+    def twice(trainer: FakeTrainer) -> None:
+        trainer.fit()
+        then(trainer)
+        trainer.fit()
+
+    world.run([lambda t=t: twice(t) for t in trainers])
+    return trainers
+
+
+def raise_to(**fields: object) -> Callable[[FakeTrainer], None]:
+    def change(trainer: FakeTrainer) -> None:
+        trainer.config = trainer.config.replace(**fields)
+
+    return change
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_a_second_fit_with_more_epochs_ends_with_the_parameters_and_history_of_one_longer_fit(
+        world_size: int, tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = exact_config(world_size, str(tmp_path))
+    trainers = fit_again(world_size, problem, config.replace(epochs=1), raise_to(epochs=RESUME_EPOCHS),
+                         momentum=EXACT_MOMENTUM)
+
+    np.testing.assert_allclose(trainers[0].weights, uninterrupted()[0], rtol=0, atol=1e-12)
+    assert [r["epoch"] for r in trainers[0].state.history] == list(range(RESUME_EPOCHS))
+    np.testing.assert_allclose([r["train_loss"] for r in trainers[0].state.history], uninterrupted()[1],
+                               rtol=1e-12)
+    lr_at = warmup_then_constant(EXACT_LR, 2 * EXACT_LR, 4)
+    assert [s.lr for s in trainers[0].steps] == pytest.approx([lr_at(s.step) for s in trainers[0].steps],
+                                                              rel=1e-15)
+    assert_each_sample_once_per_epoch(RESUME_EPOCHS, RESUME_SAMPLES, trainers)
+    assert_same_on_every_rank(trainers)
+
+
+def test_a_second_fit_after_max_steps_mid_epoch_goes_on_as_if_uninterrupted(tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = exact_config(2, str(tmp_path))
+    trainers = fit_again(2, problem, config.replace(max_steps=4), raise_to(max_steps=None),
+                         momentum=EXACT_MOMENTUM)
+
+    np.testing.assert_allclose(trainers[0].weights, uninterrupted()[0], rtol=0, atol=1e-12)
+    assert [r["epoch"] for r in trainers[0].state.history] == list(range(RESUME_EPOCHS))  # no cut record
+    assert_each_sample_once_per_epoch(RESUME_EPOCHS, RESUME_SAMPLES, trainers)
+
+
+def test_a_second_fit_schedules_the_lr_as_a_resume_of_its_last_checkpoint_would(tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    cosine = make_config(epochs=1, batch_size=3, schedule="cosine", warmup_steps=2, log_every=2)
+    again = fit_again(2, problem, cosine.replace(checkpoint_dir=str(tmp_path / "again")), raise_to(epochs=3))
+    fit(2, problem, cosine.replace(checkpoint_dir=str(tmp_path / "resumed")))
+    resumed = fit(2, problem, cosine.replace(checkpoint_dir=str(tmp_path / "resumed"), epochs=3,
+                                            resume="auto"))
+
+    assert [s.lr for s in again[0].steps][-len(resumed[0].steps):] == [s.lr for s in resumed[0].steps]
+    np.testing.assert_array_equal(again[0].weights, resumed[0].weights)
+    assert again[0].state.history == resumed[0].state.history
+
+
+def test_a_second_fit_continues_the_checkpoints_of_the_first_as_one_run(tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = make_config(epochs=1, batch_size=3, checkpoint_dir=str(tmp_path), keep_last=5)
+    trainers = fit_again(2, problem, config, raise_to(epochs=3))
+
+    checkpoints = CheckpointManager(str(tmp_path)).checkpoints()
+    steps_per_epoch = trainers[0].steps_per_epoch
+    assert [c.name for c in checkpoints] == [f"step-{e * steps_per_epoch:08d}" for e in (1, 2, 3)]
+    assert len({c.run_id for c in checkpoints}) == 1 and checkpoints[0].run_id
+    assert (tmp_path / "latest").read_text().strip() == checkpoints[-1].name
+
+
+def _errors_of_fit_again(world_size: int, config: TrainConfig, then: Callable[[FakeTrainer], object],
+                         callbacks: Callable[[int], Sequence[Callback]] = lambda rank: ()) -> tuple[
+                             dict[int, BaseException], Trainers]:
+    """Each rank's exception from the second fit() (the first is allowed to fail, as after a crash)."""
+    world, trainers = build(world_size, LinearProblem.make(RESUME_SAMPLES), config, callbacks=callbacks)
+    errors: dict[int, BaseException] = {}
+
+    def twice(trainer: FakeTrainer) -> None:
+        with contextlib.suppress(RuntimeError):
+            trainer.fit()
+        then(trainer)
+        try:
+            trainer.fit()
+        except ConfigError as exc:
+            errors[trainer.rank] = exc
+
+    world.run([lambda t=t: twice(t) for t in trainers])
+    return errors, trainers
+
+
+@pytest.mark.parametrize(("then", "field", "says"), [
+    (lambda trainer: None, "epochs", "raise epochs before calling fit() again"),
+    (raise_to(max_steps=6), "max_steps", "raise max_steps before calling fit() again"),
+    (raise_to(epochs=4, lr=0.01), "lr", "may change epochs and max_steps only"),
+])
+def test_a_second_fit_with_nothing_left_to_train_or_another_setting_is_refused_in_one_line_on_every_rank(
+        then: Callable[[FakeTrainer], object], field: str, says: str) -> None:
+    config = make_config(epochs=2, batch_size=3, max_steps=6 if field == "max_steps" else None)
+    errors, trainers = _errors_of_fit_again(2, config, then)
+
+    assert sorted(errors) == [0, 1] and len({str(e) for e in errors.values()}) == 1
+    message = str(errors[0])
+    assert message.startswith(f"config field {field!r}") and says in message and "\n" not in message
+    assert [len(t.steps) for t in trainers] == [len(trainers[0].steps)] * 2  # nothing more trained
+
+
+def test_a_second_fit_after_a_fit_that_raised_is_refused_naming_resume_auto(tmp_path: Path) -> None:
+    config = make_config(epochs=3, batch_size=3, checkpoint_dir=str(tmp_path))
+    errors, _ = _errors_of_fit_again(2, config, raise_to(epochs=4),
+                                     callbacks=lambda rank: [Crash(4)] if rank == 1 else [])
+
+    assert sorted(errors) == [0, 1]
+    assert "ended with an error or a stop signal at step" in str(errors[0])
+    assert "resume=auto" in str(errors[0])
 
 
 # --- one run per checkpoint directory ---------------------------------------------------------------------
