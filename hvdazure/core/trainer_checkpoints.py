@@ -168,24 +168,18 @@ class TrainerCheckpoints:
         self._durable = threading.Event()  # rank 0: the pending write's checkpoint is complete, or it failed
         self._outcome = WriteOutcome()  # rank 0: how the last write ended
 
-    def check_storage(self) -> None:
-        """Fail before training, on every rank, if rank 0 cannot list the checkpoint directory (a missing
-        container, a wrong key, no permission), rather than at the first save, an epoch later. One
-        broadcast; a directory that does not exist yet is fine (the first save makes it)."""
-        self._decided_on_main(lambda: {"checkpoints": len(self._listed())})
-
     def start_run(self, which: str | None, restore: Callable[[ResumePoint], str]) -> ResumePoint | None:
         """Begin the run in the checkpoint directory, on every rank, before the first step: resume `which`
         if it is given (see `resume`), decide the run's id, and refuse (a ConfigError on every rank, before
-        anything is written) a directory that holds another run's checkpoints. A fresh run (`which` None)
-        whose directory holds this very job's checkpoints (run again by its scheduler) resumes them as
-        "auto" would."""
+        anything is written) a directory that holds another run's checkpoints. Listing the directory also
+        fails before training, on every rank, if rank 0 cannot use it (a missing container, a wrong key, no
+        permission), rather than at the first save, an epoch later; one that does not exist yet is fine
+        (the first save makes it). A fresh run (`which` None) whose directory holds this very job's
+        checkpoints (run again by its scheduler) resumes them as "auto" would."""
         if which is None:
             which = self._start_fresh()
             if which is None:
                 return None
-        elif which != "auto":
-            self.check_storage()
         point = self.resume(which, restore)
         self._claim(point, which)
         return point
