@@ -273,10 +273,13 @@ def probe(mode: str, mb: int, directory: str) -> None:
     """In a fresh single-rank process: build the trainer (as fit() does before its first step), then
     "prepare": save one checkpoint into `directory` for the resumes; "baseline": nothing more; "async save"
     / "blocking save": save a checkpoint and wait for it; "resume": build it resuming from `directory`.
-    Prints this process's peak RSS and the size of the newest checkpoint in `directory`, in bytes."""
+    Prints this process's peak RSS and the size of the newest checkpoint in `directory`, in bytes. The
+    probes that start a run of their own save into a new folder inside `directory` (a directory holds one
+    run's checkpoints)."""
     if mode not in ("prepare", *PROBES):
         raise SystemExit(f"unknown probe {mode!r}")
-    config = TrainConfig(batch_size=8, lr=1e-6, progress_bar=False, checkpoint_dir=directory, keep_last=1,
+    own = directory if mode in ("prepare", "resume") else tempfile.mkdtemp(prefix=f"{mode}-", dir=directory)
+    config = TrainConfig(batch_size=8, lr=1e-6, progress_bar=False, checkpoint_dir=own, keep_last=1,
                          checkpoint_async=mode == "async save", resume="auto" if mode == "resume" else None,
                          extra={"mb": mb, "samples": 8})
     trainer = MemoryProbe(config)

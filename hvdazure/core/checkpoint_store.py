@@ -5,7 +5,8 @@ the files and the manifest. The layout of a checkpoint directory:
 
     step-00000120/              one checkpoint: the binding's files, then manifest.json
         model.pt
-        manifest.json           the binding's metadata + format_version, step, created, files (hash, bytes)
+        manifest.json           the binding's metadata + format_version, step, created, files (hash, bytes),
+                                and the run_id of the run that wrote it
     step-00000120-v2/           the same step saved again (a run resumed from an earlier checkpoint)
     latest                      the name of the newest checkpoint ("step-00000120")
     .tmp-step-00000130-<uuid>/  a local save in progress, or left by a writer that was killed
@@ -48,6 +49,13 @@ earlier versions (SHA-256, format_version 1), load alike. A SHA-256 manifest is 
 format_version 1, which every hvdazure reads; an xxh3_128 one is format_version 2, so that an older hvdazure
 refuses it with a clear message instead of misreading it.
 
+A directory holds the checkpoints of one run. Every manifest records its run's id (`run_id`, made once
+per run and kept across resumes); a manager writing for a run (`run_id=`) never counts or deletes another
+run's checkpoints, and readers take `latest` and `best` within the run of the directory's newest checkpoint
+(the one `latest` names). Checkpoints written before run ids have none: they load as before, and count with
+any run (in a directory of them only, all of them are one run, as they always were). Refusing a new run in
+a directory that holds another's is the trainer's (core/trainer_checkpoints.py).
+
 Metadata is JSON only, never pickle, so reading a manifest cannot run code. All storage goes through fsspec
 (imported on first use, so `import hvdazure` stays fast): local paths, file://, memory:// and abfs:// share
 one code path: the manager looks only at whether the filesystem is local.
@@ -74,8 +82,9 @@ from typing import Any, BinaryIO, TypeVar
 from hvdazure.core.object_store import StorageError, filesystem, is_local, redact, retrying
 from hvdazure.core.rank_logging import logger
 
-__all__ = ["FORMAT_VERSION", "HASHES", "LATEST", "MANIFEST", "Checkpoint", "CheckpointError",
-           "CheckpointManager", "StorageError", "checkpoint_name", "exported_file", "pointer_directory"]
+__all__ = ["FORMAT_VERSION", "HASHES", "LATEST", "MANIFEST", "RUN_ID", "Checkpoint", "CheckpointError",
+           "CheckpointManager", "StorageError", "checkpoint_name", "exported_file", "new_run_id",
+           "pointer_directory", "same_directory", "same_run"]
 
 # The format_version a manifest is written as, by its files' hash: SHA-256 records are what every hvdazure
 # reads (version 1); xxh3_128 ones are version 2, which an older hvdazure refuses with a clear message.
@@ -85,9 +94,10 @@ FORMAT_VERSION = _FORMAT_BY_HASH[HASHES[0]]
 _READABLE_FORMATS = sorted(set(_FORMAT_BY_HASH.values()))
 MANIFEST = "manifest.json"
 LATEST = "latest"
+RUN_ID = "run_id"  # the manifest key of the run a checkpoint belongs to
 _TMP_PREFIX = ".tmp-"
 _STEP_NAME = re.compile(r"step-(\d+)(?:-v(\d+))?")  # step number, and version when the step was re-saved
-_RESERVED_KEYS = ("format_version", "step", "created", "files")  # the manager writes these itself
+_RESERVED_KEYS = ("format_version", "step", "created", "files", RUN_ID)  # the manager writes these itself
 _CHUNK = 4 << 20  # read size when verifying: large enough that the hash and the copy run at memory speed
 _T = TypeVar("_T")
 
@@ -107,6 +117,35 @@ class Checkpoint:
     @property
     def step(self) -> int:
         return int(self.manifest["step"])
+
+    @property
+    def run_id(self) -> str | None:
+        """The id of the run that wrote it; None for a checkpoint written before run ids."""
+        run = self.manifest.get(RUN_ID)
+        return run if isinstance(run, str) and run else None
+
+
+def new_run_id() -> str:
+    """A fresh run id: when the run started (UTC, to the second), then 8 random hex digits."""
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+
+
+def same_run(checkpoint: Checkpoint, run_id: str | None) -> bool:
+    """Whether `checkpoint` counts as one of run `run_id`'s: its own, or written before run ids (it has none).
+    Every checkpoint counts when `run_id` is None (a directory of such checkpoints)."""
+    return run_id is None or checkpoint.run_id in (None, run_id)
+
+
+def same_directory(first: str, second: str) -> bool:
+    """Whether two paths or URLs name the same directory (local paths compared after resolving links)."""
+    fs_first, root_first = filesystem(first.rstrip("/") or first)
+    fs_second, root_second = filesystem(second.rstrip("/") or second)
+    if is_local(fs_first) and is_local(fs_second):
+        return os.path.realpath(root_first) == os.path.realpath(root_second)
+    def where(fs: Any, root: str) -> tuple[Any, ...]:
+        return fs.protocol, getattr(fs, "account_name", None), root.rstrip("/")
+
+    return where(fs_first, root_first) == where(fs_second, root_second)
 
 
 def checkpoint_name(step: int) -> str:
@@ -144,11 +183,13 @@ class CheckpointManager:
     """Saves, finds, verifies and prunes the checkpoints in one directory (a local path or fsspec URL).
 
     After each save it keeps the newest `keep_last` checkpoints, plus the best `keep_best` by
-    manifest["metrics"][monitor] (lowest for mode "min", highest for "max"), and deletes the rest.
+    manifest["metrics"][monitor] (lowest for mode "min", highest for "max"), and deletes the rest. With
+    `run_id` (a writer's), each save records it, and retention counts and deletes only that run's
+    checkpoints (and those written before run ids), never another run's.
     """
 
     def __init__(self, directory: str, keep_last: int = 3, keep_best: int = 0, monitor: str | None = None,
-                 mode: str = "min", hash: str = HASHES[0]) -> None:
+                 mode: str = "min", hash: str = HASHES[0], run_id: str | None = None) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
         if keep_best < 0:
@@ -162,6 +203,7 @@ class CheckpointManager:
         self.hash = hash
         self.directory = directory.rstrip("/") or directory
         self.keep_last, self.keep_best, self.monitor, self.mode = keep_last, keep_best, monitor, mode
+        self.run_id = run_id
         self._fs, self._root = filesystem(self.directory)
         self._local = is_local(self._fs)
         # Checkpoints this manager wrote or verified in full, by name and files table: retention need not
@@ -197,7 +239,8 @@ class CheckpointManager:
             records = {file_name: self._write(posixpath.join(target, file_name), write)
                        for file_name, write in files.items()}
             full = {**manifest, "format_version": _FORMAT_BY_HASH[self.hash], "step": step,
-                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": records}
+                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": records,
+                    **({RUN_ID: self.run_id} if self.run_id is not None else {})}
             full = json.loads(redact(json.dumps(full)))  # a credential that made its way in stays out
             text = json.dumps(full, indent=2).encode()
             self._write(posixpath.join(target, MANIFEST), _bytes_writer(text))
@@ -265,6 +308,9 @@ class CheckpointManager:
         older checkpoints, superseded versions, and directories that do not verify (an interrupted copy),
         so that a half-copied checkpoint never takes the place of a valid one.
 
+        Another run's checkpoints are neither counted nor deleted (with `run_id`; the trainer refuses to start
+        a run in a directory that holds another's, so they are there only if two runs started at once).
+
         How much is verified: a checkpoint is kept only if its files have the sizes its manifest records
         (one listing per directory), which catches what an interrupted copy leaves: missing and short files.
         Contents are hashed only for a candidate whose status is unknown, once per manager: checkpoints it
@@ -274,9 +320,10 @@ class CheckpointManager:
         so checkpoints about to be deleted are never hashed.
         """
         try:
-            checkpoints = self.checkpoints()
+            found = self.checkpoints()
+            checkpoints = [c for c in found if same_run(c, self.run_id)]
             newest = sorted(checkpoints, key=_newest_first)
-            keep = {just_written}
+            keep = {just_written} | {c.name for c in found if not same_run(c, self.run_id)}
             keep |= {c.name for c in self._first_valid_per_step(newest, self.keep_last)}
             keep |= {c.name for c in self._first_valid_per_step(self._by_metric(checkpoints), self.keep_best)}
             doomed = [name for name in self._step_names() if name not in keep]
@@ -331,15 +378,14 @@ class CheckpointManager:
         return sorted(found, key=lambda c: (c.step, c.name))
 
     def latest_valid(self) -> tuple[Checkpoint | None, list[str]]:
-        """The newest checkpoint that verifies: the one `latest` names, else the others newest first.
+        """The newest checkpoint that verifies: the one `latest` names, else those of its run, newest first.
 
         Each invalid one skipped adds a warning naming it and why. (None, warnings) if none is valid.
         Storage errors (permissions, authentication) are raised, not skipped.
         """
         warnings: list[str] = []
-        for name in self._names_to_try(warnings):
+        for checkpoint in self._candidates(warnings):
             try:
-                checkpoint = self._load(name)
                 self.verify(checkpoint)
                 return checkpoint, warnings
             except CheckpointError as exc:
@@ -351,10 +397,9 @@ class CheckpointManager:
         """As latest_valid, with the chosen checkpoint's `local_files` (for a resume): each file is read
         once, verified as it is read. Yields (None, {}, warnings) if no checkpoint is valid."""
         warnings: list[str] = []
-        for name in self._names_to_try(warnings):
+        for checkpoint in self._candidates(warnings):
             files = contextlib.ExitStack()
             try:
-                checkpoint = self._load(name)
                 paths = files.enter_context(self.local_files(checkpoint))
             except CheckpointError as exc:  # only choosing is retried: errors of the caller's block are not
                 warnings.append(f"skipping invalid {exc}")
@@ -363,6 +408,21 @@ class CheckpointManager:
                 yield checkpoint, paths, warnings
             return
         yield None, {}, warnings
+
+    def _candidates(self, warnings: list[str]) -> Iterator[Checkpoint]:
+        """The checkpoints to try for the newest valid one, not yet verified: `latest`'s first, then by step,
+        of one run: this manager's, else the first run id met (`latest`'s, if its manifest can be read);
+        those without a run id count with any. Each one whose manifest cannot be read adds a warning."""
+        run = self.run_id
+        for name in self._names_to_try(warnings):
+            try:
+                checkpoint = self._load(name)
+            except CheckpointError as exc:
+                warnings.append(f"skipping invalid {exc}")
+                continue
+            run = run or checkpoint.run_id
+            if same_run(checkpoint, run):
+                yield checkpoint
 
     def _names_to_try(self, warnings: list[str]) -> list[str]:
         """The step-* names to try for the newest valid checkpoint: `latest`'s first, then by step."""
@@ -374,10 +434,11 @@ class CheckpointManager:
         return ([pointed] if pointed else []) + [n for n in reversed(names) if n != pointed]
 
     def best(self) -> Checkpoint | None:
-        """The best checkpoint by manifest["metrics"][monitor] (not verified); None without a monitor."""
+        """The best checkpoint of the current run by manifest["metrics"][monitor] (not verified); None without
+        a monitor."""
         if self.monitor is None:
             return None
-        ranked = self._by_metric(self.checkpoints())
+        ranked = self._by_metric(self._of_current_run(self.checkpoints()))
         return ranked[0] if ranked else None
 
     def open(self, path: str, verify: bool = True) -> Checkpoint:
@@ -391,7 +452,8 @@ class CheckpointManager:
         return checkpoint
 
     def resolve(self, which: str) -> Checkpoint:
-        """The checkpoint `which` names: "latest" (newest valid), "best" (best that verifies) or a path."""
+        """The checkpoint `which` names: "latest" (newest valid), "best" (best that verifies, of the current
+        run) or a path."""
         if which == "latest":
             checkpoint, warnings = self.latest_valid()
             for warning in warnings:
@@ -402,7 +464,7 @@ class CheckpointManager:
         if which == "best":
             if self.monitor is None:
                 raise CheckpointError("resolving 'best' needs a monitor: the metric that ranks checkpoints")
-            for checkpoint in self._by_metric(self.checkpoints()):
+            for checkpoint in self._by_metric(self._of_current_run(self.checkpoints())):
                 try:
                     self.verify(checkpoint)
                     return checkpoint
@@ -410,6 +472,25 @@ class CheckpointManager:
                     logger.warning(f"skipping invalid {exc}")
             raise CheckpointError(f"no valid checkpoint in {self.directory} has the metric {self.monitor!r}")
         return self.open(which)
+
+    def current_run(self, checkpoints: list[Checkpoint]) -> str | None:
+        """The run the directory's `checkpoints` (as `checkpoints()` lists them) are read as: this manager's,
+        else that of the one `latest` names, else of the newest; None when it has no run id (written before
+        run ids), or there are none."""
+        if self.run_id is not None:
+            return self.run_id
+        pointed = self._read_latest()
+        newest = next((c for c in checkpoints if c.name == pointed), None) or max(
+            checkpoints, key=lambda c: _step_and_version(c.name), default=None)
+        return newest.run_id if newest is not None else None
+
+    def _of_current_run(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
+        run = self.current_run(checkpoints)
+        return [c for c in checkpoints if same_run(c, run)]
+
+    def exists(self) -> bool:
+        """Whether the directory exists (on an object store: whether anything is stored under its name)."""
+        return bool(self._call(f"looking for {redact(self.directory)}", lambda: self._fs.exists(self._root)))
 
     def _step_names(self) -> list[str]:
         names = [name for name, kind in self._entries() if kind == "directory" and _STEP_NAME.fullmatch(name)]
@@ -544,13 +625,17 @@ class CheckpointManager:
 def exported_file(checkpoint: str, which: str, file_name: str) -> Iterator[str]:
     """A verified local copy (or the verified file in place) of `file_name` of a checkpoint, for loading
     weights without the trainer. `checkpoint` is one checkpoint's directory (path or URL), or a directory of
-    checkpoints whose `which` is taken: "latest", or "best" by the monitor the run was configured with."""
+    checkpoints whose `which` is taken: "latest", or "best" by the monitor the run was configured with (of
+    the run `latest` belongs to). The bindings' `load_weights` share it, and its one-line errors (a directory
+    that does not exist is named as such)."""
     manager = CheckpointManager(checkpoint)
     candidates = manager.checkpoints()
     if not candidates:  # `checkpoint` is itself one checkpoint's directory
+        if not manager.exists():
+            raise CheckpointError(f"{redact(checkpoint)}: no such directory")
         found = manager.open(checkpoint, verify=False)  # local_files verifies the file as it reads it
-    else:
-        config = candidates[-1].manifest.get("config", {})
+    else:  # the monitor the current run was configured with, as its newest checkpoint records it
+        config = manager._of_current_run(candidates)[-1].manifest.get("config", {})
         if which == "best":
             manager = CheckpointManager(checkpoint, monitor=config.get("monitor"),
                                         mode=config.get("monitor_mode", "min"))

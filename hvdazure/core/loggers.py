@@ -55,7 +55,7 @@ def default_mlflow_uri(output_dir: str | Path) -> str:
 class MLflowLogger(Callback):
     """One MLflow run per training: the config as params, metrics by optimizer step. With `parent_run_id`
     (a sweep's trials), a child run named `run_name` of that run: the same one again when the training is
-    resumed."""
+    resumed. A later fit() of the same trainer logs into the run of its first."""
 
     main_only = True
 
@@ -74,7 +74,9 @@ class MLflowLogger(Callback):
         # set_tracking_uri, which rewrites MLFLOW_TRACKING_URI.
         job_run, job_store = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.tracking_uri)
-        if self.parent_run_id:
+        if self.run is not None:  # a later fit() of the same trainer: its run goes on
+            self.run = mlflow.start_run(run_id=self.run.info.run_id)
+        elif self.parent_run_id:
             self.run = mlflow.start_run(run_id=self._child_run_id(mlflow.MlflowClient()))
         elif job_run and self.tracking_uri == job_store:
             self.run = mlflow.start_run(run_id=job_run)

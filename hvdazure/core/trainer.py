@@ -71,6 +71,7 @@ class Trainer(ABC):
         self._context = context
         self._backend = self._create_backend()
         self._checkpoints: TrainerCheckpoints | None = None
+        self._fitted: tuple[str, TrainConfig] | None = None  # how the last fit() ended, and its config
         self._signal: int | None = None  # a stop signal this rank received
         self._signal_reason: str | None = None  # what asked for it, when not a real signal
 
@@ -127,9 +128,15 @@ class Trainer(ABC):
 
     # --- the loop ------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
-        """Train; return the per-epoch history of train and eval metrics, identical on every rank."""
+        """Train; return the per-epoch history of train and eval metrics, identical on every rank. Called
+        again on the same trainer, the same run goes on to the config's `epochs` and `max_steps`, which
+        may have been raised in between (`_continue_run`)."""
         _show_user_errors_in_one_line()
-        self._prepare()
+        if self._fitted is None:
+            self._prepare()
+        else:
+            self._continue_run()
+        self._fitted = ("left", self.config)  # until it returns: a fit() that raised is not continued
         with self._stop_signals_caught():
             try:
                 self._emit("on_train_start")
@@ -146,6 +153,7 @@ class Trainer(ABC):
                     self.save_checkpoint("final")
                 self._checkpoints.finish_pending()  # a background write of this very step
             self._emit("on_train_end")
+        self._fitted = ("returned", self.config)
         return self.state.history
 
     def _train_epoch(self) -> None:
@@ -192,20 +200,16 @@ class Trainer(ABC):
         pieces = self._build()
         if checkpoint_dir is not None:
             self._checkpoints = self._trainer_checkpoints(checkpoint_dir, pieces)
-            if c.resume != "auto":  # resume=auto lists the same directory, sharing its errors likewise
-                self._checkpoints.check_storage()
         self.callbacks = [cb for cb in self._default_callbacks() + self._user_callbacks
                           if self.is_main or not cb.main_only]
-        if c.resume is not None:
+        if self._checkpoints is not None:  # resumes if asked; refuses a directory holding another run's
+            self._checkpoints.start_run(c.resume, self._continue_from)
+        elif c.resume is not None:
             # the directory above the checkpoint, as a URL too (pathlib would make abfs://c/run abfs:/c)
             parent = c.resume.rstrip("/").rpartition("/")[0] or "."
-            source = self._checkpoints or self._trainer_checkpoints(parent, pieces)
-            source.resume(c.resume, self._continue_from)
+            self._trainer_checkpoints(parent, pieces).resume(c.resume, self._continue_from)
         self._backend.broadcast_model_and_optimizer()  # rank 0's model: as built, or as resumed there
-        if c.max_steps is not None:  # a resume at another world size: max_steps counts the steps taken
-            end = self.schedule_step + max(0, c.max_steps - self.state.step)
-            total = min(self.schedule.total_steps, end)
-            self.schedule = dataclasses.replace(self.schedule, total_steps=total)
+        self._end_schedule_at_max_steps()
         self._check_micro_batch_sizes()
         self.state.lr = self.schedule.lr_at(self.schedule_step)
 
@@ -254,8 +258,7 @@ class Trainer(ABC):
         at the same world size, seeded afresh at another; returns the log line (with the LR rescale)."""
         s, plan, manifest = self.state, self.shard_plan, point.manifest
         refuse_changed_data(point.url, manifest, self._data_order)
-        if s.samples_in_epoch and s.history and s.history[-1]["epoch"] == s.epoch:
-            s.history.pop()  # the record of an epoch cut short (max_steps, a stop): it is about to go on
+        self._reopen_cut_epoch()
         s.step_in_epoch = plan.steps_per_epoch - plan.steps_left(s.samples_in_epoch)
         old_world, old_batch = manifest["world_size"], manifest["global_batch_size"]
         if old_world == self.world_size and len(point.rngs) == self.world_size:
@@ -271,6 +274,54 @@ class Trainer(ABC):
                         f"{self.global_batch_size}: LR rescaled {manifest['scaled_lr']:.6g} -> "
                         f"{self.schedule.peak_lr:.6g}")
         return message
+
+    def _end_schedule_at_max_steps(self) -> None:
+        """End the LR schedule at `max_steps`, which counts the steps taken (also before a resume at another
+        world size, where the schedule's steps are of the new size)."""
+        c = self.config
+        if c.max_steps is not None:
+            end = self.schedule_step + max(0, c.max_steps - self.state.step)
+            total = min(self.schedule.total_steps, end)
+            self.schedule = dataclasses.replace(self.schedule, total_steps=total)
+
+    def _continue_run(self) -> None:
+        """What a later fit() on the same trainer does before its first step: the run goes on from where the
+        last fit() left it, in memory (model, optimizer, RNG streams, data position, callbacks, history and
+        the checkpoints, under the same run id), to the config's `epochs` and `max_steps`, with the LR
+        schedule recomputed for them, as a resume from its last checkpoint would. A ConfigError on every
+        rank, before anything changes: after a fit() that raised (an error, a stop signal), when the
+        config changed elsewhere than `epochs` and `max_steps`, and when both are reached already."""
+        (ended, last), c, s = self._fitted or ("returned", self.config), self.config, self.state
+        if ended != "returned":
+            again = " with resume=auto, to go on from its last checkpoint" if self._checkpoints else ""
+            raise ConfigError(f"fit() cannot go on from this trainer's last fit(), which ended with an error "
+                              f"or a stop signal at step {s.step}: create a new trainer{again}")
+        if changed := [f.name for f in dataclasses.fields(c) if f.name not in ("epochs", "max_steps")
+                       and getattr(c, f.name) != getattr(last, f.name)]:
+            name = changed[0]
+            raise ConfigError(f"config field {name!r}: {getattr(last, name)!r} -> {getattr(c, name)!r} since "
+                              "the last fit(); another fit() of the same trainer goes on with its run and "
+                              "may change epochs and max_steps only: for other settings, create a new "
+                              "trainer (with resume=auto, to start from this run's last checkpoint)")
+        if self._max_steps_reached() or s.epoch >= c.epochs:
+            field = "max_steps" if self._max_steps_reached() else "epochs"
+            done = f"{s.step} steps" if field == "max_steps" else f"{s.epoch} epochs"
+            raise ConfigError(f"config field {field!r}: this trainer has trained its {done} already; to "
+                              f"train further, raise {field} before calling fit() again: trainer.config = "
+                              f"trainer.config.replace({field}=...)")
+        s.should_stop, s.stop_requested, s.stop_reason = False, False, None  # as on a resume
+        self.schedule = LRSchedule.from_config(c, self.world_size, self.shard_plan.steps_per_epoch)
+        self._end_schedule_at_max_steps()
+        self._reopen_cut_epoch()
+        s.lr = self.schedule.lr_at(self.schedule_step)
+        until = f"epochs {c.epochs}" + (f", max_steps {c.max_steps}" if c.max_steps is not None else "")
+        logger.info(f"fit() again: the run goes on from epoch {s.epoch + 1}, step {s.step}, to {until}")
+
+    def _reopen_cut_epoch(self) -> None:
+        """Drop the history record of an epoch cut short (max_steps, a stop): training goes on with it."""
+        s = self.state
+        if s.samples_in_epoch and s.history and s.history[-1]["epoch"] == s.epoch:
+            s.history.pop()
 
     def _manifest(self, reason: str) -> dict[str, Any]:
         """How a checkpoint of this step describes the run (manifest.json, beside the store's own keys)."""

@@ -7,6 +7,15 @@ trainer_state.json; the framework's model and optimizer files; this rank's RNG s
 every rank's); and the manifest's description of the run. What a resume means for the run (the data
 position at another world size, the RNG streams, the LR rescale) is the trainer's: it gets a `ResumePoint`.
 
+A checkpoint directory holds one run. Every checkpoint records its run's id (core/checkpoint_store.py);
+before the first step, rank 0 decides the run's id and whether the directory may be its (`start_run`): a
+fresh run gets a new id and is refused, on every rank and before anything is written, if the directory
+holds another run's checkpoints; a resumed run keeps the id of the checkpoint it resumed (at any world
+size, from any path), and is refused if the directory holds checkpoints of another run. Checkpoints written
+before run ids count as the run's that resumes one of them in its own directory. A job the scheduler runs
+again (Azure ML, after a preemption) gets the same id as before (the environment's job id), so that a
+fresh start finds its own checkpoints and continues them as `resume=auto` would, instead of being refused.
+
 Rank 0 alone touches storage (CheckpointManager); every collective sits outside the rank-0-only code. A
 save is entered by all ranks at the same step: they gather their RNG states, rank 0 writes, and the
 outcome (the checkpoint's name, or the error) is broadcast, so a failing save is an error on every rank
@@ -19,7 +28,9 @@ the trainer broadcasts the model and optimizer from rank 0: other ranks never ne
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from copy import deepcopy
@@ -30,15 +41,18 @@ from hvdazure.core.backend import Collectives, FrameworkCheckpointContent
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.checkpoint_store import (
     MANIFEST,
+    RUN_ID,
     Checkpoint,
     CheckpointError,
     CheckpointManager,
+    new_run_id,
     pointer_directory,
+    same_directory,
 )
 from hvdazure.core.cluster import detect_environment
-from hvdazure.core.config import TrainConfig
+from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.errors import exception_line
-from hvdazure.core.object_store import StorageError
+from hvdazure.core.object_store import StorageError, redact
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.shard_order import ShardOrder
 from hvdazure.core.sharding import ShardPlan
@@ -50,11 +64,28 @@ STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.json"
 # What a resume reads of the manifest (the trainer's ResumePoint uses them)
 _MANIFEST_KEYS = ("world_size", "global_batch_size", "scaled_lr")
+_RUNS_STARTED = itertools.count(1)  # the new runs this process has started (run_id_for_new_run)
 
 
 def default_checkpoint_dir(checkpoint_dir: str | None) -> str | None:
     """The configured directory, else the detected environment's own (None: no checkpoints)."""
     return checkpoint_dir if checkpoint_dir is not None else detect_environment().default_checkpoint_dir()
+
+
+def run_id_for_new_run(env: Mapping[str, str] | None = None) -> str:
+    """The id of a run that starts afresh (on rank 0). In a job the scheduler may run again (the environment
+    has a job id: Azure ML's), the job's id and the run's number in this process: the same again when the
+    job is run again after a preemption, so that it finds its own checkpoints. Else a new one."""
+    number = next(_RUNS_STARTED)
+    job = detect_environment(env).job_id(os.environ if env is None else env)
+    return f"{job}.{number}" if job else new_run_id()
+
+
+def another_run(directory: str, others: Sequence[Checkpoint]) -> str:
+    """How the newest of another run's checkpoints in `directory` is named in a refusal."""
+    newest = max(others, key=lambda c: (c.step, c.name))
+    run = f"run {newest.run_id}" if newest.run_id else "written before run ids"
+    return f"{redact(directory)} holds the checkpoints of another run ({run}, newest {newest.name})"
 
 
 class Stateful(Protocol):
@@ -132,28 +163,102 @@ class TrainerCheckpoints:
                                          monitor=c.monitor, mode=c.monitor_mode,
                                          hash=c.checkpoint_hash) if self.is_main else None
         self.last_saved_step: int | None = None
+        self.run_id: str | None = None  # this run's id, on every rank once `start_run` has decided it
         self._pending: threading.Thread | None = None  # rank 0's write in progress
         self._durable = threading.Event()  # rank 0: the pending write's checkpoint is complete, or it failed
         self._outcome = WriteOutcome()  # rank 0: how the last write ended
 
-    def check_storage(self) -> None:
-        """Fail before training, on every rank, if rank 0 cannot list the checkpoint directory (a missing
-        container, a wrong key, no permission), rather than at the first save, an epoch later. One
-        broadcast; a directory that does not exist yet is fine (the first save makes it)."""
-        error = None
+    def start_run(self, which: str | None, restore: Callable[[ResumePoint], str]) -> ResumePoint | None:
+        """Begin the run in the checkpoint directory, on every rank, before the first step: resume `which`
+        if it is given (see `resume`), decide the run's id, and refuse (a ConfigError on every rank, before
+        anything is written) a directory that holds another run's checkpoints. Listing the directory also
+        fails before training, on every rank, if rank 0 cannot use it (a missing container, a wrong key, no
+        permission), rather than at the first save, an epoch later; one that does not exist yet is fine
+        (the first save makes it). A fresh run (`which` None) whose directory holds this very job's
+        checkpoints (run again by its scheduler) resumes them as "auto" would."""
+        if which is None:
+            which = self._start_fresh()
+            if which is None:
+                return None
+        point = self.resume(which, restore)
+        self._claim(point, which)
+        return point
+
+    def _start_fresh(self) -> str | None:
+        """A fresh run's id; refused if the directory holds another run's checkpoints. "auto" when they are
+        its own: the scheduler has run this job again (the environment's job id is in the run id)."""
+        def decide() -> dict[str, Any]:
+            run, found = run_id_for_new_run(), self._listed()
+            if others := [c for c in found if c.run_id != run]:
+                raise ConfigError(f"config field 'checkpoint_dir': {another_run(self.directory, others)}; "
+                                  "continue that run with resume=auto, or give this run a new checkpoint_dir")
+            return {"run_id": run, "own_checkpoints": bool(found)}
+
+        decided = self._decided_on_main(decide)
+        self._set_run(decided["run_id"])
+        if not decided["own_checkpoints"]:
+            return None
+        logger.info(f"{redact(self.directory)} holds this job's own checkpoints (run {self.run_id}; the job "
+                    "was started again): resuming from them, as resume=auto does")
+        return "auto"
+
+    def _claim(self, point: ResumePoint | None, which: str) -> None:
+        """The resumed run's id (the checkpoint's; a new one for a checkpoint from before run ids, or when
+        "auto" found none to resume and the directory has no run id either); refused if the directory holds
+        checkpoints of another run. Checkpoints without a run id count as this run's when it resumed from
+        its own directory."""
+        def decide() -> dict[str, Any]:
+            found = self._listed()
+            assert self.manager is not None
+            run = point.manifest.get(RUN_ID) if point is not None else None
+            if not (isinstance(run, str) and run):
+                run = (self.manager.current_run(found) if which == "auto" else None) or run_id_for_new_run()
+            here = which == "auto" or (point is not None
+                                       and same_directory(_parent(point.url), self.directory))
+            if not (others := [c for c in found if c.run_id != run and not (here and c.run_id is None)]):
+                return {"run_id": run}
+            held = f"config field 'checkpoint_dir': {another_run(self.directory, others)}"
+            if which == "auto":  # only where two runs were started into one directory at once
+                raise ConfigError(f"{held} beside run {run}'s, which resume=auto continues; give this run a "
+                                  "new checkpoint_dir, or remove the other run's checkpoints")
+            raise ConfigError(f"{held}, not of the one resumed from {redact(which)} (run {run}); give this "
+                              "run a new checkpoint_dir, or resume=auto to continue the run it holds")
+
+        self._set_run(self._decided_on_main(decide)["run_id"])
+
+    def _set_run(self, run_id: str) -> None:
+        self.run_id = run_id
         if self.manager is not None:
+            self.manager.run_id = run_id  # recorded in every checkpoint; retention keeps to this run's
+
+    def _listed(self) -> list[Checkpoint]:
+        """Rank 0: the checkpoints in the directory (none if it does not exist yet)."""
+        assert self.manager is not None
+        try:
+            return self.manager.checkpoints()
+        except FileNotFoundError:
+            return []
+
+    def _decided_on_main(self, decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Rank 0's `decide()`, on every rank (one broadcast). Its ConfigError, or a storage failure (one line
+        naming the operation, the URL and the cause), is raised on every rank."""
+        decision: dict[str, Any] = {}
+        if self.is_main:
             try:
-                self.manager.checkpoints()
-            except FileNotFoundError:
-                pass
-            except StorageError as exc:  # already one line naming the operation, the URL and the cause
-                error = str(exc)
+                decision = decide()
+            except ConfigError as exc:
+                decision = {"refused": str(exc)}
+            except StorageError as exc:
+                decision = {"error": str(exc)}
             except Exception as exc:
-                error = f"checkpoint_dir {self.directory} cannot be used: {exception_line(exc)}"
-        mine = json.dumps(error).encode() if self.is_main else None
-        shared = json.loads(self.collectives.broadcast_bytes(mine))
-        if shared:
-            raise CheckpointError(shared)
+                decision = {"error": f"checkpoint_dir {self.directory} cannot be used: {exception_line(exc)}"}
+        mine = json.dumps(decision).encode() if self.is_main else None
+        shared: dict[str, Any] = json.loads(self.collectives.broadcast_bytes(mine))
+        if "refused" in shared:
+            raise ConfigError(shared["refused"])
+        if "error" in shared:
+            raise CheckpointError(shared["error"])
+        return shared
 
     # --- saving ------------------------------------------------------------------------------------------
     def save(self, reason: str, step: int, wait: bool = True) -> str | None:
@@ -373,6 +478,11 @@ def refuse_changed_data(url: str, manifest: Mapping[str, Any], now: Mapping[str,
         raise CheckpointError(
             f"cannot resume from {url}: {'; and '.join(problems)}. Resume with the data and settings the "
             "checkpoint was trained with, or start a new run (another checkpoint_dir, or no resume)")
+
+
+def _parent(url: str) -> str:
+    """The directory above a checkpoint's path or URL (pathlib would make abfs://c/run abfs:/c)."""
+    return url.rstrip("/").rpartition("/")[0] or "."
 
 
 def _json_writer(data: Any) -> Callable[[BinaryIO], None]:

@@ -266,3 +266,21 @@ def test_resume_from_the_latest_pointer_file_resumes_the_checkpoint_it_names(tmp
     resumed = train(tmp_path, "resumed", *BASE, FEATURES, f"resume={trained / 'latest'}")
 
     assert "resumed from step-00000007 at epoch 2, step 7" in resumed.stderr
+
+
+def test_a_fresh_run_into_another_run_s_directory_is_one_line_on_every_rank_and_exit_2(tmp_path, trained):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained, ckpt)
+    before = sorted((p.relative_to(ckpt), p.stat().st_mtime_ns) for p in ckpt.rglob("*"))
+
+    job = train(tmp_path, "fresh", *BASE, FEATURES, f"checkpoint_dir={ckpt}", "epochs=1", expect=2)
+
+    errors = _errors(job.stderr)
+    assert len(errors[0]) == 1 and errors[1] == errors[0], job.stderr
+    assert errors[0][0].startswith(f"config field 'checkpoint_dir': {ckpt} holds the checkpoints of another "
+                                   "run (run "), errors[0][0]
+    assert errors[0][0].endswith("newest step-00000007); continue that run with resume=auto, or give this "
+                                 "run a new checkpoint_dir"), errors[0][0]
+    assert not any(f"[{rank}]<stderr>:Traceback" in job.stderr for rank in (0, 1)), job.stderr
+    assert not list((tmp_path / "fresh").glob("pid-*"))  # no rank got to its first step
+    assert sorted((p.relative_to(ckpt), p.stat().st_mtime_ns) for p in ckpt.rglob("*")) == before

@@ -101,6 +101,8 @@ def test_checkpoints_are_written_by_rank_0_only_verified_and_hold_the_final_weig
 
     kept = [c.step for c in manager.checkpoints()]
     assert kept == [2 * STEPS_PER_EPOCH, 3 * STEPS_PER_EPOCH]  # the last 2 epochs' (keep_last=2)
+    run_ids = {c.run_id for c in manager.checkpoints()}
+    assert len(run_ids) == 1 and None not in run_ids  # one run: retention, latest and best keep to it
     latest = manager.resolve("latest")
     assert latest.manifest["epoch"] == EPOCHS
     assert latest.manifest["metrics"]["val_loss"] == reports[0]["history"]["val_loss"][-1]

@@ -30,6 +30,7 @@ from hvdazure.core.checkpoint_store import (
     FORMAT_VERSION,
     CheckpointError,
     CheckpointManager,
+    exported_file,
     pointer_directory,
 )
 
@@ -410,6 +411,71 @@ def test_resolve_best_skips_a_corrupt_best_and_needs_a_monitor(root: str) -> Non
     assert manager.resolve("best").name == "step-00000001"
     with pytest.raises(CheckpointError, match="monitor"):
         CheckpointManager(root).resolve("best")
+
+
+# --- runs: one directory, one run ------------------------------------------------------------------------
+def test_each_save_records_the_writer_s_run_id(root: str) -> None:
+    _save(CheckpointManager(root, run_id="run-a"), 1)
+
+    assert [c.run_id for c in CheckpointManager(root).checkpoints()] == ["run-a"]
+    assert json.loads(_cat(f"{root}/step-00000001/manifest.json"))["run_id"] == "run-a"
+
+
+def test_retention_never_counts_or_deletes_another_run_s_checkpoints(root: str) -> None:
+    first = CheckpointManager(root, keep_last=2, run_id="run-a")
+    for step in range(3, 6):
+        _save(first, step)  # keeps 4 and 5
+    second = CheckpointManager(root, keep_last=2, run_id="run-b")
+    for step in range(1, 5):
+        _save(second, step)  # its step 4 is a new version beside run-a's
+
+    by_run = {(c.run_id, c.name) for c in CheckpointManager(root).checkpoints()}
+    assert by_run == {("run-a", "step-00000004"), ("run-a", "step-00000005"),
+                      ("run-b", "step-00000003"), ("run-b", "step-00000004-v2")}
+
+
+def _save_monitored(manager: CheckpointManager, step: int, eval_loss: float) -> None:
+    """A checkpoint as the trainer writes it: the config (its monitor) in the manifest, for load_weights."""
+    manager.save(step, {"state.json": lambda f: f.write(json.dumps({"step": step}).encode())},
+                 {"metrics": {"eval_loss": eval_loss}, "config": {"monitor": "eval_loss"}})
+
+
+def test_latest_and_best_stay_within_the_run_latest_names(root: str) -> None:
+    first = CheckpointManager(root, keep_last=5, run_id="run-a")
+    for step, loss in [(10, 0.01), (20, 0.02)]:
+        _save_monitored(first, step, eval_loss=loss)  # the better model, of another run
+    second = CheckpointManager(root, keep_last=5, run_id="run-b")
+    for step, loss in [(1, 0.5), (2, 0.4)]:
+        _save_monitored(second, step, eval_loss=loss)
+    _pipe(f"{root}/step-00000002/state.json", b"{}")  # run-b's newest is damaged
+
+    reader = CheckpointManager(root, monitor="eval_loss")
+    assert reader.best().name == "step-00000002"
+    assert reader.resolve("best").name == "step-00000001"  # not run-a's step 10
+    assert reader.resolve("latest").name == "step-00000001"  # not run-a's step 20
+    with exported_file(root, "best", "state.json") as path, open(path, "rb") as file:
+        assert json.loads(file.read()) == {"step": 1}
+
+
+def test_checkpoints_without_a_run_id_count_with_any_run(root: str) -> None:
+    legacy = CheckpointManager(root, keep_last=5)
+    for step in (1, 2):
+        _save(legacy, step, eval_loss=0.1 * step)  # as an hvdazure from before run ids wrote them
+    assert [c.run_id for c in legacy.checkpoints()] == [None, None]
+    assert CheckpointManager(root, monitor="eval_loss").resolve("best").name == "step-00000001"
+
+    _save(CheckpointManager(root, keep_last=2, run_id="run-a"), 3)  # a run that resumed one of them
+
+    assert _listing(root) == {"step-00000002", "step-00000003", "latest"}
+
+
+def test_exporting_from_a_directory_that_does_not_exist_names_it_in_one_line(root: str) -> None:
+    missing = f"{root}/nope_dir"
+
+    with pytest.raises(CheckpointError) as raised, exported_file(missing, "best", "model.bin"):
+        pass
+
+    assert str(raised.value) == f"{missing}: no such directory"
 
 
 # --- construction and imports ----------------------------------------------------------------------------

@@ -207,6 +207,11 @@ def test_a_plain_launcher_has_no_default_checkpoint_dir(name: str) -> None:
     assert environment.default_checkpoint_dir() is None
 
 
+def test_an_azure_ml_job_is_known_by_its_run_id_across_restarts_and_a_plain_launcher_s_by_none() -> None:
+    assert detect_environment(AZURE_ML).job_id(AZURE_ML) == "run"
+    assert all(detect_environment(env).job_id(env) is None for env in LAUNCHERS.values())
+
+
 def test_azure_ml_watches_scheduled_events_at_azures_address_unless_told_otherwise() -> None:
     watcher = detect_environment(AZURE_ML).preemption_watcher(None, None)
     assert isinstance(watcher, PreemptionWatcher)

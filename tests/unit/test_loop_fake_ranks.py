@@ -9,8 +9,10 @@ checked against arithmetic, to 1e-12.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import json
 import signal
 import threading
 import time
@@ -33,7 +35,7 @@ from fakes.fake_backend import (
 
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.checkpoint_store import CheckpointManager
-from hvdazure.core.config import TrainConfig
+from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.sharding import epoch_permutation
 from hvdazure.core.trainer import Trainer
 
@@ -621,3 +623,275 @@ def test_fake_a_wait_longer_than_the_timeout_fails_the_run() -> None:
 
     with pytest.raises(CollectiveTimeout, match="waited"):
         world.run([lambda: world.exchange(0, "allgather_bytes", "bytes", b""), late])
+
+
+# --- fit() again on the same trainer: the same run goes on ------------------------------------------------
+def fit_again(world_size: int, problem: LinearProblem, config: TrainConfig,
+              then: Callable[[FakeTrainer], object], momentum: float = 0.0) -> Trainers:
+    """One world whose ranks each call fit(), `then(trainer)` (e.g. raising epochs), and fit() again."""
+    world, trainers = build(world_size, problem, config, momentum=momentum)
+
+    def twice(trainer: FakeTrainer) -> None:
+        trainer.fit()
+        then(trainer)
+        trainer.fit()
+
+    world.run([lambda t=t: twice(t) for t in trainers])
+    return trainers
+
+
+def raise_to(**fields: object) -> Callable[[FakeTrainer], None]:
+    def change(trainer: FakeTrainer) -> None:
+        trainer.config = trainer.config.replace(**fields)
+
+    return change
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_a_second_fit_with_more_epochs_ends_with_the_parameters_and_history_of_one_longer_fit(
+        world_size: int, tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = exact_config(world_size, str(tmp_path))
+    trainers = fit_again(world_size, problem, config.replace(epochs=1), raise_to(epochs=RESUME_EPOCHS),
+                         momentum=EXACT_MOMENTUM)
+
+    np.testing.assert_allclose(trainers[0].weights, uninterrupted()[0], rtol=0, atol=1e-12)
+    assert [r["epoch"] for r in trainers[0].state.history] == list(range(RESUME_EPOCHS))
+    np.testing.assert_allclose([r["train_loss"] for r in trainers[0].state.history], uninterrupted()[1],
+                               rtol=1e-12)
+    lr_at = warmup_then_constant(EXACT_LR, 2 * EXACT_LR, 4)
+    assert [s.lr for s in trainers[0].steps] == pytest.approx([lr_at(s.step) for s in trainers[0].steps],
+                                                              rel=1e-15)
+    assert_each_sample_once_per_epoch(RESUME_EPOCHS, RESUME_SAMPLES, trainers)
+    assert_same_on_every_rank(trainers)
+
+
+def test_a_second_fit_after_max_steps_mid_epoch_goes_on_as_if_uninterrupted(tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = exact_config(2, str(tmp_path))
+    trainers = fit_again(2, problem, config.replace(max_steps=4), raise_to(max_steps=None),
+                         momentum=EXACT_MOMENTUM)
+
+    np.testing.assert_allclose(trainers[0].weights, uninterrupted()[0], rtol=0, atol=1e-12)
+    assert [r["epoch"] for r in trainers[0].state.history] == list(range(RESUME_EPOCHS))  # no cut record
+    assert_each_sample_once_per_epoch(RESUME_EPOCHS, RESUME_SAMPLES, trainers)
+
+
+def test_a_second_fit_schedules_the_lr_as_a_resume_of_its_last_checkpoint_would(tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    cosine = make_config(epochs=1, batch_size=3, schedule="cosine", warmup_steps=2, log_every=2)
+    again = fit_again(2, problem, cosine.replace(checkpoint_dir=str(tmp_path / "again")), raise_to(epochs=3))
+    fit(2, problem, cosine.replace(checkpoint_dir=str(tmp_path / "resumed")))
+    resumed = fit(2, problem, cosine.replace(checkpoint_dir=str(tmp_path / "resumed"), epochs=3,
+                                            resume="auto"))
+
+    assert [s.lr for s in again[0].steps][-len(resumed[0].steps):] == [s.lr for s in resumed[0].steps]
+    np.testing.assert_array_equal(again[0].weights, resumed[0].weights)
+    assert again[0].state.history == resumed[0].state.history
+
+
+def test_a_second_fit_continues_the_checkpoints_of_the_first_as_one_run(tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = make_config(epochs=1, batch_size=3, checkpoint_dir=str(tmp_path), keep_last=5)
+    trainers = fit_again(2, problem, config, raise_to(epochs=3))
+
+    checkpoints = CheckpointManager(str(tmp_path)).checkpoints()
+    steps_per_epoch = trainers[0].steps_per_epoch
+    assert [c.name for c in checkpoints] == [f"step-{e * steps_per_epoch:08d}" for e in (1, 2, 3)]
+    assert len({c.run_id for c in checkpoints}) == 1 and checkpoints[0].run_id
+    assert (tmp_path / "latest").read_text().strip() == checkpoints[-1].name
+
+
+def _errors_of_fit_again(world_size: int, config: TrainConfig, then: Callable[[FakeTrainer], object],
+                         callbacks: Callable[[int], Sequence[Callback]] = lambda rank: ()) -> tuple[
+                             dict[int, BaseException], Trainers]:
+    """Each rank's exception from the second fit() (the first is allowed to fail, as after a crash)."""
+    world, trainers = build(world_size, LinearProblem.make(RESUME_SAMPLES), config, callbacks=callbacks)
+    errors: dict[int, BaseException] = {}
+
+    def twice(trainer: FakeTrainer) -> None:
+        with contextlib.suppress(RuntimeError):
+            trainer.fit()
+        then(trainer)
+        try:
+            trainer.fit()
+        except ConfigError as exc:
+            errors[trainer.rank] = exc
+
+    world.run([lambda t=t: twice(t) for t in trainers])
+    return errors, trainers
+
+
+@pytest.mark.parametrize(("then", "field", "says"), [
+    (lambda trainer: None, "epochs", "raise epochs before calling fit() again"),
+    (raise_to(max_steps=6), "max_steps", "raise max_steps before calling fit() again"),
+    (raise_to(epochs=4, lr=0.01), "lr", "may change epochs and max_steps only"),
+])
+def test_a_second_fit_with_nothing_left_to_train_or_another_setting_is_refused_in_one_line_on_every_rank(
+        then: Callable[[FakeTrainer], object], field: str, says: str) -> None:
+    config = make_config(epochs=2, batch_size=3, max_steps=6 if field == "max_steps" else None)
+    errors, trainers = _errors_of_fit_again(2, config, then)
+
+    assert sorted(errors) == [0, 1] and len({str(e) for e in errors.values()}) == 1
+    message = str(errors[0])
+    assert message.startswith(f"config field {field!r}") and says in message and "\n" not in message
+    assert [len(t.steps) for t in trainers] == [len(trainers[0].steps)] * 2  # nothing more trained
+
+
+def test_a_second_fit_after_a_fit_that_raised_is_refused_naming_resume_auto(tmp_path: Path) -> None:
+    config = make_config(epochs=3, batch_size=3, checkpoint_dir=str(tmp_path))
+    errors, _ = _errors_of_fit_again(2, config, raise_to(epochs=4),
+                                     callbacks=lambda rank: [Crash(4)] if rank == 1 else [])
+
+    assert sorted(errors) == [0, 1]
+    assert "ended with an error or a stop signal at step" in str(errors[0])
+    assert "resume=auto" in str(errors[0])
+
+
+# --- one run per checkpoint directory ---------------------------------------------------------------------
+def _errors_of_fit(world_size: int, config: TrainConfig) -> tuple[dict[int, BaseException], Trainers]:
+    """Each rank's ConfigError from fit(), if it raised one."""
+    world, trainers = build(world_size, LinearProblem.make(RESUME_SAMPLES), config)
+    errors: dict[int, BaseException] = {}
+
+    def run(trainer: FakeTrainer) -> None:
+        try:
+            trainer.fit()
+        except ConfigError as exc:
+            errors[trainer.rank] = exc
+
+    world.run([lambda t=t: run(t) for t in trainers])
+    return errors, trainers
+
+
+def _stored(directory: Path) -> dict[str, bytes]:
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    return {str(p.relative_to(directory)): p.read_bytes() for p in files}
+
+
+def _run_ids(directory: str | Path) -> list[str | None]:
+    return [c.run_id for c in CheckpointManager(str(directory)).checkpoints()]
+
+
+def test_a_fresh_run_into_a_directory_holding_another_run_is_refused_on_every_rank_before_its_first_step(
+        tmp_path: Path) -> None:
+    config = make_config(epochs=2, batch_size=3, checkpoint_dir=str(tmp_path))
+    fit(2, LinearProblem.make(RESUME_SAMPLES), config)
+    before = _stored(tmp_path)
+
+    errors, trainers = _errors_of_fit(2, config.replace(epochs=1))
+
+    assert sorted(errors) == [0, 1] and len({str(e) for e in errors.values()}) == 1
+    message = str(errors[0])
+    assert message.startswith(f"config field 'checkpoint_dir': {tmp_path} holds the checkpoints of another "
+                              f"run (run {_run_ids(tmp_path)[-1]}, newest step-")
+    assert "resume=auto" in message and "new checkpoint_dir" in message and "\n" not in message
+    assert errors[0].exit_status == 2  # type: ignore[attr-defined]
+    assert [len(t.steps) for t in trainers] == [0, 0]
+    assert _stored(tmp_path) == before  # nothing written, nothing deleted
+
+
+def test_every_checkpoint_of_a_run_records_its_run_id_kept_across_resumes_at_other_world_sizes(
+        tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = make_config(epochs=3, batch_size=3, checkpoint_dir=str(tmp_path), keep_last=10,
+                         checkpoint_every_steps=2)
+    fit(2, problem, config.replace(max_steps=5))
+    first = set(_run_ids(tmp_path))
+    fit(3, problem, config.replace(max_steps=9, resume="auto"))
+    fit(1, problem, config.replace(resume="auto"))
+
+    assert len(first) == 1 and None not in first
+    assert set(_run_ids(tmp_path)) == first and len(_run_ids(tmp_path)) > 4
+
+
+def test_a_resume_from_a_checkpoint_path_keeps_its_run_id_in_a_new_directory(tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = make_config(epochs=2, batch_size=3, checkpoint_dir=str(tmp_path / "a"))
+    fit(2, problem, config.replace(max_steps=3))
+    resumed_from = CheckpointManager(str(tmp_path / "a")).checkpoints()[-1]
+
+    fit(1, problem, config.replace(checkpoint_dir=str(tmp_path / "b"), resume=resumed_from.url))
+
+    assert set(_run_ids(tmp_path / "b")) == {resumed_from.run_id}
+
+
+def test_a_resume_from_elsewhere_into_a_directory_holding_another_run_is_refused_on_every_rank(
+        tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = make_config(epochs=2, batch_size=3)
+    fit(1, problem, config.replace(checkpoint_dir=str(tmp_path / "a"), max_steps=3))
+    fit(1, problem, config.replace(checkpoint_dir=str(tmp_path / "b"), max_steps=3))
+    elsewhere = CheckpointManager(str(tmp_path / "a")).checkpoints()[-1].url
+    before = _stored(tmp_path / "b")
+
+    errors, trainers = _errors_of_fit(2, config.replace(checkpoint_dir=str(tmp_path / "b"), resume=elsewhere))
+
+    assert sorted(errors) == [0, 1]
+    assert f"{tmp_path / 'b'} holds the checkpoints of another run" in str(errors[0])
+    assert f"not of the one resumed from {elsewhere}" in str(errors[0]) and "resume=auto" in str(errors[0])
+    assert [len(t.steps) for t in trainers] == [0, 0] and _stored(tmp_path / "b") == before
+
+
+def _forget_run_ids(directory: Path) -> None:
+    """Make the checkpoints look as an hvdazure from before run ids wrote them."""
+    for manifest in directory.glob("step-*/manifest.json"):
+        data = json.loads(manifest.read_text())
+        del data["run_id"]
+        manifest.write_text(json.dumps(data))
+
+
+def test_checkpoints_from_before_run_ids_resume_and_become_the_resumed_run_s(tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = exact_config(2, str(tmp_path)).replace(keep_last=2)
+    fit(2, problem, config.replace(max_steps=4), momentum=EXACT_MOMENTUM)
+    _forget_run_ids(tmp_path)
+    errors, _ = _errors_of_fit(1, config.replace(epochs=1))  # a fresh run is refused there, as before any
+    assert "(written before run ids, newest step-00000004)" in str(errors[0])
+
+    second = fit(2, problem, config.replace(resume="auto"), momentum=EXACT_MOMENTUM)
+
+    np.testing.assert_allclose(second[0].weights, uninterrupted()[0], rtol=0, atol=1e-12)
+    ids = _run_ids(tmp_path)
+    assert len(ids) == 2 and None not in ids and len(set(ids)) == 1  # the old ones pruned with its own
+
+
+@pytest.fixture
+def azure_ml_job(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """`start(job)`: this process as a (new) process of Azure ML job `job`, as after a restart."""
+    import hvdazure.core.trainer_checkpoints as trainer_checkpoints
+
+    def start(job: str) -> None:
+        monkeypatch.setenv("AZUREML_RUN_ID", job)
+        monkeypatch.setattr(trainer_checkpoints, "_RUNS_STARTED", itertools.count(1))
+
+    return start
+
+
+def test_an_azure_ml_job_run_again_continues_its_own_checkpoints_without_resume(
+        tmp_path: Path, azure_ml_job: Callable[[str], None]) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    config = exact_config(2, str(tmp_path)).replace(preemption_watch=False)
+    azure_ml_job("job-1")
+    fit(2, problem, config.replace(max_steps=4), momentum=EXACT_MOMENTUM)  # preempted after step 4
+
+    azure_ml_job("job-1")  # Azure ML runs the same job again, with the same command (no resume)
+    second = fit(2, problem, config, momentum=EXACT_MOMENTUM)
+
+    assert second[0].steps[0].step == 4  # went on from the checkpoint
+    np.testing.assert_allclose(second[0].weights, uninterrupted()[0], rtol=0, atol=1e-12)
+    assert len(set(_run_ids(tmp_path))) == 1
+
+
+@pytest.mark.parametrize("how", ["another job", "a second training of the same job"])
+def test_a_fresh_run_of_another_azure_ml_job_or_training_is_refused(
+        tmp_path: Path, azure_ml_job: Callable[[str], None], how: str) -> None:
+    config = make_config(epochs=1, batch_size=3, checkpoint_dir=str(tmp_path), preemption_watch=False)
+    azure_ml_job("job-1")
+    fit(2, LinearProblem.make(RESUME_SAMPLES), config)
+    if how == "another job":
+        azure_ml_job("job-2")
+
+    errors, _ = _errors_of_fit(2, config.replace(epochs=2))
+
+    assert sorted(errors) == [0, 1] and "holds the checkpoints of another run (run job-1.1" in str(errors[0])

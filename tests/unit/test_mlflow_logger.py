@@ -79,3 +79,18 @@ def caplog_hvdazure():
     logger.addHandler(handler)
     yield messages
     logger.removeHandler(handler)
+
+
+def test_a_later_fit_of_the_same_trainer_logs_into_the_run_of_its_first(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    logger = MLflowLogger(uri)
+    logger.on_train_start(_trainer())
+    logger.on_train_end(_trainer())
+    first = logger.run.info.run_id
+
+    logger.on_train_start(_trainer())  # was: a second run
+    logger.on_train_end(_trainer())
+
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("hvdazure").experiment_id])
+    assert [r.info.run_id for r in runs] == [first] == [logger.run.info.run_id]

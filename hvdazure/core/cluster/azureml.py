@@ -57,6 +57,10 @@ class AzureML:
         """./outputs/checkpoints: Azure ML uploads ./outputs, so a retried job finds them."""
         return os.path.join("outputs", "checkpoints")
 
+    def job_id(self, env: Mapping[str, str]) -> str | None:
+        """AZUREML_RUN_ID: the job's name, the same when Azure ML runs the job again after a preemption."""
+        return env.get("AZUREML_RUN_ID") or None
+
     def default_cache_dir(self, env: Mapping[str, str]) -> str:
         """The job's temporary directory on the node's local SSD, else Batch's per-node shared directory."""
         for variable in ("AZ_BATCHAI_JOB_TEMP", "AZ_BATCH_NODE_SHARED_DIR"):

@@ -2,9 +2,9 @@
 
 An environment is one small class (Lightning Fabric's ``plugins/environments`` pattern) that answers the
 questions the trainer would otherwise settle by comparing launcher names: is this process mine, where in the
-job is it, where do checkpoints go when none are configured, where are dataset shards cached, and how is a
-preemption announced ahead of time (the watcher callback that hears it, or None). Detection and description
-are pure functions of the environment mapping handed in.
+job is it, where do checkpoints go when none are configured, which job is it (the same when run again),
+where are dataset shards cached, and how is a preemption announced ahead of time (the watcher callback that
+hears it, or None). Detection and description are pure functions of the environment mapping handed in.
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ class ClusterEnvironment(Protocol):
 
     def default_checkpoint_dir(self) -> str | None:
         """Where checkpoints go when ``checkpoint_dir`` is not configured; None: nowhere (no checkpoints)."""
+        ...
+
+    def job_id(self, env: Mapping[str, str]) -> str | None:
+        """An id of this job that stays the same when the scheduler runs the job again (after a preemption),
+        so that the job knows its own checkpoints from another run's; None where the launcher has none."""
         ...
 
     def default_cache_dir(self, env: Mapping[str, str]) -> str:

@@ -61,6 +61,9 @@ class Launcher:
     def default_checkpoint_dir(self) -> str | None:
         return None
 
+    def job_id(self, env: Mapping[str, str]) -> str | None:
+        return None  # a plain launcher does not run a job again by itself
+
     def default_cache_dir(self, env: Mapping[str, str]) -> str:
         return home_cache_dir(env)
 

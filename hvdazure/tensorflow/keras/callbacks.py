@@ -14,7 +14,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdazure.core.checkpoint_store import CheckpointError, CheckpointManager
+from hvdazure.core.checkpoint_store import CheckpointError, CheckpointManager, new_run_id
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.lr import LRSchedule
 from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights
@@ -131,14 +131,16 @@ class Checkpoint(keras.callbacks.Callback):
     `.npz`, loadable without running code: hvdazure.tensorflow.load_weights) through the core's
     CheckpointManager into `directory` (a path or fsspec URL): atomic, verified, `latest`, the newest
     `keep_last` kept plus the best `keep_best` by `monitor`. Other ranks write nothing; a failed save is
-    an error on every rank. Put it after MetricAverage, so that the manifest's metrics are global."""
+    an error on every rank. Put it after MetricAverage, so that the manifest's metrics are global. Each
+    Checkpoint is one run (its id in every manifest): retention, `latest` and `best` never take in another
+    run's checkpoints in the same directory, and `latest` names this run's newest."""
 
     def __init__(self, directory: str, every_epochs: int = 1, keep_last: int = 3, keep_best: int = 0,
                  monitor: str = "val_loss", mode: str = "min") -> None:
         super().__init__()
         self.directory, self.every_epochs, self.monitor, self.mode = directory, every_epochs, monitor, mode
         self._manager = CheckpointManager(directory, keep_last, keep_best, monitor if keep_best else None,
-                                          mode) if hvd.rank() == 0 else None
+                                          mode, run_id=new_run_id()) if hvd.rank() == 0 else None
         self._collectives = TensorFlowCollectives()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
