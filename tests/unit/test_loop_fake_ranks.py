@@ -129,7 +129,8 @@ def checkpoint_dir() -> Iterator[str]:
 # --- one uninterrupted run, at many shapes ----------------------------------------------------------------
 # (world size, grad_accum_steps, dataset size) with batch_size 2: one global batch exactly, one sample more
 # (a last step of one sample: every cell but one left empty) and 21 more (partial last steps of 1 to 21
-# samples, cells left empty). A global batch larger than the dataset is refused (test_checks_before_training.py).
+# samples, cells left empty). A global batch larger than the dataset is refused
+# (test_checks_before_training.py).
 SHAPES = [(world_size, grad_accum_steps, 2 * world_size * grad_accum_steps + extra)
           for world_size, grad_accum_steps, extra in itertools.product(range(1, 9), (1, 2, 3), (0, 1, 21))]
 SHAPE_EPOCHS, SHAPE_EVAL_SAMPLES = 2, 7
