@@ -202,7 +202,8 @@ class TorchBackend(Backend):
             batches = eval_batches(len(self._eval_data), c.batch_size, size, rank)
         if isinstance(self._eval_data, ShardedDataset):  # a contiguous range: its first shards, fetched now
             self._eval_data.read_ahead(i for batch in batches for i in batch)
-        loader = make_loader(self._eval_data, batches, self.collate, c.num_workers)
+        workers = 0 if first_batch_only else c.num_workers  # no worker processes started for one batch
+        loader = make_loader(self._eval_data, batches, self.collate, workers)
         modes = [(module, module.training) for module in self.model.modules()]
         self.model.eval()
         with torch.no_grad(), self._autocast():
