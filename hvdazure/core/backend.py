@@ -182,8 +182,11 @@ class Backend(ABC):
         return the sum (0.0 without a vote)."""
 
     @abstractmethod
-    def evaluate(self, meter: MetricAccumulator) -> bool:
-        """Add this rank's evaluation metrics to `meter`; False if there is no evaluation dataset."""
+    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False) -> bool:
+        """Add this rank's evaluation metrics to `meter`; False if there is no evaluation dataset.
+
+        `first_batch_only`: the sanity check before training (core/sharding.py's `first_eval_batch`),
+        which must leave the model as it found it (train or eval mode); the core restores the RNG streams."""
 
     @abstractmethod
     def set_lr(self, lr: float) -> None:

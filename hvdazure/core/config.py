@@ -108,6 +108,10 @@ class TrainConfig:
     """Optimizer steps between metric reductions (one fused allreduce) and progress lines."""
     eval_every: int = 1
     """Epochs between evaluations."""
+    sanity_check: bool = True
+    """Before training, run `validation_step` on one batch per rank, so that a broken one fails in seconds
+    instead of after the first epoch; its metrics are not kept and training is unchanged by it. False:
+    skip it."""
     monitor: str = "eval_loss"
     """The metric early stopping and `keep_best` watch (a key of the history)."""
     monitor_mode: Literal["min", "max"] = "min"

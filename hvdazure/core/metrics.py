@@ -11,6 +11,10 @@ each row carries a fingerprint of its metric names, and when the rows disagree t
 (a second collective, entered by all ranks since all see the same rows) and average each metric over the
 samples that reported it. Values are matched by name, never by position, so two different sets of metrics
 are never summed together and no rank waits on a collective the others do not enter.
+
+Each value added must be one number, the batch's mean: a hook that returns more (per-sample losses where a
+mean belongs, softmax probabilities) is refused at once in one line naming the hook, the metric and its
+shape (`check_metric_shape`, which the bindings also apply where shapes are known before values are).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hvdazure.core.config import ConfigError
 from hvdazure.core.rank_logging import logger
 
 # Every rank's row of numbers (floats or framework scalars), on every rank, in rank order.
@@ -38,6 +43,33 @@ class Reduced:
     flags: list[float]  # each flag summed over ranks
 
 
+class HookReturnError(ConfigError):
+    """A user's hook returned what the loop cannot use (a loss or metric that is not one number per batch,
+    no dict of metrics); the message names the hook and what it returned. Shown as one line, with the
+    bad-input exit status 2, as a ConfigError is: every rank returns the same kind of value."""
+
+
+def check_metric_shape(hook: str, name: str, shape: Sequence[int | None] | None,
+                       per_sample: bool = False) -> None:
+    """A HookReturnError unless a value of `shape` that `hook` returned as `name` is one number (a batch
+    mean), or with `per_sample` one number per sample (a first dimension of unknown size, the batch's; the
+    TensorFlow binding averages those, as Keras's losses and metrics return them). Shapes come as far as
+    they are known: None for an unknown rank, None for a dimension of unknown size; what they leave
+    possible passes."""
+    if shape is None:
+        return
+    dims = list(shape)
+    if per_sample and dims and dims[0] is None:
+        dims = dims[1:]
+    if all(d is None or d == 1 for d in dims):
+        return
+    what = "a loss" if (hook, name) == ("training_step", "loss") else f"metric {name!r}"
+    rule = "the mean over the batch (one number)"
+    if per_sample:
+        rule += " or one value per sample (shape (batch,)), which hvdazure averages"
+    raise HookReturnError(f"{hook} returned {what} of shape {tuple(shape)}: it must be {rule}")
+
+
 def names_fingerprint(names: Sequence[str]) -> float:
     """48 bits of a hash of the metric names, exact as a float64 (a row is a vector of float64)."""
     digest = hashlib.sha256("\0".join(names).encode()).digest()
@@ -48,18 +80,23 @@ class MetricAccumulator:
     """Sample-weighted sums of named metrics since the last `reduce`.
 
     `to_float64` converts one value to float64 without leaving its device (the binding's cast): a bf16 loss
-    summed over thousands of batches in bf16 would lose all but 3 significant digits."""
+    summed over thousands of batches in bf16 would lose all but 3 significant digits. `hook`: the user's
+    hook the values come from, named when one is not a number."""
 
-    def __init__(self, to_float64: Callable[[Any], Any] = float) -> None:
-        self._to_float64 = to_float64
+    def __init__(self, to_float64: Callable[[Any], Any] = float, hook: str = "training_step") -> None:
+        self._to_float64, self.hook = to_float64, hook
         self._sums: dict[str, Any] = {}
         self._counts: dict[str, int] = {}
         self._samples = 0
 
     def add(self, metrics: Mapping[str, Any], count: int) -> None:
-        """Add one batch's metrics (means over its `count` samples). A batch of no samples adds nothing."""
+        """Add one batch's metrics (means over its `count` samples, each one number: a HookReturnError
+        otherwise). A batch of no samples adds nothing."""
         if count:
             for name, value in metrics.items():
+                shape = getattr(value, "shape", ())  # a tensor's or array's, read without synchronising
+                if shape:
+                    check_metric_shape(self.hook, name, tuple(shape))
                 self._sums[name] = self._sums.get(name, 0.0) + self._to_float64(value) * count
                 self._counts[name] = self._counts.get(name, 0) + count
         self._samples += count
@@ -67,6 +104,11 @@ class MetricAccumulator:
     @property
     def names(self) -> list[str]:
         return sorted(self._sums)
+
+    @property
+    def samples(self) -> int:
+        """Samples added on this rank since the last reduce."""
+        return self._samples
 
     def row(self, flags: Sequence[float] = ()) -> list[Any]:
         """What this rank contributes: fingerprint, sample count, flags, then each metric's sum and count."""

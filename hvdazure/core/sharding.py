@@ -255,3 +255,11 @@ def eval_range(num_samples: int, world_size: int, rank: int) -> range:
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in 0..{world_size - 1}")
     return range(*_piece(num_samples, world_size, rank))
+
+
+def first_eval_batch(num_samples: int, batch_size: int, world_size: int, rank: int) -> range:
+    """The evaluation samples a sanity check runs validation_step on (TrainConfig.sanity_check): this rank's
+    first batch, or the set's first where this rank has no samples (a set smaller than the world size), so
+    that every rank checks the step; empty only for an empty set."""
+    mine = eval_range(num_samples, world_size, rank) or range(num_samples)
+    return range(mine.start, min(mine.start + batch_size, mine.stop))

@@ -212,6 +212,7 @@ class Trainer(ABC):
         self._end_schedule_at_max_steps()
         self._check_micro_batch_sizes()
         self.state.lr = self.schedule.lr_at(self.schedule_step)
+        self._check_validation_step()
 
     def _start(self) -> None:
         """Start the backend's ranks; this rank's place, data plan and LR schedule."""
@@ -225,6 +226,7 @@ class Trainer(ABC):
         self.local_rank = self.collectives.local_rank
         configure_logging(self.rank)
         order = backend.load_datasets()
+        self._check_global_batch(order.num_samples)
         self.shard_plan = ShardPlan(order.num_samples, c.batch_size, self.world_size, self.rank,
                                     c.grad_accum_steps, c.seed, order=order)
         self._data_order = data_order_record(self.shard_plan, backend.data_fingerprint())
@@ -363,6 +365,43 @@ class Trainer(ABC):
             f"{plan.global_batch_size} = {c.batch_size} x {self.world_size} rank(s) x "
             f"{c.grad_accum_steps} micro-batch(es)), and {why}; try batch_size {' or '.join(map(str, fits))}")
 
+    def _check_global_batch(self, num_samples: int) -> None:
+        """A ConfigError on every rank, before training, for a global batch larger than the training set:
+        every epoch would be one short step, with the LR scaled for samples that are not there."""
+        c, ranks = self.config, self.world_size
+        if num_samples < 1:
+            raise DataError("train_dataset() holds no samples: there is nothing to train on")
+        batch = c.global_batch_size(ranks)
+        if batch <= num_samples:
+            return
+        cells = ranks * c.grad_accum_steps  # micro-batches per step, all ranks together
+        way = (f"use a batch_size of at most {num_samples // cells}" if num_samples >= cells else
+               f"use fewer ranks or grad_accum_steps (ranks x grad_accum_steps at most {num_samples})")
+        scaled = f", with the LR scaled for {batch}" if c.lr_scaling != "none" else ""
+        raise ConfigError(
+            f"config field 'batch_size': the global batch of {batch} samples ({c.batch_size} x {ranks} "
+            f"rank(s) x {c.grad_accum_steps} grad_accum_steps) is larger than the {num_samples} training "
+            f"samples: every epoch would be one step of {num_samples} samples{scaled}; {way}")
+
+    def _check_validation_step(self) -> None:
+        """The sanity check (config field sanity_check): validation_step on one batch per rank before
+        training, so that a broken one fails in seconds, not after an epoch. Nothing of it is kept: its
+        metrics are dropped unreduced (no collective), this rank's RNG streams are restored, and the backend
+        leaves the model's mode as it was."""
+        if not self.config.sanity_check:
+            return
+        meter, streams = self._new_meter("validation_step"), self._rng.state_dict()
+        try:
+            has_eval_data = self._backend.evaluate(meter, first_batch_only=True)
+        except Exception as exc:
+            if not isinstance(exc, ConfigError):  # a one-line error names the hook itself
+                exc.add_note("hvdazure: raised while checking validation_step on one evaluation batch before "
+                             "training (config field sanity_check: false skips this check)")
+            raise
+        self._rng.load_state_dict(streams)
+        if has_eval_data and not meter.samples:
+            raise DataError(_NO_EVAL_SAMPLES)
+
     def _default_callbacks(self) -> list[Callback]:
         c = self.config
         callbacks: list[Callback] = [LRScheduleCallback()]
@@ -397,8 +436,8 @@ class Trainer(ABC):
     def _gather_names(self, names: list[str]) -> list[list[str]]:
         return [json.loads(b) for b in self.collectives.allgather_bytes(json.dumps(names).encode())]
 
-    def _new_meter(self) -> MetricAccumulator:
-        return MetricAccumulator(self._backend.metric_to_float64)
+    def _new_meter(self, hook: str = "training_step") -> MetricAccumulator:
+        return MetricAccumulator(self._backend.metric_to_float64, hook)
 
     def _reduce_metrics_and_votes(self) -> None:
         """One fused collective: the interval's metric sums and counts, and the ranks' stop votes."""
@@ -413,10 +452,13 @@ class Trainer(ABC):
             s.stop_reason = s.stop_reason or "stop requested by another rank"
 
     def _run_evaluation(self) -> bool:
-        meter = self._new_meter()
+        meter = self._new_meter("validation_step")
         if not self._backend.evaluate(meter):
             return False
-        self.state.eval_metrics = meter.reduce(self.collectives.allgather_floats, self._gather_names).means
+        reduced = meter.reduce(self.collectives.allgather_floats, self._gather_names)
+        if not reduced.count:  # on every rank: the count is reduced
+            raise DataError(_NO_EVAL_SAMPLES)
+        self.state.eval_metrics = reduced.means
         return True
 
     def _eval_due(self, epoch_done: bool) -> bool:
@@ -469,6 +511,7 @@ class Trainer(ABC):
 
 
 _USER_ERRORS = (ConfigError, CheckpointError, DataError)
+_NO_EVAL_SAMPLES = "eval_dataset() holds no samples: return None for no evaluation"
 
 
 def _show_user_errors_in_one_line() -> None:

@@ -23,8 +23,8 @@ import tensorflow as tf
 
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
-from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan, eval_range
+from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
+from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan, eval_range, first_eval_batch
 from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights
 from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
 from hvdazure.tensorflow.data import ShardedData, data_view, sample_order
@@ -150,13 +150,14 @@ class TensorFlowBackend(Backend):
             votes = steps.apply(total, vote, with_vote)
         return float(votes) if with_vote else 0.0
 
-    def evaluate(self, meter: MetricAccumulator) -> bool:
+    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False) -> bool:
         if self._eval_data is None:
             return False
-        mine = eval_range(len(self._eval_data), self.collectives.size, self.collectives.rank)
+        size, ranks, rank = self.config.batch_size, self.collectives.size, self.collectives.rank
+        mine = (first_eval_batch(len(self._eval_data), size, ranks, rank) if first_batch_only else
+                eval_range(len(self._eval_data), ranks, rank))
         if isinstance(self._eval_data, ShardedData):  # a contiguous range: its first shards, fetched now
             self._eval_data.dataset.read_ahead(np.arange(mine.start, mine.stop))
-        size = self.config.batch_size
         for start in range(mine.start, mine.stop, size):  # a rank with no samples runs nothing
             indices = range(start, min(start + size, mine.stop))
             metrics = self._compiled.evaluate(self._eval_data.take(indices))
@@ -225,8 +226,9 @@ class _CompiledSteps:
         b = self.backend
         metrics = b.hooks.validation_step(b.model, tf.nest.pack_sequence_as(self._eval_batch, args))
         if not isinstance(metrics, Mapping):
-            raise TypeError(f"validation_step must return a dict of metrics, got {type(metrics).__name__}")
-        return {k: tf.cast(tf.reduce_mean(v), tf.float64) for k, v in metrics.items()}
+            raise HookReturnError(f"validation_step must return a dict of metrics, got "
+                                  f"{type(metrics).__name__}")
+        return {k: tf.cast(_batch_mean("validation_step", k, v), tf.float64) for k, v in metrics.items()}
 
     def _loss_and_metrics(self, batch: Any, weight: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         b = self.backend
@@ -265,7 +267,11 @@ class _CompiledSteps:
 class _FlatFunction:
     """A tf.function of flat tensor arguments, traced on its first call and then called through its concrete
     function: TensorFlow's dispatch of a polymorphic function (binding nested arguments, finding the trace)
-    costs about three times as much (~0.4 against ~0.13 ms a call on this project's 2-core machine)."""
+    costs about three times as much (~0.4 against ~0.13 ms a call on this project's 2-core machine).
+
+    AutoGraph re-raises an error raised while tracing as a StagingError whose message lists the frames of
+    the converted code; a HookReturnError (a hook returned what the loop cannot use, found at trace time
+    from static shapes) is raised as it is, its one line already naming the hook."""
 
     def __init__(self, function: Callable[..., Any], signature: list[tf.TensorSpec]) -> None:
         self._function = tf.function(function, input_signature=signature)
@@ -273,7 +279,15 @@ class _FlatFunction:
 
     def __call__(self, *tensors: Any) -> Any:
         if self._concrete is None:
-            self._concrete = self._function.get_concrete_function()
+            try:
+                self._concrete = self._function.get_concrete_function()
+            except Exception as exc:
+                cause: BaseException | None = exc
+                while cause is not None and not isinstance(cause, HookReturnError):
+                    cause = cause.__context__
+                if cause is None:
+                    raise
+                raise cause from None
         return self._concrete(*tensors)
 
 
@@ -288,12 +302,23 @@ def _loss_and_metrics(output: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
     metrics to report (as float64)."""
     if isinstance(output, Mapping):
         if "loss" not in output:
-            raise TypeError(f"training_step returned a dict without 'loss': {sorted(output)}")
-        metrics = {k: tf.cast(tf.reduce_mean(tf.stop_gradient(v)), tf.float64)
+            raise HookReturnError(f"training_step returned a dict without 'loss': {sorted(output)}")
+        metrics = {k: tf.cast(_batch_mean("training_step", k, tf.stop_gradient(v)), tf.float64)
                    for k, v in output.items() if k != "loss"}
-        return tf.reduce_mean(output["loss"]), metrics
+        return _batch_mean("training_step", "loss", output["loss"]), metrics
     if isinstance(output, tf.Tensor | np.ndarray | float):
-        return tf.reduce_mean(output), {}
-    raise TypeError("training_step must return a loss tensor or a dict with 'loss', got "
-                    f"{type(output).__name__}")
+        return _batch_mean("training_step", "loss", output), {}
+    raise HookReturnError("training_step must return a loss tensor or a dict with 'loss', got "
+                          f"{type(output).__name__}")
+
+
+@not_converted  # no user code in it
+def _batch_mean(hook: str, name: str, value: Any) -> tf.Tensor:
+    """A loss or metric `hook` returned, as its mean over the batch: one number, or one per sample (as
+    Keras's losses and metrics give them), averaged. Anything else (softmax probabilities, a loss per
+    element) is refused from its static shape, when the step is traced."""
+    tensor = tf.convert_to_tensor(value)
+    shape = tensor.shape
+    check_metric_shape(hook, name, None if shape.rank is None else shape.as_list(), per_sample=True)
+    return tf.reduce_mean(tensor)
 

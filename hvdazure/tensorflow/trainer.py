@@ -38,12 +38,14 @@ class TensorFlowTrainer(Trainer):
         return None
 
     def training_step(self, model: keras.Model, batch: Any) -> Any:
-        """The loss (per-sample losses are averaged), or a dict with "loss" and other metrics. Runs inside
-        a tf.function: use TensorFlow/Keras operations."""
+        """The loss, or a dict with "loss" and other metrics: each one number, or one per sample (shape
+        (batch,), as Keras's losses and metrics return them), averaged. Runs inside a tf.function: use
+        TensorFlow/Keras operations."""
         raise NotImplementedError("implement training_step(model, batch) -> loss")
 
     def validation_step(self, model: keras.Model, batch: Any) -> Mapping[str, Any]:
-        """A dict of metrics, each averaged over the batch; hvdazure weights them by batch size."""
+        """A dict of metrics, each one number or one per sample (averaged over the batch); hvdazure weights
+        them by batch size. Runs once before training too, on one batch (TrainConfig.sanity_check)."""
         raise NotImplementedError("implement validation_step(model, batch) -> dict (or no eval_dataset)")
 
     # --- what the hooks may read, once fit() has built them ----------------------------------------------

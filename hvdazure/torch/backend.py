@@ -22,8 +22,8 @@ import torch
 
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
-from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.sharding import SampleOrder, ShardPlan
+from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
+from hvdazure.core.sharding import SampleOrder, ShardPlan, first_eval_batch
 from hvdazure.data.dataset import ShardedDataset
 from hvdazure.torch.checkpoint_content import TorchCheckpointContent
 from hvdazure.torch.collectives import TorchCollectives
@@ -190,23 +190,32 @@ class TorchBackend(Backend):
             self.scaler.update()
         opt.zero_grad()
 
-    def evaluate(self, meter: MetricAccumulator) -> bool:
+    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False) -> bool:
         if self._eval_data is None:
             return False
         # A rank with no evaluation samples (fewer samples than ranks) runs nothing and reports no metric.
-        c, collectives = self.config, self.collectives
-        batches = eval_batches(len(self._eval_data), c.batch_size, collectives.size, collectives.rank)
+        c, size, rank = self.config, self.collectives.size, self.collectives.rank
+        if first_batch_only:
+            first = first_eval_batch(len(self._eval_data), c.batch_size, size, rank)
+            batches = [list(first)] if first else []
+        else:
+            batches = eval_batches(len(self._eval_data), c.batch_size, size, rank)
         if isinstance(self._eval_data, ShardedDataset):  # a contiguous range: its first shards, fetched now
             self._eval_data.read_ahead(i for batch in batches for i in batch)
-        loader = make_loader(self._eval_data, batches, self.collate, c.num_workers)
+        workers = 0 if first_batch_only else c.num_workers  # no worker processes started for one batch
+        loader = make_loader(self._eval_data, batches, self.collate, workers)
+        modes = [(module, module.training) for module in self.model.modules()]
         self.model.eval()
         with torch.no_grad(), self._autocast():
             for indices, batch in zip(batches, loader, strict=True):
                 metrics = self.hooks.validation_step(self.model, to_device(batch, self.device))
                 if not isinstance(metrics, Mapping):
-                    raise TypeError("validation_step must return a dict of metrics, got "
-                                    f"{type(metrics).__name__}")
+                    raise HookReturnError("validation_step must return a dict of metrics, got "
+                                          f"{type(metrics).__name__}")
                 meter.add(dict(metrics), len(indices))
+        if first_batch_only:  # training goes on in the modes it had (run_step sets them after evaluations)
+            for module, training in modes:
+                module.training = training
         return True
 
     def metric_to_float64(self, value: Any) -> Any:
@@ -234,12 +243,16 @@ class TorchBackend(Backend):
 
 
 def _loss_and_metrics(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Split training_step's output into the loss to differentiate and the metrics to report."""
+    """Split training_step's output into the loss to differentiate (one number: checked before backward,
+    which would name neither the hook nor the shape) and the metrics to report."""
     if isinstance(output, torch.Tensor):
-        return output, {}
-    if isinstance(output, Mapping) and "loss" in output:
+        loss, metrics = output, {}
+    elif isinstance(output, Mapping) and "loss" in output:
+        loss = output["loss"]
         metrics = {k: v.detach() if isinstance(v, torch.Tensor) else v
                    for k, v in output.items() if k != "loss"}
-        return output["loss"], metrics
-    raise TypeError("training_step must return a loss tensor or a dict with 'loss', got "
-                    f"{type(output).__name__}")
+    else:
+        raise HookReturnError("training_step must return a loss tensor or a dict with 'loss', got "
+                              f"{type(output).__name__}")
+    check_metric_shape("training_step", "loss", tuple(getattr(loss, "shape", ())))
+    return loss, metrics

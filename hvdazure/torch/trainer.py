@@ -42,7 +42,8 @@ class TorchTrainer(Trainer):
         raise NotImplementedError("implement training_step(model, batch) -> loss")
 
     def validation_step(self, model: torch.nn.Module, batch: Any) -> Mapping[str, Any]:
-        """A dict of scalar metrics, each the mean over the batch; hvdazure weights them by batch size."""
+        """A dict of scalar metrics, each the mean over the batch; hvdazure weights them by batch size. Runs
+        once before training too, on one batch (TrainConfig.sanity_check)."""
         raise NotImplementedError("implement validation_step(model, batch) -> dict (or no eval_dataset)")
 
     def collate(self, samples: list[Any]) -> Any:

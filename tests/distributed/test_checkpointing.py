@@ -159,7 +159,7 @@ def test_keep_last_and_keep_best_leave_exactly_the_right_checkpoints(tmp_path):
 
 
 def test_resuming_from_a_missing_path_fails_on_every_rank_without_hanging(tmp_path):
-    job = run_job(JOB, *_args(("resume=/no/such/checkpoint",)), out_dir=tmp_path, timeout=60)
+    job = run_job(JOB, *_args(("batch_size=4", "resume=/no/such/checkpoint")), out_dir=tmp_path, timeout=60)
 
     assert job.returncode != 0, job.output
     assert "/no/such/checkpoint" in job.stderr

@@ -1,5 +1,6 @@
 """The short last step of an epoch and metrics that differ between ranks: no forward pass on nothing, no
-hang, no mixing, and a clear error where a model cannot train on what the plan gives it."""
+hang, no mixing, and a clear error where a model cannot train on what the plan gives it (or the plan has
+no full step to give)."""
 
 import pytest
 from harness import CONTROLLERS, run_job
@@ -67,3 +68,20 @@ def test_a_batchnorm_model_trains_when_the_short_step_can_give_every_micro_batch
 
     assert job.returncode == 0, job.output
     assert sorted(i for r in job.reports.values() for i in r["seen"]["1"]) == list(range(21))
+
+
+def test_a_global_batch_larger_than_the_training_set_is_one_line_on_every_rank_before_training(tmp_path):
+    # batch 32 on 2 ranks is a global batch of 64 for 37 samples: was one short step per epoch, its LR
+    # scaled for 64
+    job = run_job(JOB, *_args("batch_size=32", "extra.n_train=37"), out_dir=tmp_path, timeout=NO_HANG)
+
+    assert job.returncode == 2, job.output
+    for rank in (0, 1):
+        errors = [line for line in job.stderr.splitlines()
+                  if line.startswith(f"[{rank}]<stderr>:hvdazure: error:")]
+        assert len(errors) == 1, job.stderr
+        assert ("config field 'batch_size': the global batch of 64 samples (32 x 2 rank(s) x 1 "
+                "grad_accum_steps) is larger than the 37 training samples") in errors[0]
+        assert errors[0].endswith("use a batch_size of at most 18"), errors[0]
+    assert "Traceback" not in job.stderr
+    assert not job.reports and not list(tmp_path.glob("pid-*"))  # training never started

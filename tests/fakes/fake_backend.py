@@ -37,7 +37,7 @@ from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.sharding import SampleOrder, ShardPlan, UniformOrder, eval_range
+from hvdazure.core.sharding import SampleOrder, ShardPlan, UniformOrder, eval_range, first_eval_batch
 from hvdazure.core.trainer import Trainer
 
 T = TypeVar("T")
@@ -308,8 +308,8 @@ class FakeTrainer(Trainer):
     FakeBackend.
 
     What it ran is kept for the tests: `steps` (a StepRecord per optimizer step), `weights`, `velocity`,
-    `forward_passes`. Override `training_metrics` (a hook, as training_step is) to report more metrics
-    than the loss."""
+    `forward_passes`, `sanity_checks`. Override `training_metrics` and `validation_metrics` (hooks, as
+    training_step and validation_step are) to report more metrics than the loss."""
 
     _backend: FakeBackend
 
@@ -326,6 +326,10 @@ class FakeTrainer(Trainer):
 
     def training_metrics(self, indices: list[int]) -> dict[str, float]:
         """Metrics besides the loss for one micro-batch (means over `indices`); none by default."""
+        return {}
+
+    def validation_metrics(self, indices: range) -> dict[str, Any]:
+        """Evaluation metrics besides the loss for one batch of the evaluation set; none by default."""
         return {}
 
     def receive_signal(self, signum: int = signal.SIGTERM) -> None:
@@ -348,6 +352,10 @@ class FakeTrainer(Trainer):
     def forward_passes(self) -> int:
         return self._backend.forward_passes
 
+    @property
+    def sanity_checks(self) -> int:
+        return self._backend.sanity_checks
+
     def _create_backend(self) -> FakeBackend:
         return FakeBackend(self)
 
@@ -362,6 +370,7 @@ class FakeBackend(Backend):
         self.problem, self.momentum = hooks.problem, hooks.momentum
         self.steps: list[StepRecord] = []
         self.forward_passes = 0
+        self.sanity_checks = 0  # evaluations of one batch before training (TrainConfig.sanity_check)
         self.lr = 0.0
         self.weights = np.zeros(self.problem.dim)
         self.velocity = np.zeros(self.problem.dim)
@@ -424,15 +433,21 @@ class FakeBackend(Backend):
                                      float(self.rng.random())))
         return votes()[0] if votes is not None else 0.0
 
-    def evaluate(self, meter: MetricAccumulator) -> bool:
+    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False) -> bool:
         if self.problem.eval_y is None:
             return False
-        c = self.hooks.config
-        mine = eval_range(len(self.problem.eval_y), self.collectives.size, self.collectives.rank)
-        for start in range(mine.start, mine.stop, c.batch_size):
-            batch = range(start, min(start + c.batch_size, mine.stop))
-            losses = self.problem.sample_losses(self.weights, batch, eval_set=True)
-            meter.add({"loss": float(np.mean(losses))}, len(batch))
+        c, size, rank = self.hooks.config, self.collectives.size, self.collectives.rank
+        mine = eval_range(len(self.problem.eval_y), size, rank)
+        batches = [range(start, min(start + c.batch_size, mine.stop))
+                   for start in range(mine.start, mine.stop, c.batch_size)]
+        if first_batch_only:
+            self.sanity_checks += 1
+            batches = [first_eval_batch(len(self.problem.eval_y), c.batch_size, size, rank)]
+        for batch in batches:
+            if batch:
+                losses = self.problem.sample_losses(self.weights, batch, eval_set=True)
+                metrics = {"loss": float(np.mean(losses)), **self.hooks.validation_metrics(batch)}
+                meter.add(metrics, len(batch))
         return True
 
     def _allreduce_average(self, values: np.ndarray, name: str) -> np.ndarray:

@@ -129,9 +129,12 @@ def checkpoint_dir() -> Iterator[str]:
 
 
 # --- one uninterrupted run, at many shapes ----------------------------------------------------------------
-# (world size, grad_accum_steps, dataset size) with batch_size 2: full and partial last steps, a dataset
-# smaller than one global batch, a single sample, and cells left empty in a short last step.
-SHAPES = list(itertools.product(range(1, 9), (1, 2, 3), (1, 5, 23)))
+# (world size, grad_accum_steps, dataset size) with batch_size 2: one global batch exactly, one sample more
+# (a last step of one sample: every cell but one left empty) and 21 more (partial last steps of 1 to 21
+# samples, cells left empty). A global batch larger than the dataset is refused
+# (test_checks_before_training.py).
+SHAPES = [(world_size, grad_accum_steps, 2 * world_size * grad_accum_steps + extra)
+          for world_size, grad_accum_steps, extra in itertools.product(range(1, 9), (1, 2, 3), (0, 1, 21))]
 SHAPE_EPOCHS, SHAPE_EVAL_SAMPLES = 2, 7
 
 
@@ -232,7 +235,7 @@ def test_every_rank_runs_every_step_and_skips_the_forward_pass_of_an_empty_micro
 
 
 def test_the_shapes_include_micro_batches_left_empty() -> None:
-    trainers = trained_shape(8, 1, 5)  # 5 samples for 8 ranks
+    trainers = trained_shape(8, 1, 17)  # a global batch of 16, then 1 sample for 8 ranks
 
     assert any(not indices for t in trainers for s in t.steps for indices in s.micro_batches)
 
@@ -260,7 +263,7 @@ def test_a_full_step_has_loss_weight_exactly_one_at_any_world_size(world_size: i
 
 # --- length of training, evaluation, stops ----------------------------------------------------------------
 @pytest.mark.parametrize(("world_size", "grad_accum_steps", "max_steps"), [(1, 1, 1), (2, 1, 5), (3, 2, 4),
-                                                                           (8, 3, 2), (4, 1, 7)])
+                                                                           (7, 3, 2), (4, 1, 7)])
 def test_max_steps_counts_optimizer_steps_taken(world_size: int, grad_accum_steps: int,
                                                 max_steps: int) -> None:
     problem = LinearProblem.make(45)

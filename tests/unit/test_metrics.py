@@ -14,7 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hvdazure.core.metrics import MetricAccumulator, Reduced, RunningMean, combine_rows, names_fingerprint
+from hvdazure.core.config import ConfigError
+from hvdazure.core.metrics import (
+    HookReturnError,
+    MetricAccumulator,
+    Reduced,
+    RunningMean,
+    check_metric_shape,
+    combine_rows,
+    names_fingerprint,
+)
 
 
 def _accumulator(*batches: tuple[dict[str, Any], int], to_float64: Any = float) -> MetricAccumulator:
@@ -84,6 +93,45 @@ def test_a_batch_without_samples_adds_nothing() -> None:
     result = _alone(accumulator)
     assert result.means == {"loss": 2.0}
     assert result.count == 3
+
+
+@pytest.mark.parametrize("value", [np.ones(4), np.ones((4, 10))], ids=["per sample", "probabilities"])
+def test_a_metric_that_is_not_one_number_is_refused_naming_the_hook_the_metric_and_its_shape(value) -> None:
+    accumulator = MetricAccumulator(hook="validation_step")
+
+    with pytest.raises(HookReturnError) as raised:
+        accumulator.add({"loss": 1.0, "probs": value}, 4)
+
+    assert str(raised.value) == (f"validation_step returned metric 'probs' of shape {value.shape}: it must "
+                                 "be the mean over the batch (one number)")
+    assert isinstance(raised.value, ConfigError) and raised.value.exit_status == 2  # one line, bad input
+
+
+@pytest.mark.parametrize("value", [np.float32(0.5), np.array(0.5), np.array([0.5]), np.array([[0.5]])])
+def test_a_metric_of_one_element_is_one_number_whatever_its_shape(value) -> None:
+    accumulator = _accumulator(({"acc": value}, 2), to_float64=lambda v: np.asarray(v).item())  # as torch's
+    assert _alone(accumulator).means == {"acc": 0.5}
+
+
+def test_a_loss_that_is_not_one_number_says_the_step_must_return_the_mean_over_the_batch() -> None:
+    with pytest.raises(HookReturnError, match=r"^training_step returned a loss of shape \(32,\): it must be "
+                                              r"the mean over the batch \(one number\)$"):
+        check_metric_shape("training_step", "loss", (32,))
+
+
+@pytest.mark.parametrize("shape", [(None,), (None, 1), (), (1,), None, (None, None)],
+                         ids=["per sample", "per sample, a column", "scalar", "one element", "unknown rank",
+                              "unknown sizes"])
+def test_one_value_per_sample_passes_where_the_binding_averages_them(shape) -> None:
+    check_metric_shape("validation_step", "acc", shape, per_sample=True)
+
+
+@pytest.mark.parametrize("shape", [(None, 10), (10,), (None, 1, 3)])
+def test_more_than_one_value_per_sample_is_refused_even_where_per_sample_values_are_averaged(shape) -> None:
+    with pytest.raises(HookReturnError, match=r"^validation_step returned metric 'probs' of shape .*: it "
+                                              r"must be the mean over the batch \(one number\) or one value "
+                                              r"per sample \(shape \(batch,\)\), which hvdazure averages$"):
+        check_metric_shape("validation_step", "probs", shape, per_sample=True)
 
 
 def test_no_samples_gives_no_means_and_count_zero() -> None:

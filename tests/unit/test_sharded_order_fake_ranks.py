@@ -35,7 +35,7 @@ DATASETS = {
     "uneven": (50, 7, 120, 33, 1, 64, 90, 12),
     "small_shards": (3,) * 40,
     "one_shard": (77,),
-    "empty_shard": (0, 10, 25, 0, 8),
+    "empty_shard": (0, 10, 25, 0, 14),  # 49 samples: a global batch of up to 48 (8 ranks x 3 x 2), and 1
 }
 WORLD_SIZES = range(1, 9)
 

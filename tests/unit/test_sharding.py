@@ -7,7 +7,14 @@ import itertools
 import numpy as np
 import pytest
 
-from hvdazure.core.sharding import MicroBatch, ShardPlan, UniformOrder, epoch_permutation, eval_range
+from hvdazure.core.sharding import (
+    MicroBatch,
+    ShardPlan,
+    UniformOrder,
+    epoch_permutation,
+    eval_range,
+    first_eval_batch,
+)
 
 # (num_samples, batch_size, world_size, grad_accum_steps): full and partial last steps, steps with more
 # cells than samples (empty cells), and a dataset smaller than one micro-batch.
@@ -340,3 +347,14 @@ def test_the_order_fingerprint_names_the_order_and_seed_not_the_world_or_batch()
     assert prints == {UniformOrder(40).fingerprint(seed=3)}
     assert UniformOrder(40).fingerprint(seed=3) != UniformOrder(40).fingerprint(seed=4)
     assert UniformOrder(40).fingerprint(seed=3) != UniformOrder(41).fingerprint(seed=3)
+
+
+@pytest.mark.parametrize(("num_samples", "batch_size", "world_size", "rank", "expected"), [
+    (10, 3, 2, 1, range(5, 8)),  # this rank's first batch
+    (10, 8, 2, 1, range(5, 10)),  # its whole share, smaller than a batch
+    (2, 4, 3, 2, range(0, 2)),  # no share of its own: the set's first batch
+    (0, 4, 2, 0, range(0, 0)),  # an empty set
+])
+def test_the_sanity_check_batch_is_the_ranks_first_or_the_sets_first_where_it_has_none(
+        num_samples: int, batch_size: int, world_size: int, rank: int, expected: range) -> None:
+    assert first_eval_batch(num_samples, batch_size, world_size, rank) == expected
