@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from hvdazure.core.config import ControllerError
+from hvdazure.core.errors import UserError
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """The training or evaluation data cannot be used as given; the message says what to use instead
     (shown as one line when it ends the script, as a ConfigError is)."""
 

@@ -79,6 +79,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, BinaryIO, TypeVar
 
+from hvdazure.core.errors import UserError
 from hvdazure.core.object_store import StorageError, filesystem, is_local, redact, retrying
 from hvdazure.core.rank_logging import logger
 
@@ -102,8 +103,11 @@ _CHUNK = 4 << 20  # read size when verifying: large enough that the hash and the
 _T = TypeVar("_T")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or corrupt; the one-line message names it and what is wrong."""
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint is missing, incomplete or corrupt; the one-line message names it and what is wrong.
+    Exit status 1: it may be the storage's fault, not the input's (a save that keeps failing)."""
+
+    exit_status = 1
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from hvdazure.core.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the field and the value. Uncaught, it ends the
     script with the bad-input status 2, as a bad `--set` does, whenever it is found (a batch size the plan
     cannot split is found once the world size is known), so that the launcher lets every rank name it."""
-
-    exit_status = 2
 
 
 class ControllerError(ConfigError):

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import platform
 import signal
-import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback,
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.cluster import detect_environment
 from hvdazure.core.config import ConfigError, TrainConfig
+from hvdazure.core.errors import show_user_errors_in_one_line
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import MetricAccumulator, RunningMean
@@ -131,7 +131,7 @@ class Trainer(ABC):
         """Train; return the per-epoch history of train and eval metrics, identical on every rank. Called
         again on the same trainer, the same run goes on to the config's `epochs` and `max_steps`, which
         may have been raised in between (`_continue_run`)."""
-        _show_user_errors_in_one_line()
+        show_user_errors_in_one_line()  # also where the script did not import hvdazure itself
         if self._fitted is None:
             self._prepare()
         else:
@@ -510,26 +510,4 @@ class Trainer(ABC):
         raise SystemExit(128 + (self._signal or signal.SIGTERM))
 
 
-_USER_ERRORS = (ConfigError, CheckpointError, DataError)
 _NO_EVAL_SAMPLES = "eval_dataset() holds no samples: return None for no evaluation"
-
-
-def _show_user_errors_in_one_line() -> None:
-    """A ConfigError, CheckpointError or DataError that ends the script prints as one line (`hvdazure:
-    error: ...`), not a traceback: its message already names the bad value. Code that catches them is
-    unaffected."""
-    previous = sys.excepthook
-    if getattr(previous, "hvdazure", False):
-        return
-
-    def hook(kind: type[BaseException], error: BaseException, traceback: Any) -> None:
-        if issubclass(kind, _USER_ERRORS):
-            sys.stderr.write(f"hvdazure: error: {error}\n")
-            status = getattr(error, "exit_status", 1)
-            if status != 1:  # Python exits with a SystemExit raised here (else 1)
-                raise SystemExit(status)
-        else:
-            previous(kind, error, traceback)
-
-    hook.hvdazure = True  # type: ignore[attr-defined]
-    sys.excepthook = hook

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hvdazure.core.backend import DataError
-from hvdazure.core.trainer import _show_user_errors_in_one_line
+from hvdazure.core.errors import show_user_errors_in_one_line
 
 
 def _points_to_sharded_data(message: str) -> None:
@@ -19,10 +19,12 @@ def _points_to_sharded_data(message: str) -> None:
 def test_a_data_error_that_ends_the_script_prints_one_line(monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
-    _show_user_errors_in_one_line()
+    show_user_errors_in_one_line()
 
-    sys.excepthook(DataError, DataError("train_dataset() returned a Stream"), None)
+    with pytest.raises(SystemExit) as exited:  # bad input: status 2, as a ConfigError
+        sys.excepthook(DataError, DataError("train_dataset() returned a Stream"), None)
 
+    assert exited.value.code == 2
     assert capsys.readouterr().err == "hvdazure: error: train_dataset() returned a Stream\n"
 
 
