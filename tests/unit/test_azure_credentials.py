@@ -8,6 +8,7 @@ import base64
 import hashlib
 
 import pytest
+from azure_project import make_project
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, credential_in, named_like_credential, redact
@@ -30,14 +31,8 @@ SECRETS = (SIGNATURE, JWT, "hunter2", "hf_abcdef", KEY, KEY[:40])
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    directory = tmp_path / "project"
-    directory.mkdir()
-    (directory / "train.py").write_text("print('training')\n")
-    (directory / "space.yaml").write_text("lr: {type: choice, values: [0.1, 0.01]}\n")
-    (directory / "urls.yaml").write_text(f"extra.data_url: {{type: choice, values: ['{SAS_URL}', 'b']}}\n")
-    monkeypatch.chdir(directory)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
-    return directory
+    return make_project(tmp_path, monkeypatch, {"space.yaml": "lr: {type: choice, values: [0.1, 0.01]}\n",
+                         "urls.yaml": f"extra.data_url: {{type: choice, values: ['{SAS_URL}', 'b']}}\n"})
 
 
 def spec(**overrides) -> JobSpec:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from azure_project import make_project
 
 from hvdazure.azure import submission, submit_v2
 from hvdazure.azure.errors import JobSpecError, SubmitError
@@ -29,12 +30,7 @@ IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    directory = tmp_path / "project"
-    directory.mkdir()
-    (directory / "train.py").write_text("print('training')\n")
-    monkeypatch.chdir(directory)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
-    return directory
+    return make_project(tmp_path, monkeypatch)
 
 
 def spec(**overrides) -> JobSpec:

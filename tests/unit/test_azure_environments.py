@@ -9,6 +9,7 @@ import re
 
 import pytest
 import yaml
+from azure_project import make_project
 from test_azure_submit_v1 import FakeCredential as V1Credential
 from test_azure_submit_v1 import FakeService, serving
 from test_azure_submit_v2 import WS, fake, submit  # noqa: F401  (fixtures)
@@ -29,14 +30,7 @@ REGISTRY_VERSION = "azureml://registries/azureml/environments/acpt-pytorch-2.2-c
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # azureml-core caches snapshots under ~/.azureml
-    (tmp_path / "home" / ".azureml").mkdir(parents=True)
-    directory = tmp_path / "project"
-    directory.mkdir()
-    (directory / "train.py").write_text("print('training')\n")
-    monkeypatch.chdir(directory)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
-    return directory
+    return make_project(tmp_path, monkeypatch, v1=True)
 
 
 def spec(**overrides) -> JobSpec:

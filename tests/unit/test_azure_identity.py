@@ -12,6 +12,7 @@ import pytest
 import requests
 import responses
 import yaml
+from azure_project import make_project
 from test_azure_submit_v1 import FakeCredential as V1Credential
 from test_azure_submit_v1 import project as v1_project  # noqa: F401  (fixture)
 from test_azure_submit_v1 import service  # noqa: F401  (fixture)
@@ -34,13 +35,7 @@ CLIENT_ID = "11111111-2222-3333-4444-555555555555"
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    directory = tmp_path / "project"
-    directory.mkdir()
-    (directory / "train.py").write_text("print('training')\n")
-    (directory / "space.yaml").write_text("lr: {type: choice, values: [0.1, 0.01]}\n")
-    monkeypatch.chdir(directory)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
-    return directory
+    return make_project(tmp_path, monkeypatch, {"space.yaml": "lr: {type: choice, values: [0.1, 0.01]}\n"})
 
 
 def spec(**overrides) -> JobSpec:

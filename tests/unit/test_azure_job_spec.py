@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from azure_project import make_project
 
 from hvdazure.azure import code_snapshot, vm_sizes
 from hvdazure.azure.errors import JobSpecError, SubmitError, redact, redacted_line
@@ -18,12 +19,7 @@ IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    directory = tmp_path / "project"
-    (directory / "src").mkdir(parents=True)
-    (directory / "src" / "train.py").write_text("print('training')\n")
-    monkeypatch.chdir(directory)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
-    return directory
+    return make_project(tmp_path, monkeypatch, script="src/train.py")
 
 
 def spec(**overrides) -> JobSpec:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import responses
+from azure_project import make_project
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
@@ -143,14 +144,7 @@ def _run(run_id: str, properties: dict | None = None) -> dict:
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # azureml-core caches snapshots under ~/.azureml
-    (tmp_path / "home" / ".azureml").mkdir(parents=True)
-    directory = tmp_path / "project"
-    directory.mkdir()
-    (directory / "train.py").write_text("print('training')\n")
-    monkeypatch.chdir(directory)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
-    return directory
+    return make_project(tmp_path, monkeypatch, v1=True)
 
 
 @contextmanager

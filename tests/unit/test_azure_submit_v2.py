@@ -23,6 +23,7 @@ from azure.core.credentials import AccessToken, AccessTokenInfo
 from azure.core.exceptions import ClientAuthenticationError
 from azure.core.pipeline.transport import RequestsTransport, RequestsTransportResponse
 from azure.core.rest._requests_basic import RestRequestsTransportResponse
+from azure_project import make_project
 
 from hvdazure.azure import submission, submit_v2
 from hvdazure.azure.compute import ClusterSpec
@@ -184,15 +185,7 @@ class RecordingTransport(RequestsTransport):
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
-    directory = tmp_path / "project"
-    directory.mkdir()
-    (directory / "train.py").write_text("print('training')\n")
-    (directory / "data").mkdir()
-    (directory / "data" / "big.bin").write_bytes(b"x" * 1000)
-    (directory / ".amlignore").write_text("data/\n")
-    monkeypatch.chdir(directory)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
-    return directory
+    return make_project(tmp_path, monkeypatch, {"data/big.bin": b"x" * 1000, ".amlignore": "data/\n"})
 
 
 @pytest.fixture
