@@ -6,7 +6,7 @@ where a test does more than its folder's tier allows, from its own mark: `unit` 
 second each), `storage` (Azurite), `distributed` (real ranks), `multinode` (two nodes of namespaces), `docs`
 (the site and its examples). A `unit`-tier test that starts a job's launcher (mpirun, horovodrun, `hvdazure
 run`) without a `distributed` mark fails, naming the command: the tier is what a test does, not where it is.
-`make test` ends with the time each tier took.
+`make test` ends with the slowest files and the time each tier took.
 """
 
 import subprocess
@@ -49,6 +49,7 @@ def tier_of(item: pytest.Item) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_tier_seconds] = defaultdict(float)
     config.stash[_tier_counts] = defaultdict(int)
+    config.stash[_file_seconds] = defaultdict(float)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -99,6 +100,7 @@ def _unit_tests_start_no_job(request: pytest.FixtureRequest, monkeypatch: pytest
 _tier = pytest.StashKey[str]()
 _tier_seconds = pytest.StashKey[dict]()
 _tier_counts = pytest.StashKey[dict]()
+_file_seconds = pytest.StashKey[dict]()
 _started = time.monotonic()
 
 
@@ -107,8 +109,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     start = time.monotonic()
     yield
     tier = item.stash.get(_tier, "unit")
-    item.config.stash[_tier_seconds][tier] += time.monotonic() - start
+    took = time.monotonic() - start
+    item.config.stash[_tier_seconds][tier] += took
     item.config.stash[_tier_counts][tier] += 1
+    item.config.stash[_file_seconds][item.nodeid.split("::")[0]] += took
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
@@ -117,4 +121,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         return
     parts = [f"{tier} {counts[tier]} tests {seconds[tier] / 60:.1f} min" for tier in TIERS if counts[tier]]
     total = time.monotonic() - _started
+    slowest = sorted(config.stash[_file_seconds].items(), key=lambda kv: -kv[1])[:12]
+    if len(config.stash[_file_seconds]) > 1:
+        files = ", ".join(f"{Path(name).name} {seconds:.0f}s" for name, seconds in slowest)
+        terminalreporter.write_line(f"slowest files: {files}")
     terminalreporter.write_line(f"time per tier: {'; '.join(parts)}; all {total / 60:.1f} min")
