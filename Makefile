@@ -20,10 +20,11 @@ demo-tf: setup
 test: setup lint docs-check
 	HVDAZURE_DOCS_SITE=$(SITE) $(VENV)/bin/pytest tests --durations=30
 
-# The edit-test loop (under 3 minutes on 2 cores): the unit tier and the docs' checks that run no training,
-# no real ranks, no Azurite. `make test` stays the whole suite, and what CI runs.
+# The edit-test loop (about 75 s on 2 cores): the unit tier and the docs' checks that run no training, no
+# real ranks, no Azurite, on every core (pytest-xdist, a file per worker). `make test` stays the whole suite,
+# serial (a 2-rank job uses both cores; the signal and timeout tests need them), and what CI runs.
 test-fast: setup
-	$(VENV)/bin/pytest tests/unit tests/docs -m "(unit or docs) and not slow" -q --durations=10
+	$(VENV)/bin/pytest tests/unit tests/docs -m "(unit or docs) and not slow" -q -n auto --dist loadfile
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit

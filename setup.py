@@ -49,7 +49,8 @@ setup(
         # compares with (Lightning, HF Accelerate, and Keras 2 for MultiWorkerMirroredStrategy's fit)
         "bench": ["matplotlib>=3.7", "torchvision>=0.16", "lightning>=2.4", "accelerate>=1.0",
                   "tf-keras>=2.16"],
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "ruff>=0.5", "scikit-learn>=1.3", "responses>=0.25"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "ruff>=0.5", "scikit-learn>=1.3",
+                "responses>=0.25"],
     },
     entry_points={"console_scripts": ["hvdazure=hvdazure.cli:main"]},
     classifiers=[
