@@ -36,6 +36,7 @@ storage URL, a local path or an input's mode is refused in one line naming the v
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hvdazure.azure.errors import JobSpecError
@@ -113,17 +114,25 @@ def parse_output_value(text: str) -> OutputSpec:
     return OutputSpec(name=name, uri=uri, type=kind, mode=_output_mode(mode) if mode else DEFAULT_OUTPUT_MODE)
 
 
+def _check_type_and_mode(option: str, kind: str, mode: str,
+                         allowed: tuple[Sequence[str], Sequence[str], Mapping[str, str]], what: str) -> None:
+    """One line unless `kind` and `mode` are among `allowed` (types, modes, and the other modes with what
+    they are for), for an input or an output (`what`)."""
+    types, modes, other_modes = allowed
+    if kind not in types:
+        raise JobSpecError(f"{option}: type {kind!r} is not one of {', '.join(types)}")
+    if mode not in modes:
+        where = other_modes.get(mode)
+        detail = f" ({mode} is for {where})" if where else ""
+        raise JobSpecError(f"{option}: mode {mode!r} is not one of {', '.join(modes)} for {what}{detail}")
+
+
 def check_output(spec: OutputSpec) -> None:
     """Raise JobSpecError (one line naming the value) unless Azure ML writes `spec` where it says: a datastore
     path or its own default place, with a type and a mode of outputs."""
     option = f"--output {spec.name}"
-    if spec.type not in OUTPUT_TYPES:
-        raise JobSpecError(f"{option}: type {spec.type!r} is not one of {', '.join(OUTPUT_TYPES)}")
-    if spec.mode not in OUTPUT_MODES:
-        where = _OTHER_OUTPUT_MODES.get(spec.mode)
-        detail = f" ({spec.mode} is for {where})" if where else ""
-        raise JobSpecError(f"{option}: mode {spec.mode!r} is not one of {', '.join(OUTPUT_MODES)} for an "
-                           f"output{detail}")
+    _check_type_and_mode(option, spec.type, spec.mode, (OUTPUT_TYPES, OUTPUT_MODES, _OTHER_OUTPUT_MODES),
+                         "an output")
     if spec.uri is None:
         return
     uri = spec.uri
@@ -178,13 +187,8 @@ def is_local_path(uri: str) -> bool:
 def check_input(spec: InputSpec) -> None:
     """Raise JobSpecError (one line naming the value) unless Azure ML takes `spec`'s type, mode and URI."""
     option = f"--input {spec.name}"
-    if spec.type not in INPUT_TYPES:
-        raise JobSpecError(f"{option}: type {spec.type!r} is not one of {', '.join(INPUT_TYPES)}")
-    if spec.mode not in INPUT_MODES:
-        where = _OTHER_MODES.get(spec.mode)
-        detail = f" ({spec.mode} is for {where})" if where else ""
-        raise JobSpecError(f"{option}: mode {spec.mode!r} is not one of {', '.join(INPUT_MODES)} for a "
-                           f"{spec.type} input{detail}")
+    _check_type_and_mode(option, spec.type, spec.mode, (INPUT_TYPES, INPUT_MODES, _OTHER_MODES),
+                         f"a {spec.type} input")
     _check_uri(spec.uri, option)
 
 
