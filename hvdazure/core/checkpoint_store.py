@@ -41,13 +41,8 @@ A resume reads each file once, through the hash: on a local disk in place (then 
 other storage into a local temporary file, so rank 0 never holds a checkpoint's bytes in memory beside the
 tensors loaded from them (`local_files`).
 
-The hash detects corruption, truncation and half-copied files: xxh3_128 by default (about 25 GB/s on one core
-here, so verifying costs little next to reading), or SHA-256 (about 1 GB/s) for whoever wants a
-cryptographic digest (`hash="sha256"`; TrainConfig.checkpoint_hash). Each file's record names its algorithm
-({"xxh3_128": hex, "bytes": n} or {"sha256": hex, "bytes": n}), so checkpoints of either kind, and those of
-earlier versions (SHA-256, format_version 1), load alike. A SHA-256 manifest is still written as
-format_version 1, which every hvdazure reads; an xxh3_128 one is format_version 2, so that an older hvdazure
-refuses it with a clear message instead of misreading it.
+The hashes, the manifest's shape and the verifying reads are core/checkpoint_integrity.py's; loading
+weights from a checkpoint without the trainer (the bindings' `load_weights`) is core/checkpoint_export.py's.
 
 A directory holds the checkpoints of one run. Every manifest records its run's id (`run_id`, made once
 per run and kept across resumes); a manager writing for a run (`run_id=`) never counts or deletes another
@@ -56,7 +51,7 @@ run's checkpoints, and readers take `latest` and `best` within the run of the di
 any run (in a directory of them only, all of them are one run, as they always were). Refusing a new run in
 a directory that holds another's is the trainer's (core/trainer_checkpoints.py).
 
-Metadata is JSON only, never pickle, so reading a manifest cannot run code. All storage goes through fsspec
+All storage goes through fsspec
 (imported on first use, so `import hvdazure` stays fast): local paths, file://, memory:// and abfs:// share
 one code path: the manager looks only at whether the filesystem is local.
 """
@@ -64,7 +59,6 @@ one code path: the manager looks only at whether the filesystem is local.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import math
@@ -72,42 +66,43 @@ import os
 import posixpath
 import re
 import tempfile
-import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, BinaryIO, TypeVar
 
-from hvdazure.core.errors import UserError
-from hvdazure.core.object_store import StorageError, filesystem, is_local, redact, retrying
+from hvdazure.core.checkpoint_integrity import (
+    FORMAT_BY_HASH,
+    FORMAT_VERSION,
+    HASHES,
+    MANIFEST,
+    CallbackFailed,
+    CheckpointError,
+    HashingWriter,
+    check_file_name,
+    check_format,
+    check_size,
+    new_hash,
+    read_manifest,
+    storage_call,
+    stream_verified,
+)
+from hvdazure.core.object_store import StorageError, filesystem, is_local, redact
 from hvdazure.core.rank_logging import logger
 
+# CheckpointError, StorageError and the format's names are the integrity layer's and the object store's;
+# they are named here too, as the errors and constants of the store that raises and writes them.
 __all__ = ["FORMAT_VERSION", "HASHES", "LATEST", "MANIFEST", "RUN_ID", "Checkpoint", "CheckpointError",
-           "CheckpointManager", "StorageError", "checkpoint_name", "exported_file", "new_run_id",
-           "pointer_directory", "same_directory", "same_run"]
+           "CheckpointManager", "StorageError", "checkpoint_name", "new_run_id", "pointer_directory",
+           "same_directory", "same_run"]
 
-# The format_version a manifest is written as, by its files' hash: SHA-256 records are what every hvdazure
-# reads (version 1); xxh3_128 ones are version 2, which an older hvdazure refuses with a clear message.
-_FORMAT_BY_HASH = {"xxh3_128": 2, "sha256": 1}
-HASHES = tuple(_FORMAT_BY_HASH)  # what a file's record may name; the first is the default
-FORMAT_VERSION = _FORMAT_BY_HASH[HASHES[0]]
-_READABLE_FORMATS = sorted(set(_FORMAT_BY_HASH.values()))
-MANIFEST = "manifest.json"
 LATEST = "latest"
 RUN_ID = "run_id"  # the manifest key of the run a checkpoint belongs to
 _TMP_PREFIX = ".tmp-"
 _STEP_NAME = re.compile(r"step-(\d+)(?:-v(\d+))?")  # step number, and version when the step was re-saved
 _RESERVED_KEYS = ("format_version", "step", "created", "files", RUN_ID)  # the manager writes these itself
-_CHUNK = 4 << 20  # read size when verifying: large enough that the hash and the copy run at memory speed
 _T = TypeVar("_T")
-
-
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint is missing, incomplete or corrupt; the one-line message names it and what is wrong.
-    Exit status 1: it may be the storage's fault, not the input's (a save that keeps failing)."""
-
-    exit_status = 1
 
 
 @dataclass(frozen=True)
@@ -180,7 +175,7 @@ def pointer_directory(path: str) -> str | None:
     if base != LATEST:
         return None
     fs, root = filesystem(stripped)
-    return (head or ".") if _call(fs, f"looking for {stripped}", lambda: fs.isfile(root)) else None
+    return (head or ".") if storage_call(fs, f"looking for {stripped}", lambda: fs.isfile(root)) else None
 
 
 class CheckpointManager:
@@ -227,7 +222,7 @@ class CheckpointManager:
         """
         name = self._unused_name(step)
         for file_name in files:
-            _check_file_name(file_name)
+            check_file_name(file_name)
         if clash := [key for key in _RESERVED_KEYS if key in manifest]:
             raise ValueError(f"manifest keys {clash} are written by the checkpoint manager; rename them")
         try:
@@ -242,7 +237,7 @@ class CheckpointManager:
         try:
             records = {file_name: self._write(posixpath.join(target, file_name), write)
                        for file_name, write in files.items()}
-            full = {**manifest, "format_version": _FORMAT_BY_HASH[self.hash], "step": step,
+            full = {**manifest, "format_version": FORMAT_BY_HASH[self.hash], "step": step,
                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": records,
                     **({RUN_ID: self.run_id} if self.run_id is not None else {})}
             full = json.loads(redact(json.dumps(full)))  # a credential that made its way in stays out
@@ -274,18 +269,18 @@ class CheckpointManager:
         after a transient error."""
         try:
             return self._call(f"writing {self._url_of(path)}", lambda: self._write_once(path, write))
-        except _CallbackFailed as failed:  # the caller's error, not the storage's: raised as it was
+        except CallbackFailed as failed:  # the caller's error, not the storage's: raised as it was
             raise failed.error from None
 
     def _write_once(self, path: str, write: Callable[[BinaryIO], object]) -> dict[str, Any]:
         with self._fs.open(path, "wb") as raw:
-            out = _HashingWriter(raw, _new_hash(self.hash))
+            out = HashingWriter(raw, new_hash(self.hash))
             try:
                 write(out)  # type: ignore[arg-type]
             except Exception as exc:
                 if out.storage_failed:
                     raise
-                raise _CallbackFailed(exc) from exc
+                raise CallbackFailed(exc) from exc
             raw.flush()
             if self._local:
                 os.fsync(raw.fileno())
@@ -352,7 +347,7 @@ class CheckpointManager:
     def _is_valid(self, checkpoint: Checkpoint) -> bool:
         """Sizes always; hashes unless this manager wrote or verified the checkpoint. Storage errors raise."""
         try:
-            _check_format(checkpoint)
+            check_format(checkpoint.url, checkpoint.manifest)
             self._check_sizes(checkpoint)
             if _identity(checkpoint) not in self._verified:
                 self.verify(checkpoint)
@@ -368,7 +363,7 @@ class CheckpointManager:
             entry = listing.get(file_name)
             if entry is None or entry["type"] != "file":
                 raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} is missing")
-            _check_size(checkpoint, file_name, entry["size"])
+            check_size(checkpoint.url, checkpoint.manifest, file_name, entry["size"])
 
     # --- finding -----------------------------------------------------------------------------------------
     def checkpoints(self) -> list[Checkpoint]:
@@ -401,17 +396,51 @@ class CheckpointManager:
         """As latest_valid, with the chosen checkpoint's `local_files` (for a resume): each file is read
         once, verified as it is read. Yields (None, {}, warnings) if no checkpoint is valid."""
         warnings: list[str] = []
-        for checkpoint in self._candidates(warnings):
+        with self._first_valid(self._candidates(warnings), None, warnings) as (checkpoint, paths):
+            yield checkpoint, paths, warnings
+
+    @contextlib.contextmanager
+    def open_valid(self, which: str, names: Collection[str]) -> Iterator[tuple[Checkpoint, dict[str, str]]]:
+        """The checkpoint `which` names, as `resolve` chooses it, with the `local_files` of `names` among its
+        files (for loading weights): every file of each candidate is read once, verified as it is read (the
+        others only streamed through the hash), where resolving and then reading would read them twice.
+        Invalid candidates are skipped with a warning, as `resolve` skips them; a path is not skipped."""
+        if which not in ("latest", "best"):
+            opened = self.open(which, verify=False)
+            with self.local_files(opened, names, verify_rest=True) as paths:
+                yield opened, paths
+            return
+        if which == "best" and self.monitor is None:
+            raise CheckpointError("resolving 'best' needs a monitor: the metric that ranks checkpoints")
+        warnings: list[str] = []
+        candidates = (self._candidates(warnings) if which == "latest" else
+                      iter(self._by_metric(self._of_current_run(self.checkpoints()))))
+        with self._first_valid(candidates, names, warnings) as (checkpoint, paths):
+            for warning in warnings:
+                logger.warning(warning)
+            if checkpoint is None:
+                raise CheckpointError(f"no valid checkpoint in {self.directory}" + (
+                    f" has the metric {self.monitor!r}" if which == "best" else ""))
+            yield checkpoint, paths
+
+    @contextlib.contextmanager
+    def _first_valid(self, candidates: Iterator[Checkpoint], names: Collection[str] | None,
+                     warnings: list[str]) -> Iterator[tuple[Checkpoint | None, dict[str, str]]]:
+        """The first of `candidates` whose files all verify, with the `local_files` of `names` (None: all);
+        each one skipped adds a warning. (None, {}) if none does."""
+        for checkpoint in candidates:
+            if names is not None:  # a file the checkpoint lacks is the caller's mistake: not skipped
+                _check_holds(checkpoint, names)
             files = contextlib.ExitStack()
             try:
-                paths = files.enter_context(self.local_files(checkpoint))
+                paths = files.enter_context(self.local_files(checkpoint, names, verify_rest=True))
             except CheckpointError as exc:  # only choosing is retried: errors of the caller's block are not
                 warnings.append(f"skipping invalid {exc}")
                 continue
             with files:
-                yield checkpoint, paths, warnings
+                yield checkpoint, paths
             return
-        yield None, {}, warnings
+        yield None, {}
 
     def _candidates(self, warnings: list[str]) -> Iterator[Checkpoint]:
         """The checkpoints to try for the newest valid one, not yet verified: `latest`'s first, then by step,
@@ -450,7 +479,7 @@ class CheckpointManager:
         caller about to read_files, which verifies as it reads); CheckpointError if it is invalid."""
         fs, root = filesystem(path)
         url = path.rstrip("/")
-        checkpoint = Checkpoint(posixpath.basename(root.rstrip("/")), url, _read_manifest(fs, root, url))
+        checkpoint = Checkpoint(posixpath.basename(root.rstrip("/")), url, read_manifest(fs, root, url))
         if verify:
             self.verify(checkpoint)
         return checkpoint
@@ -510,7 +539,7 @@ class CheckpointManager:
 
     def _load(self, name: str) -> Checkpoint:
         url = self._url(name)
-        return Checkpoint(name, url, _read_manifest(self._fs, self._path(name), url))
+        return Checkpoint(name, url, read_manifest(self._fs, self._path(name), url))
 
     def _read_latest(self) -> str | None:
         path = self._path(LATEST)
@@ -537,39 +566,42 @@ class CheckpointManager:
     def verify(self, checkpoint: Checkpoint) -> None:
         """CheckpointError unless every listed file is there with its recorded size and hash (streamed).
         A storage error (an unreadable file, a failed authentication) is raised as it is."""
-        _check_format(checkpoint)
+        check_format(checkpoint.url, checkpoint.manifest)
         fs, root = filesystem(checkpoint.url)
         for file_name in checkpoint.manifest["files"]:
-            _stream_verified(fs, root, checkpoint, file_name)
+            stream_verified(fs, root, checkpoint.url, checkpoint.manifest, file_name)
         self._verified.add(_identity(checkpoint))
 
     @contextlib.contextmanager
     def local_files(self, checkpoint: Checkpoint, names: Collection[str] | None = None,
-                    ) -> Iterator[dict[str, str]]:
+                    verify_rest: bool = False) -> Iterator[dict[str, str]]:
         """Local paths of the checkpoint's files (or of `names` among them), each read once and verified
         before it is yielded: on a local filesystem in place; from other storage, streamed through the
         hash into a temporary directory that is removed on exit. Memory use is one chunk, whatever the
-        size. CheckpointError if a file is missing or does not match; storage errors are raised as they are.
-        In place, the files are those verified as long as nobody rewrites them: checkpoint directories are
-        written once and only ever deleted.
+        size. With `verify_rest`, the checkpoint's other files are verified too (streamed through the hash,
+        not copied). CheckpointError if a file is missing or does not match; storage errors are raised as
+        they are. In place, the files are those verified as long as nobody rewrites them: checkpoint
+        directories are written once and only ever deleted.
         """
-        _check_format(checkpoint)
+        check_format(checkpoint.url, checkpoint.manifest)
         wanted = list(checkpoint.manifest["files"] if names is None else names)
-        if missing := [name for name in wanted if name not in checkpoint.manifest["files"]]:
-            raise CheckpointError(f"checkpoint {checkpoint.url} holds no {missing[0]}")
+        _check_holds(checkpoint, wanted)
         fs, root = filesystem(checkpoint.url)
+        rest = [name for name in checkpoint.manifest["files"] if name not in wanted] if verify_rest else []
+        for file_name in rest:
+            stream_verified(fs, root, checkpoint.url, checkpoint.manifest, file_name)
         if is_local(fs):
             for file_name in wanted:
-                _stream_verified(fs, root, checkpoint, file_name)
-            self._remember_if_complete(checkpoint, wanted)
+                stream_verified(fs, root, checkpoint.url, checkpoint.manifest, file_name)
+            self._remember_if_complete(checkpoint, wanted + rest)
             yield {file_name: posixpath.join(root, file_name) for file_name in wanted}
             return
         with tempfile.TemporaryDirectory(prefix="hvdazure-checkpoint-") as tmp:
             paths = {file_name: os.path.join(tmp, file_name) for file_name in wanted}
             for file_name, path in paths.items():
                 with open(path, "wb") as copy:
-                    _stream_verified(fs, root, checkpoint, file_name, copy)
-            self._remember_if_complete(checkpoint, wanted)
+                    stream_verified(fs, root, checkpoint.url, checkpoint.manifest, file_name, copy)
+            self._remember_if_complete(checkpoint, wanted + rest)
             yield paths
 
     def _remember_if_complete(self, checkpoint: Checkpoint, verified: Collection[str]) -> None:
@@ -579,12 +611,12 @@ class CheckpointManager:
     def read_files(self, checkpoint: Checkpoint) -> dict[str, bytes]:
         """Every listed file's bytes, each read once and verified; CheckpointError on a mismatch. This holds
         the whole checkpoint in memory: for small files and tests; a resume loads from `local_files`."""
-        _check_format(checkpoint)
+        check_format(checkpoint.url, checkpoint.manifest)
         fs, root = filesystem(checkpoint.url)
         contents = {}
         for file_name in checkpoint.manifest["files"]:
             buffer = io.BytesIO()
-            _stream_verified(fs, root, checkpoint, file_name, buffer)
+            stream_verified(fs, root, checkpoint.url, checkpoint.manifest, file_name, buffer)
             contents[file_name] = buffer.getvalue()
         return contents
 
@@ -612,7 +644,7 @@ class CheckpointManager:
             return False
 
     def _call(self, what: str, call: Callable[[], _T]) -> _T:
-        return _call(self._fs, what, call)
+        return storage_call(self._fs, what, call)
 
     def _path(self, name: str) -> str:
         return posixpath.join(self._root, name)
@@ -625,33 +657,16 @@ class CheckpointManager:
         return redact(self._url(posixpath.relpath(path, self._root)) if path.startswith(self._root) else path)
 
 
-@contextlib.contextmanager
-def exported_file(checkpoint: str, which: str, file_name: str) -> Iterator[str]:
-    """A verified local copy (or the verified file in place) of `file_name` of a checkpoint, for loading
-    weights without the trainer. `checkpoint` is one checkpoint's directory (path or URL), or a directory of
-    checkpoints whose `which` is taken: "latest", or "best" by the monitor the run was configured with (of
-    the run `latest` belongs to). The bindings' `load_weights` share it, and its one-line errors (a directory
-    that does not exist is named as such)."""
-    manager = CheckpointManager(checkpoint)
-    candidates = manager.checkpoints()
-    if not candidates:  # `checkpoint` is itself one checkpoint's directory
-        if not manager.exists():
-            raise CheckpointError(f"{redact(checkpoint)}: no such directory")
-        found = manager.open(checkpoint, verify=False)  # local_files verifies the file as it reads it
-    else:  # the monitor the current run was configured with, as its newest checkpoint records it
-        config = manager._of_current_run(candidates)[-1].manifest.get("config", {})
-        if which == "best":
-            manager = CheckpointManager(checkpoint, monitor=config.get("monitor"),
-                                        mode=config.get("monitor_mode", "min"))
-        found = manager.resolve(which)
-    if file_name not in found.manifest["files"]:
-        raise CheckpointError(f"checkpoint {found.url} holds no {file_name} (framework: "
-                              f"{found.manifest.get('framework')!r})")
-    with manager.local_files(found, names=[file_name]) as paths:
-        yield paths[file_name]
+def _identity(checkpoint: Checkpoint) -> tuple[str, str]:
+    """What a verified checkpoint is remembered by: its name and its files' recorded sizes and hashes."""
+    return checkpoint.name, json.dumps(checkpoint.manifest["files"], sort_keys=True)
 
 
-_PARALLEL_HASH_BYTES = 1 << 20
+def _check_holds(checkpoint: Checkpoint, names: Collection[str]) -> None:
+    """CheckpointError unless the checkpoint has every file of `names` (saying which framework wrote it)."""
+    if missing := [name for name in names if name not in checkpoint.manifest["files"]]:
+        raise CheckpointError(f"checkpoint {checkpoint.url} holds no {missing[0]} (framework: "
+                              f"{checkpoint.manifest.get('framework')!r})")
 
 
 def _bytes_writer(data: bytes) -> Callable[[BinaryIO], None]:
@@ -661,187 +676,6 @@ def _bytes_writer(data: bytes) -> Callable[[BinaryIO], None]:
 
     return write
 
-
-class _CallbackFailed(Exception):
-    """A file callback's own exception, carried past the storage retries (which are not for it)."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class _HashingWriter(io.RawIOBase):
-    """The binary stream a file callback writes to: passes bytes on to storage, hashing them on the way."""
-
-    def __init__(self, raw: BinaryIO, digest: Any) -> None:
-        super().__init__()
-        self._raw = raw
-        self.digest = digest
-        self.bytes = 0
-        self.storage_failed = False  # a write to storage raised (not the callback's own code)
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        if view.nbytes < _PARALLEL_HASH_BYTES:
-            self._store(view)
-            self.digest.update(view)
-        else:  # hash while the bytes are written: both release the GIL, and the buffer does not change
-            hashing = threading.Thread(target=self.digest.update, args=(view,))
-            hashing.start()
-            try:
-                self._store(view)
-            finally:
-                hashing.join()
-        self.bytes += view.nbytes
-        return view.nbytes
-
-    def _store(self, view: memoryview) -> None:
-        try:
-            self._raw.write(view)
-        except BaseException:
-            self.storage_failed = True
-            raise
-
-    def tell(self) -> int:
-        return self.bytes
-
-
-def _stream_verified(fs: Any, root: str, checkpoint: Checkpoint, file_name: str,
-                     sink: BinaryIO | None = None) -> None:
-    """Read one file of `checkpoint` through its recorded hash (into `sink`, if given) and check it against
-    the manifest. A file that is not there is a CheckpointError; any other failure to open or read it is the
-    storage's error, raised as it is: the checkpoint may be fine, and resume must not pass it over."""
-    def attempt() -> None:
-        if sink is not None:  # an earlier attempt's bytes are not kept
-            sink.seek(0)
-            sink.truncate()
-        _stream_verified_once(fs, root, checkpoint, file_name, sink)
-
-    _call(fs, f"reading {checkpoint.url}/{file_name}", attempt)
-
-
-def _stream_verified_once(fs: Any, root: str, checkpoint: Checkpoint, file_name: str,
-                          sink: BinaryIO | None) -> None:
-    path = posixpath.join(root, file_name)
-    algorithm, recorded = _recorded_hash(checkpoint.manifest["files"][file_name])
-    try:
-        source = fs.open(path, "rb")
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} is missing") from None
-    with source:
-        _check_size(checkpoint, file_name, fs.size(path))  # a truncated file fails without being read
-        digest, size = _new_hash(algorithm), 0
-        buffer = bytearray(_CHUNK)  # one buffer read into again and again: no allocation per chunk
-        view = memoryview(buffer)
-        while count := source.readinto(buffer):
-            chunk = view[:count]
-            digest.update(chunk)
-            size += count
-            if sink is not None:
-                sink.write(chunk)
-    _check_size(checkpoint, file_name, size)
-    if digest.hexdigest() != recorded:
-        raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} does not match its "
-                              f"{algorithm} in the manifest (corrupt)")
-
-
-def _new_hash(algorithm: str) -> Any:
-    """A fresh hash object of one of HASHES (hashlib's interface: update, hexdigest)."""
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    import xxhash  # here, not at the top: `import hvdazure` stays light
-
-    return xxhash.xxh3_128()
-
-
-def _recorded_hash(record: dict[str, Any]) -> tuple[str, str]:
-    """The algorithm and hex digest a file's manifest record holds (one of HASHES; checked on reading)."""
-    algorithm = next(name for name in HASHES if name in record)
-    return algorithm, record[algorithm]
-
-
-def _identity(checkpoint: Checkpoint) -> tuple[str, str]:
-    """What a verified checkpoint is remembered by: its name and its files' recorded sizes and hashes."""
-    return checkpoint.name, json.dumps(checkpoint.manifest["files"], sort_keys=True)
-
-
-def _read_manifest(fs: Any, root: str, url: str) -> dict[str, Any]:
-    path = posixpath.join(root, MANIFEST)
-    try:
-        raw = _call(fs, f"reading {url}/{MANIFEST}", lambda: fs.cat_file(path))
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {url}: no {MANIFEST} (not a checkpoint, or its save was "
-                              "interrupted)") from None
-    try:
-        manifest: dict[str, Any] = json.loads(raw)
-    except ValueError as exc:
-        raise CheckpointError(f"checkpoint {url}: {MANIFEST} is not valid JSON ({exc})") from None
-    if problem := _manifest_problem(manifest):
-        raise CheckpointError(f"checkpoint {url}: {MANIFEST} {problem}")
-    return manifest
-
-
-def _manifest_problem(manifest: Any) -> str | None:
-    if not isinstance(manifest, dict):
-        return "is not a JSON object"
-    step = manifest.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        return "has no integer 'step'"
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        return "has no 'files' table"
-    for name, record in files.items():
-        try:
-            _check_file_name(name)
-        except ValueError:
-            return f"lists an invalid file name {name!r}"
-        if not (isinstance(record, dict) and isinstance(record.get("bytes"), int)):
-            return f"has a malformed entry for file {name!r}"
-        known = [algorithm for algorithm in HASHES if algorithm in record]
-        if len(known) != 1 or not isinstance(record[known[0]], str):
-            others = sorted(set(record) - {"bytes"})
-            return (f"records no hash this hvdazure knows for file {name!r} ({', '.join(others) or 'none'}; "
-                    f"known: {', '.join(HASHES)})")
-    return None
-
-
-def _check_format(checkpoint: Checkpoint) -> None:
-    version = checkpoint.manifest.get("format_version")
-    if isinstance(version, bool) or version not in _READABLE_FORMATS:
-        raise CheckpointError(f"checkpoint {checkpoint.url}: format_version {version!r} is not one this "
-                              f"hvdazure reads ({', '.join(map(str, _READABLE_FORMATS))})")
-
-
-def _check_size(checkpoint: Checkpoint, file_name: str, size: int) -> None:
-    recorded = checkpoint.manifest["files"][file_name]["bytes"]
-    if size != recorded:
-        raise CheckpointError(f"checkpoint {checkpoint.url}: file {file_name!r} has {size} bytes, the "
-                              f"manifest says {recorded} (truncated?)")
-
-
-def _check_file_name(name: str) -> None:
-    """A plain file name inside the checkpoint directory: no path, and not the manifest itself."""
-    if not name or name in (".", "..", MANIFEST) or "/" in name or "\\" in name:
-        raise ValueError(f"invalid checkpoint file name {name!r}")
-
-
-def _call(fs: Any, what: str, call: Callable[[], _T]) -> _T:
-    """call(): on a local filesystem as it is; on other storage retried on transient errors, and failing
-    with one StorageError line otherwise (FileNotFoundError and CheckpointError pass unchanged).
-
-    Each attempt forgets the listings fsspec keeps (adlfs's dircache): another process may have written or
-    deleted checkpoints since, and a stale listing would hide the checkpoint `latest` names."""
-    if is_local(fs):
-        return call()
-
-    def fresh() -> _T:
-        fs.invalidate_cache()
-        return call()
-
-    return retrying(what, fresh, passes=(CheckpointError, _CallbackFailed))
 
 
 def _fsync(path: str) -> None:

@@ -58,7 +58,7 @@ class TorchCheckpointContent(FrameworkCheckpointContent):
         torch.manual_seed(seed)
 
 
-def load_mapped(path: str, device: torch.device) -> Any:
+def load_mapped(path: str, device: str | torch.device) -> Any:
     """torch.load(path) memory-mapped, or read where the filesystem cannot map files (FUSE mounts with direct
     I/O, as blob storage mounts may be, refuse mmap): the same tensors either way."""
     try:

@@ -26,11 +26,11 @@ import pytest
 import xxhash
 from storage.azurite import azurite, blob_url  # noqa: F401  (fixtures, for the "blob" storage)
 
+from hvdazure.core.checkpoint_export import exported_file
 from hvdazure.core.checkpoint_store import (
     FORMAT_VERSION,
     CheckpointError,
     CheckpointManager,
-    exported_file,
     pointer_directory,
 )
 

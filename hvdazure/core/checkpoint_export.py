@@ -1,0 +1,38 @@
+"""One file of a checkpoint, verified, for the bindings' `load_weights`: weights without the trainer.
+
+A binding names its model file and loads it; this finds the checkpoint (one checkpoint's directory, or the
+`latest` or `best` of a directory of them, as CheckpointManager.resolve chooses), verifies it, and hands
+over a local path, with the one-line errors both bindings share. Every file of the chosen checkpoint is read
+once, through its hash, before the path is yielded (CheckpointManager.open_valid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from hvdazure.core.checkpoint_integrity import CheckpointError
+from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.object_store import redact
+
+
+@contextlib.contextmanager
+def exported_file(checkpoint: str, which: str, file_name: str) -> Iterator[str]:
+    """A verified local copy (or the verified file in place) of `file_name` of a checkpoint, for loading
+    weights without the trainer. `checkpoint` is one checkpoint's directory (path or URL), or a directory of
+    checkpoints whose `which` is taken: "latest", or "best" by the monitor the run was configured with (of
+    the run `latest` belongs to). Every file of the checkpoint is verified before the path is yielded. The
+    bindings' `load_weights` share it, and its one-line errors (a directory that does not exist is named as
+    such)."""
+    manager = CheckpointManager(checkpoint)
+    candidates = manager.checkpoints()
+    if not candidates:  # `checkpoint` is itself one checkpoint's directory
+        if not manager.exists():
+            raise CheckpointError(f"{redact(checkpoint)}: no such directory")
+        which = checkpoint
+    elif which == "best":  # the monitor the current run was configured with, as its newest checkpoint records
+        config = manager._of_current_run(candidates)[-1].manifest.get("config", {})
+        manager = CheckpointManager(checkpoint, monitor=config.get("monitor"),
+                                    mode=config.get("monitor_mode", "min"))
+    with manager.open_valid(which, [file_name]) as (_, paths):
+        yield paths[file_name]
