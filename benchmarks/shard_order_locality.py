@@ -1,4 +1,4 @@
-"""Shards touched per rank per epoch, core/shard_order.py's order against the uniform permutation.
+"""Shards touched per rank per epoch, data/shard_order.py's order against the uniform permutation.
 
 The ideal is the dataset's shards / world size (each shard read by one rank). Counted from the plans alone
 (no data is read), for world sizes 1..8, so it runs in seconds on one core:
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 from common import write_result
 
-from hvdazure.core.shard_order import DEFAULT_LANES, ShardOrder
 from hvdazure.core.sharding import SampleOrder, ShardPlan, UniformOrder
+from hvdazure.data.shard_order import DEFAULT_LANES, ShardOrder
 
 RESULT = Path(__file__).resolve().parent / "results" / "shard_order_locality.json"
 

@@ -18,8 +18,9 @@ over the step.
 
 Which samples of a step go to which cell is the order's choice (the `SampleOrder` a plan is given). The
 default, `UniformOrder`, is the permutation above with cells in (micro-batch, rank) order: random access is
-cheap for data in memory or on local disk. Sharded data on object storage uses core/shard_order.py's
-order instead, which groups a step's samples by where they are stored so that each rank reads few shards;
+cheap for data in memory or on local disk. Sharded data on object storage uses the order of its dataset
+instead (hvdazure/data/shard_order.py), which groups a step's samples by where they are stored so that each
+rank reads few shards;
 the cell sizes and loss weights are the same for every order, and the gradient is a sum over the step,
 so the assignment inside a step changes nothing but float rounding.
 
@@ -69,6 +70,11 @@ class SampleOrder(Protocol):
         """A hash of everything the order depends on: a resume across a change of it must be refused."""
         ...
 
+    def describe(self) -> dict[str, Any]:
+        """The order's own parameters, JSON-ready, beside the seed and sample count a checkpoint records
+        (a refused resume names those that changed); {} for an order with none."""
+        ...
+
 
 @dataclass(frozen=True)
 class UniformOrder:
@@ -84,6 +90,9 @@ class UniformOrder:
 
     def fingerprint(self, seed: int) -> str:
         return fingerprint({"order": "uniform/1", "num_samples": self.num_samples, "seed": seed})
+
+    def describe(self) -> dict[str, Any]:
+        return {}
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,6 @@ from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.errors import exception_line
 from hvdazure.core.object_store import StorageError, redact
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.shard_order import ShardOrder
 from hvdazure.core.sharding import ShardPlan
 
 if TYPE_CHECKING:
@@ -452,9 +451,7 @@ def data_order_record(plan: ShardPlan, data_fingerprint: str | None) -> dict[str
     refusal names (seed, lanes, window, shards), and the data's own fingerprint (a sharded dataset's index;
     None for data in memory)."""
     order = plan.sample_order
-    described: dict[str, Any] = {"seed": plan.seed, "num_samples": order.num_samples}
-    if isinstance(order, ShardOrder):
-        described.update(lanes=order.lanes, window=order.window_samples, shards=len(order.shard_sizes))
+    described: dict[str, Any] = {"seed": plan.seed, "num_samples": order.num_samples, **order.describe()}
     return {"order_fingerprint": plan.order_fingerprint(), "order": described,
             "data_fingerprint": data_fingerprint}
 

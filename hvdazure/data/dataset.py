@@ -1,6 +1,6 @@
 """ShardedDataset: a dataset bigger than memory, stored in shards, that either trainer reads exactly.
 
-What the trainers get from it: its length, its order (`sample_order`, core/shard_order.py's ShardOrder:
+What the trainers get from it: its length, its order (`sample_order`, data/shard_order.py's ShardOrder:
 each rank reads few shards, the same samples per step at any world size, each sample once per epoch) and
 its data fingerprint (the index's, recorded in checkpoints: a resume on changed data is refused). Samples
 are numbered shard by shard in index order; `__getitem__` / `__getitems__` read them by number.
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hvdazure.core.shard_order import DEFAULT_LANES, ShardOrder
+from hvdazure.data.shard_order import DEFAULT_LANES, ShardOrder
 
 if TYPE_CHECKING:
     from hvdazure.core.sharding import MicroBatch
@@ -49,7 +49,7 @@ class ShardedDataset:
     `decode(raw)` turns a raw sample into what a batch is made of (default: the format's, see
     hvdazure.data.formats); `batch_decode(raws)`, if given, turns a micro-batch's raw samples into the
     batch itself (e.g. `lambda records: tf.io.parse_example(records, spec)`), and `decode` is not used.
-    `lanes`, `window`: the order's parameters (core/shard_order.py); a checkpoint records them.
+    `lanes`, `window`: the order's parameters (data/shard_order.py); a checkpoint records them.
     `cache`, `cache_dir`, `cache_limit`, `storage_options`: how shards are fetched (hvdazure.data.cache).
     `prefetch_shards`: at most this many shards downloaded ahead of this rank's reading."""
 
@@ -254,7 +254,7 @@ class ShardedDataset:
 
 def readers_kept(order: ShardOrder) -> int:
     """Shard readers a process keeps open: the shards `order` has at hand at once (about lanes x (window
-    / mean shard size + 2) at world size 1, see core/shard_order.py), at least MIN_OPEN_READERS. Fewer makes
+    / mean shard size + 2) at world size 1, see data/shard_order.py), at least MIN_OPEN_READERS. Fewer makes
     every read reopen its shard (and, for Parquet, decode its row group again). OPEN_READERS, if set, wins."""
     if OPEN_READERS is not None:
         return OPEN_READERS

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import hvdazure.data.formats as formats
-from hvdazure.core.shard_order import ShardOrder
 from hvdazure.core.sharding import ShardPlan
 from hvdazure.data import ShardedDataset, write_shards
 from hvdazure.data.dataset import MIN_OPEN_READERS, readers_kept
 from hvdazure.data.formats import scan_shard, tar, tfrecord
+from hvdazure.data.shard_order import ShardOrder
 
 
 def test_readers_kept_cover_the_shards_the_order_has_at_hand():

@@ -1,4 +1,4 @@
-"""hvdazure.core.shard_order: the epoch order of a sharded dataset, and ShardPlan following it.
+"""hvdazure.data.shard_order: the epoch order of a sharded dataset, and ShardPlan following it.
 
 Fake-rank style: every rank's plan is built in this process, so the properties that matter across ranks
 (each sample once, the same samples per step at any world size, resume on another world size) are checked
@@ -12,8 +12,8 @@ import itertools
 import numpy as np
 import pytest
 
-from hvdazure.core.shard_order import ShardOrder
 from hvdazure.core.sharding import MicroBatch, ShardPlan, UniformOrder
+from hvdazure.data.shard_order import ShardOrder
 
 # shard sizes: uneven, shards smaller than a global batch, one shard, empty shards (also first and last)
 DATASETS = {
@@ -257,3 +257,16 @@ def test_only_empty_shards_make_an_empty_training_dataset() -> None:
     assert order.epoch_order(0, 0).tolist() == []
     with pytest.raises(ValueError, match="empty"):
         ShardPlan(order.num_samples, 4, 1, 0, order=order)
+
+
+def test_an_order_describes_itself_in_the_manifest_with_the_keys_checkpoints_always_had() -> None:
+    # checkpoints written before orders described themselves hold exactly these records: they still compare
+    from hvdazure.core.trainer_checkpoints import data_order_record
+
+    sharded = ShardPlan(15, 2, 1, 0, seed=3, order=ShardOrder((5, 0, 10), lanes=2, window=4))
+    assert data_order_record(sharded, "abc")["order"] == {"seed": 3, "num_samples": 15, "lanes": 2,
+                                                          "window": 4, "shards": 3}
+    uniform = ShardPlan(15, 2, 1, 0, seed=3)
+    assert data_order_record(uniform, None) == {"order_fingerprint": uniform.order_fingerprint(),
+                                                "order": {"seed": 3, "num_samples": 15},
+                                                "data_fingerprint": None}

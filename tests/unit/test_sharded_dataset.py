@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from distributed.sharded_data import NUM_SAMPLES, SHARD_SIZES, regression, write_regression_shards
 
-from hvdazure.core.shard_order import ShardOrder
 from hvdazure.core.sharding import MicroBatch, ShardPlan
 from hvdazure.data import ShardedDataset, load_index
 from hvdazure.data import dataset as dataset_module
 from hvdazure.data.dataset import read_ahead_steps
+from hvdazure.data.shard_order import ShardOrder
 
 
 @pytest.fixture(scope="module")

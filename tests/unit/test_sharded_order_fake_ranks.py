@@ -1,4 +1,4 @@
-"""Sharded data's order (core/shard_order.py's ShardOrder) through the real training loop, on 1..8 ranks
+"""Sharded data's order (data/shard_order.py's ShardOrder) through the real training loop, on 1..8 ranks
 simulated by threads (tests/fakes/fake_backend.py), and what a checkpoint records of it.
 
 The fake backend trains a float64 linear regression whose samples stand for a sharded dataset's: the
@@ -25,8 +25,8 @@ from fakes.fake_backend import FakeTrainer, LinearProblem, ThreadWorld, initial_
 from hvdazure.core import trainer as core_trainer
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.config import TrainConfig
-from hvdazure.core.shard_order import ShardOrder
 from hvdazure.core.sharding import SampleOrder
+from hvdazure.data.shard_order import ShardOrder
 
 Trainers = list[FakeTrainer]
 

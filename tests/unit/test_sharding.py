@@ -314,6 +314,9 @@ class _SortedOrder:
     def fingerprint(self, seed: int) -> str:
         return "sorted"
 
+    def describe(self) -> dict[str, int]:
+        return {}
+
 
 def test_a_grouped_step_gives_each_rank_one_stretch_dealt_in_turn_to_its_micro_batches() -> None:
     # global batch 12 = 2 per micro-batch x 3 ranks x 2 micro-batches: rank r takes the r-th 4 of the

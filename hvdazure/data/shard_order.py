@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -134,6 +135,10 @@ class ShardOrder:
         return fingerprint({"order": "shards/1", "seed": seed, "lanes": self.lanes,
                             "window": self.window_samples, "num_shards": len(self.shard_sizes),
                             "shard_sizes_sha256": hashlib.sha256(sizes).hexdigest()})
+
+    def describe(self) -> dict[str, Any]:
+        """Lanes, window (resolved) and the number of shards: what a checkpoint records of the order."""
+        return {"lanes": self.lanes, "window": self.window_samples, "shards": len(self.shard_sizes)}
 
     def _layout(self, seed: int) -> _Lanes:
         """The shards, shuffled from the seed, laid end to end into lanes of equal sample counts."""
