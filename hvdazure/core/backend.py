@@ -23,7 +23,8 @@ from typing import Any, BinaryIO
 from hvdazure.core.config import ControllerError
 from hvdazure.core.errors import UserError
 from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan
+from hvdazure.core.sharding import MicroBatch, SampleOrder
+from hvdazure.core.step_batches import StepCursor
 
 
 class DataError(UserError, ValueError):
@@ -170,9 +171,12 @@ class Backend(ABC):
         """Make every rank's model and optimizer equal to rank 0's."""
 
     @abstractmethod
-    def epoch_batches(self, shard_plan: ShardPlan, epoch: int, start_sample: int) -> Iterator[Any]:
-        """This rank's batches of its non-empty micro-batches of `epoch` from sample position
-        `start_sample` on, in plan order, ready for the step (on the device)."""
+    def epoch_batches(self, steps: StepCursor) -> Iterator[Any]:
+        """The batches of the micro-batches with samples of `steps`, in order, ready for the step (on the
+        device). `steps` is a cursor over the core's one walk of this rank's plan, from the step being
+        trained to the epoch's end (core/step_batches.py): the loader takes its steps from it as far ahead
+        of the loop as it reads (`loaded_cells`), a sharded dataset the coming ones to fetch (`coming`);
+        the backend never walks the plan itself."""
 
     @abstractmethod
     def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:

@@ -179,6 +179,15 @@ class ShardPlan:
         """Optimizer steps from position `start_sample` to the end of the epoch."""
         return -(-(self.num_samples - start_sample) // self.global_batch_size)
 
+    def micro_batches_left(self, start_sample: int) -> int:
+        """This rank's micro-batches with samples from position `start_sample` to the end of the epoch,
+        without walking it: every cell of a full step has samples, and a short last step fills its first
+        `_cells_used` cells in (micro-batch, rank) order (whatever the order does within the step)."""
+        full, last = divmod(self.num_samples - start_sample, self.global_batch_size)
+        used = self._cells_used(last) if last else 0
+        return full * self.grad_accum_steps + sum(
+            1 for k in range(self.grad_accum_steps) if k * self.world_size + self.rank < used)
+
     def smallest_micro_batch(self, start_sample: int = 0, across_ranks: bool = False) -> int:
         """The fewest samples any non-empty micro-batch of any rank gets, from `start_sample` to the end of
         the epoch (only the last step can be short). `across_ranks`: of micro-batch k, all ranks' samples

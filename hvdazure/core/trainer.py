@@ -159,7 +159,7 @@ class Trainer(ABC):
     def _train_epoch(self) -> None:
         s = self.state
         self._emit("on_epoch_start")
-        for micro_batches in self.shard_plan.epoch(s.epoch, start_sample=s.samples_in_epoch):
+        for micro_batches in self._step_batches.epoch(s.epoch, start_sample=s.samples_in_epoch):
             self._emit("on_step_begin")
             signal_votes = self._backend.run_step(self._rank_step(micro_batches), self._meter,
                                                   self._stop_vote())
@@ -242,8 +242,7 @@ class Trainer(ABC):
         # Average divides the summed gradients by the world size; the loss weights are shares of the whole
         # step, so multiply that division back out.
         self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
-        self._step_batches = StepBatches(
-            lambda epoch, start: backend.epoch_batches(self.shard_plan, epoch, start))
+        self._step_batches = StepBatches(self.shard_plan, backend.epoch_batches)
         self._meter, self._epoch_means = self._new_meter(), RunningMean()
         return CheckpointPieces(
             stateful={"state": self.state, "epoch_train": self._epoch_means,
@@ -344,7 +343,7 @@ class Trainer(ABC):
     def _rank_step(self, micro_batches: list[MicroBatch]) -> RankStep:
         """This rank's part of the step: its batches, read from the backend's epoch stream as the backend
         iterates them, and each micro-batch's loss weight."""
-        return RankStep(micro_batches, self._step_batches.of_step(micro_batches, self.state),
+        return RankStep(micro_batches, self._step_batches.of_step(micro_batches),
                         [mb.loss_weight(self._ranks_averaged) for mb in micro_batches])
 
     def _check_micro_batch_sizes(self) -> None:

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import groupby, islice
+from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from hvdazure.data.shard_order import DEFAULT_LANES, ShardOrder
 
 if TYPE_CHECKING:
     from hvdazure.core.sharding import MicroBatch
+    from hvdazure.core.step_batches import StepCursor
     from hvdazure.data.cache import CacheStats, Shards
     from hvdazure.data.formats import Columns, ShardReader
     from hvdazure.data.index import ShardEntry, ShardIndex
@@ -263,14 +264,13 @@ def readers_kept(order: ShardOrder) -> int:
     return max(MIN_OPEN_READERS, order.lanes * (-(-order.window_samples // mean_shard) + 2))
 
 
-def read_ahead_steps(dataset: ShardedDataset, steps: Iterable[list[MicroBatch]],
+def read_ahead_steps(dataset: ShardedDataset, steps: StepCursor,
                      ahead: int = READ_AHEAD_STEPS) -> Iterator[list[MicroBatch]]:
-    """`steps` (this rank's micro-batches, step by step), handing the dataset the samples of the coming
-    `ahead` steps as each one starts, so that their shards are fetched while it trains."""
-    steps = iter(steps)
-    window = deque(islice(steps, ahead + 1))
-    while window:
+    """`steps` (a cursor over the core's walk of this rank's plan, core/step_batches.py), handing the
+    dataset the samples of each step and of the `ahead` coming ones as it starts, so that their shards are
+    fetched while it trains."""
+    for step in steps:
+        window = [step, *steps.coming(ahead)]
         dataset.read_ahead(np.fromiter((i for step in window for cell in step for i in cell.indices),
                                        dtype=np.int64))
-        yield window.popleft()
-        window.extend(islice(steps, 1))
+        yield step

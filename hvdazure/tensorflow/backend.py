@@ -12,7 +12,7 @@ hooks (build_model, training_step, ...) are the TensorFlowTrainer's (tensorflow/
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import horovod
@@ -24,10 +24,11 @@ import tensorflow as tf
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
-from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan, eval_range, first_eval_batch
+from hvdazure.core.sharding import SampleOrder, eval_range, first_eval_batch
+from hvdazure.core.step_batches import StepCursor, loaded_cells
 from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights
 from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
-from hvdazure.tensorflow.data import ShardedData, data_view, sample_order
+from hvdazure.tensorflow.data import data_view
 from hvdazure.tensorflow.gradients import (
     allreduce_gradients,
     allreduce_options,
@@ -68,11 +69,10 @@ class TensorFlowBackend(Backend):
         self._train_data = data_view(self.hooks.train_dataset(), "train_dataset()")
         eval_data = self.hooks.eval_dataset()
         self._eval_data = data_view(eval_data, "eval_dataset()") if eval_data is not None else None
-        return sample_order(self._train_data)
+        return self._train_data.order
 
     def data_fingerprint(self) -> str | None:
-        data = self._train_data
-        return data.dataset.data_fingerprint if isinstance(data, ShardedData) else None
+        return self._train_data.data_fingerprint
 
     def build(self, peak_lr: float) -> KerasCheckpointContent:
         c = self.config
@@ -116,11 +116,8 @@ class TensorFlowBackend(Backend):
             raise ConfigError("build_optimizer must give the optimizer a number as learning_rate, not a "
                               "schedule: hvdazure applies warmup and the config's schedule") from None
 
-    def epoch_batches(self, shard_plan: ShardPlan, epoch: int, start_sample: int) -> Iterator[Any]:
-        steps: Iterable[list[MicroBatch]] = shard_plan.epoch(epoch, start_sample)
-        if isinstance(self._train_data, ShardedData):
-            steps = self._train_data.reading_ahead(steps)
-        return self._train_data.batches(mb for step in steps for mb in step)
+    def epoch_batches(self, steps: StepCursor) -> Iterator[Any]:
+        return self._train_data.batches(loaded_cells(self._train_data.reading_ahead(steps)))
 
     def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:
         with_vote, vote = stop_vote is not None, _float64(stop_vote or 0.0)
@@ -156,8 +153,7 @@ class TensorFlowBackend(Backend):
         size, ranks, rank = self.config.batch_size, self.collectives.size, self.collectives.rank
         mine = (first_eval_batch(len(self._eval_data), size, ranks, rank) if first_batch_only else
                 eval_range(len(self._eval_data), ranks, rank))
-        if isinstance(self._eval_data, ShardedData):  # a contiguous range: its first shards, fetched now
-            self._eval_data.dataset.read_ahead(np.arange(mine.start, mine.stop))
+        self._eval_data.read_ahead(np.arange(mine.start, mine.stop))  # sharded: its first shards, now
         for start in range(mine.start, mine.stop, size):  # a rank with no samples runs nothing
             indices = range(start, min(start + size, mine.stop))
             metrics = self._compiled.evaluate(self._eval_data.take(indices))

@@ -9,6 +9,7 @@ bigger than memory: hvdazure.data.ShardedDataset).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from hvdazure.core.backend import DataError
 from hvdazure.core.sharding import MicroBatch, SampleOrder, UniformOrder
+from hvdazure.core.step_batches import StepCursor
 from hvdazure.data.dataset import ShardedDataset, read_ahead_steps
 
 # Training batches larger than this are prefetched in a tf.data pipeline; smaller ones are gathered directly.
@@ -37,6 +39,19 @@ class ArrayData:
 
     def __len__(self) -> int:
         return self.num_samples
+
+    data_fingerprint: str | None = None  # data in memory: nothing to check on resume
+
+    @property
+    def order(self) -> SampleOrder:
+        return UniformOrder(self.num_samples)
+
+    def reading_ahead(self, steps: StepCursor) -> Iterator[list[MicroBatch]]:
+        """`steps` as they are: the arrays are in memory."""
+        return steps
+
+    def read_ahead(self, samples: np.ndarray) -> None:
+        """Nothing to fetch: the arrays are in memory."""
 
     def take(self, indices: Sequence[int]) -> Any:
         """The samples at `indices`, in that order, as one batch (NumPy arrays in the data's structure)."""
@@ -82,6 +97,14 @@ class ShardedData:
     def order(self) -> SampleOrder:
         return self.dataset.sample_order
 
+    @property
+    def data_fingerprint(self) -> str | None:
+        return self.dataset.data_fingerprint
+
+    def read_ahead(self, samples: np.ndarray) -> None:
+        """Fetch the shards of `samples` (an evaluation's range: its first shards, fetched now)."""
+        self.dataset.read_ahead(samples)
+
     def take(self, indices: Sequence[int]) -> Any:
         """The samples at `indices`, in that order, as one batch (no indices: an empty batch of the
         signature's shapes)."""
@@ -106,7 +129,7 @@ class ShardedData:
                 lambda a: tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)), first)
         return self._signature
 
-    def reading_ahead(self, steps: Iterable[list[MicroBatch]]) -> Iterator[list[MicroBatch]]:
+    def reading_ahead(self, steps: StepCursor) -> Iterator[list[MicroBatch]]:
         """`steps`, handing the dataset the coming steps' samples as each one starts (read_ahead_steps)."""
         return read_ahead_steps(self.dataset, steps)
 
@@ -118,18 +141,25 @@ class ShardedData:
                                                    output_signature=self.signature()).prefetch(2))
 
 
-def data_view(data: Any, what: str) -> ArrayData | ShardedData:
-    """The binding's view of train_dataset()/eval_dataset()'s data: ShardedData for a ShardedDataset, an
-    ArrayData as it is (a subclass may make its samples as they are taken), ArrayData (in memory) for anything
-    else."""
-    if isinstance(data, ArrayData):
-        return data
-    return ShardedData(data) if isinstance(data, ShardedDataset) else ArrayData(data, what)
+DataView = ArrayData | ShardedData
 
 
-def sample_order(data: ArrayData | ShardedData) -> SampleOrder:
-    """A ShardedDataset's own order (few shards per rank); the uniform permutation for arrays."""
-    return data.order if isinstance(data, ShardedData) else UniformOrder(len(data))
+@functools.singledispatch
+def data_view(data: Any, what: str) -> DataView:
+    """The binding's view of train_dataset()/eval_dataset()'s data, chosen here once by its type: ShardedData
+    for a ShardedDataset, an ArrayData as it is (a subclass may make its samples as they are taken),
+    ArrayData (in memory) for anything else."""
+    return ArrayData(data, what)
+
+
+@data_view.register(ArrayData)
+def _as_given(data: ArrayData, what: str) -> DataView:
+    return data
+
+
+@data_view.register(ShardedDataset)
+def _sharded_view(data: ShardedDataset, what: str) -> DataView:
+    return ShardedData(data)
 
 
 def _as_array(value: Any) -> np.ndarray:

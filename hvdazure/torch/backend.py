@@ -23,19 +23,11 @@ import torch
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
-from hvdazure.core.sharding import SampleOrder, ShardPlan, first_eval_batch
-from hvdazure.data.dataset import ShardedDataset
+from hvdazure.core.sharding import SampleOrder, first_eval_batch
+from hvdazure.core.step_batches import StepCursor
 from hvdazure.torch.checkpoint_content import TorchCheckpointContent
 from hvdazure.torch.collectives import TorchCollectives
-from hvdazure.torch.data import (
-    empty_batch,
-    eval_batches,
-    make_loader,
-    random_access,
-    sample_order,
-    to_device,
-    train_loader,
-)
+from hvdazure.torch.data import DataView, data_view, empty_batch, epoch_loader, eval_batches, to_device
 from hvdazure.torch.gradients import COMPRESSION, OPS, GradientsAfterBackward, overlaps_backward
 from hvdazure.torch.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, has_sync_batchnorm
 
@@ -78,13 +70,13 @@ class TorchBackend(Backend):
         hvd.shutdown()
 
     def load_datasets(self) -> SampleOrder:
-        self._train_data = random_access(self.hooks.train_dataset(), "train_dataset()")
+        self._train_data: DataView = data_view(self.hooks.train_dataset(), "train_dataset()")
         eval_data = self.hooks.eval_dataset()
-        self._eval_data = random_access(eval_data, "eval_dataset()") if eval_data is not None else None
-        return sample_order(self._train_data)
+        self._eval_data = data_view(eval_data, "eval_dataset()") if eval_data is not None else None
+        return self._train_data.order
 
     def data_fingerprint(self) -> str | None:
-        return self._train_data.data_fingerprint if isinstance(self._train_data, ShardedDataset) else None
+        return self._train_data.data_fingerprint
 
     def build(self, peak_lr: float) -> TorchCheckpointContent:
         c = self.config
@@ -140,9 +132,9 @@ class TorchBackend(Backend):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=_AMP_DTYPES[precision])
 
-    def epoch_batches(self, shard_plan: ShardPlan, epoch: int, start_sample: int) -> Iterator[Any]:
-        loader = train_loader(self._train_data, shard_plan, epoch, start_sample, self.collate,
-                              self.config.num_workers, pin_memory=self.device.type == "cuda")
+    def epoch_batches(self, steps: StepCursor) -> Iterator[Any]:
+        loader = epoch_loader(self._train_data, steps, self.collate, self.config.num_workers,
+                              pin_memory=self.device.type == "cuda")
         return (to_device(batch, self.device) for batch in loader)
 
     def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:
@@ -200,10 +192,9 @@ class TorchBackend(Backend):
             batches = [list(first)] if first else []
         else:
             batches = eval_batches(len(self._eval_data), c.batch_size, size, rank)
-        if isinstance(self._eval_data, ShardedDataset):  # a contiguous range: its first shards, fetched now
-            self._eval_data.read_ahead(i for batch in batches for i in batch)
+        self._eval_data.read_ahead(i for batch in batches for i in batch)  # sharded: its first shards
         workers = 0 if first_batch_only else c.num_workers  # no worker processes started for one batch
-        loader = make_loader(self._eval_data, batches, self.collate, workers)
+        loader = self._eval_data.loader(batches, self.collate, workers)
         modes = [(module, module.training) for module in self.model.modules()]
         self.model.eval()
         with torch.no_grad(), self._autocast():

@@ -1,7 +1,9 @@
-"""DataLoaders over the user's map-style Dataset that follow core/sharding.py's plan, epoch by epoch."""
+"""The user's data as the PyTorch binding reads it: one view per kind of data (`data_view`: MapStyleData for a
+map-style Dataset, ShardedData for a ShardedDataset), and DataLoaders over the core's walk of the plan."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -11,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Tens
 
 from hvdazure.core.backend import DataError
 from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan, UniformOrder, eval_range
+from hvdazure.core.step_batches import EpochSteps, StepCursor, loaded_cells
 from hvdazure.data.dataset import ShardedDataset, read_ahead_steps
 
 # Where a refused dataset is pointed (the TensorFlow binding says the same of a tf.data stream)
@@ -20,11 +23,9 @@ SHARDED_INSTEAD = ("return a map-style Dataset (with __len__ and __getitem__), o
 
 
 def random_access(dataset: Any, what: str) -> Any:
-    """`dataset` if each rank can read its exact share of it (a map-style Dataset or a ShardedDataset);
-    else a DataError in one line saying what to return instead. An IterableDataset is a stream: it cannot
-    give the same samples per step at any world size, each once per epoch."""
-    if isinstance(dataset, ShardedDataset):
-        return dataset
+    """`dataset` if each rank can read its exact share of it (a map-style Dataset); else a DataError in one
+    line saying what to return instead. An IterableDataset is a stream: it cannot give the same samples
+    per step at any world size, each once per epoch."""
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         raise DataError(f"{what} returned a {type(dataset).__name__}, a stream without random access (no "
                         "len() or indexing): hvdazure gives each rank its exact share of a dataset it can "
@@ -32,60 +33,134 @@ def random_access(dataset: Any, what: str) -> Any:
     return dataset
 
 
-def sample_order(dataset: Any) -> SampleOrder:
-    """A ShardedDataset's own order (few shards per rank); the uniform permutation for any other."""
-    return dataset.sample_order if isinstance(dataset, ShardedDataset) else UniformOrder(len(dataset))
+class MapStyleData:
+    """A map-style Dataset as the binding reads it: the uniform permutation, nothing fetched ahead, and
+    micro-batches loaded by a DataLoader (a TensorDataset with the default collate a batch at a time: one
+    indexing per tensor, the same batch as stacking its samples, ~10x faster than a sample at a time)."""
+
+    data_fingerprint: str | None = None  # nothing to check on resume: the data is the user's code
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def order(self) -> SampleOrder:
+        return UniformOrder(len(self))
+
+    def reading_ahead(self, steps: StepCursor) -> Iterator[list[MicroBatch]]:
+        """`steps` as they are: there is nothing to fetch ahead."""
+        return steps
+
+    def read_ahead(self, samples: Iterable[int]) -> None:
+        """Nothing to fetch ahead (an evaluation's range)."""
+
+    def loader(self, batches: Iterable[list[int]], collate_fn: Callable | None, num_workers: int,
+               pin_memory: bool = False) -> DataLoader:
+        """A DataLoader of the samples at each of `batches`' lists of indices; `collate_fn` None: torch's
+        default_collate."""
+        dataset = self.dataset
+        if collate_fn is None and type(dataset) is TensorDataset:
+            dataset, collate_fn = _TensorBatches(dataset.tensors), _as_is
+        return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn or default_collate,
+                          num_workers=num_workers, pin_memory=pin_memory)
+
+
+class ShardedData:
+    """A ShardedDataset as the binding reads it: its own order (few shards per rank), the coming steps'
+    shards fetched ahead, and micro-batches read whole: with a batch_decode, its batches are used as they
+    are; with the default decode and collate, by columns (`ShardedDataset.read_columns`: arrays decoded
+    straight into the batch), the same batch, bit for bit, as default_collate of its samples."""
+
+    def __init__(self, dataset: ShardedDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def order(self) -> SampleOrder:
+        return self.dataset.sample_order
+
+    @property
+    def data_fingerprint(self) -> str | None:
+        return self.dataset.data_fingerprint
+
+    def reading_ahead(self, steps: StepCursor) -> Iterator[list[MicroBatch]]:
+        """`steps`, handing the dataset the coming steps' samples as each one starts (read_ahead_steps)."""
+        return read_ahead_steps(self.dataset, steps)
+
+    def read_ahead(self, samples: Iterable[int]) -> None:
+        """Fetch the shards of `samples` (an evaluation's range: its first shards, fetched now)."""
+        self.dataset.read_ahead(samples)
+
+    def loader(self, batches: Iterable[list[int]], collate_fn: Callable | None, num_workers: int,
+               pin_memory: bool = False) -> DataLoader:
+        """A DataLoader of the samples at each of `batches`' lists of indices; `collate_fn` None: torch's
+        default_collate (by columns for the default decode)."""
+        dataset: Dataset | ShardedDataset = self.dataset
+        if self.dataset.batch_decode is not None:
+            collate_fn = _as_is
+        elif self.dataset.decode is None and collate_fn is None:
+            dataset, collate_fn = _ShardedColumns(self.dataset), collate_columns
+        return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn or default_collate,
+                          num_workers=num_workers, pin_memory=pin_memory)
+
+
+DataView = MapStyleData | ShardedData
+
+
+@functools.singledispatch
+def data_view(data: Any, what: str) -> DataView:
+    """The binding's view of train_dataset()/eval_dataset()'s data, chosen here once by its type: a
+    ShardedData for a ShardedDataset, a MapStyleData for a map-style Dataset (a stream refused, see
+    random_access)."""
+    return MapStyleData(random_access(data, what))
+
+
+@data_view.register(ShardedDataset)
+def _sharded_view(data: ShardedDataset, what: str) -> DataView:
+    return ShardedData(data)
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
-    """This rank's non-empty micro-batches for one epoch, from sample position `start_sample` on. A new one
-    is made every epoch, so the order changes with the epoch without anyone calling set_epoch(). (An empty
-    micro-batch of a short last step has nothing to load: the trainer skips it, see ShardPlan.)
+    """The indices of the micro-batches with samples of `steps` (a cursor over the core's walk of this
+    rank's plan, see core/step_batches.py), read as the DataLoader asks: it iterates this sampler in the
+    main process, ahead of its workers, so `view.reading_ahead` hands a ShardedDataset the coming steps'
+    samples as each step starts. One pass: a new one is made for every stream of batches. (An empty
+    micro-batch of a short last step has nothing to load: the trainer skips it, see ShardPlan.)"""
 
-    With a ShardedDataset, the coming steps' samples are handed to its `read_ahead` as each step starts:
-    the DataLoader iterates this sampler in the main process, ahead of its workers."""
-
-    def __init__(self, plan: ShardPlan, epoch: int, start_sample: int = 0,
-                 dataset: ShardedDataset | None = None) -> None:
-        self.plan, self.epoch, self.start_sample, self.dataset = plan, epoch, start_sample, dataset
+    def __init__(self, steps: StepCursor, view: DataView) -> None:
+        self.steps, self.view = steps, view
+        self._len = steps.num_batches
 
     def __iter__(self) -> Iterator[list[int]]:
-        steps: Iterable[list[MicroBatch]] = self.plan.epoch(self.epoch, self.start_sample)
-        if self.dataset is not None:
-            steps = read_ahead_steps(self.dataset, steps)
-        for step in steps:
-            for micro_batch in step:
-                if not micro_batch.is_empty:
-                    yield micro_batch.indices
+        return (micro_batch.indices for micro_batch in loaded_cells(self.view.reading_ahead(self.steps)))
 
     def __len__(self) -> int:
-        return sum(not mb.is_empty for step in self.plan.epoch(self.epoch, self.start_sample) for mb in step)
+        return self._len
+
+
+def epoch_loader(view: DataView, steps: StepCursor, collate_fn: Callable | None, num_workers: int,
+                 pin_memory: bool) -> DataLoader:
+    """Batches of the micro-batches with samples of `steps`, in order."""
+    return view.loader(ShardedBatchSampler(steps, view), collate_fn, num_workers, pin_memory)
 
 
 def train_loader(dataset: Dataset | ShardedDataset, plan: ShardPlan, epoch: int, start_sample: int,
                  collate_fn: Callable | None, num_workers: int, pin_memory: bool) -> DataLoader:
-    """Batches for this rank's micro-batches of `epoch`, in plan order (see `make_loader`)."""
-    batches = ShardedBatchSampler(plan, epoch, start_sample,
-                                  dataset if isinstance(dataset, ShardedDataset) else None)
-    return make_loader(dataset, batches, collate_fn, num_workers, pin_memory)
+    """Batches for this rank's micro-batches of `epoch` from `start_sample` on, in plan order, outside a
+    trainer (benchmarks, tests): over a walk of the plan of its own."""
+    steps = EpochSteps(plan, epoch, start_sample).cursor()
+    return epoch_loader(data_view(dataset, "the dataset"), steps, collate_fn, num_workers, pin_memory)
 
 
 def make_loader(dataset: Dataset | ShardedDataset, batches: Iterable[list[int]], collate_fn: Callable | None,
                 num_workers: int, pin_memory: bool = False) -> DataLoader:
-    """A DataLoader of the samples at each of `batches`' lists of indices; `collate_fn` None: torch's
-    default_collate. A TensorDataset with the default collate is read a batch at a time (one indexing per
-    tensor: the same batch as stacking its samples, ~10x faster than a sample at a time). A ShardedDataset
-    with a batch_decode returns batches: they are used as they are. One with the default decode and
-    collate is read by columns (`ShardedDataset.read_columns`: arrays decoded straight into the batch),
-    the same batch, bit for bit, as default_collate of its samples."""
-    if collate_fn is None and type(dataset) is TensorDataset:
-        dataset, collate_fn = _TensorBatches(dataset.tensors), _as_is
-    if isinstance(dataset, ShardedDataset) and dataset.batch_decode is not None:
-        collate_fn = _as_is
-    elif isinstance(dataset, ShardedDataset) and dataset.decode is None and collate_fn is None:
-        dataset, collate_fn = _ShardedColumns(dataset), collate_columns
-    return DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn or default_collate,
-                      num_workers=num_workers, pin_memory=pin_memory)
+    """A DataLoader of the samples at each of `batches`' lists of indices, as the data's view loads them."""
+    return data_view(dataset, "the dataset").loader(batches, collate_fn, num_workers, pin_memory)
 
 
 class _ShardedColumns(Dataset):
@@ -149,10 +224,10 @@ def eval_batches(num_samples: int, batch_size: int, world_size: int, rank: int) 
     return [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
 
 
-def empty_batch(dataset: Dataset | ShardedDataset, collate_fn: Callable | None) -> Any:
+def empty_batch(view: DataView, collate_fn: Callable | None) -> Any:
     """A batch of no samples in the structure of the data's batches: sample 0's batch, cut to no rows (for
     a rank that must run a forward pass without samples, see sync_batchnorm.py)."""
-    return _no_rows(next(iter(make_loader(dataset, [[0]], collate_fn, 0))))
+    return _no_rows(next(iter(view.loader([[0]], collate_fn, 0))))
 
 
 def _no_rows(batch: Any) -> Any:

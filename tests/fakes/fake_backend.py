@@ -37,7 +37,8 @@ from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.sharding import SampleOrder, ShardPlan, UniformOrder, eval_range, first_eval_batch
+from hvdazure.core.sharding import SampleOrder, UniformOrder, eval_range, first_eval_batch
+from hvdazure.core.step_batches import StepCursor, loaded_cells
 from hvdazure.core.trainer import Trainer
 
 T = TypeVar("T")
@@ -405,10 +406,9 @@ class FakeBackend(Backend):
     def set_lr(self, lr: float) -> None:
         self.lr = lr
 
-    def epoch_batches(self, shard_plan: ShardPlan, epoch: int, start_sample: int) -> Iterator[Any]:
+    def epoch_batches(self, steps: StepCursor) -> Iterator[Any]:
         """The batches are the micro-batches' sample indices: the model reads the problem's arrays."""
-        steps = shard_plan.epoch(epoch, start_sample)
-        return (mb.indices for step in steps for mb in step if not mb.is_empty)
+        return (micro_batch.indices for micro_batch in loaded_cells(steps))
 
     def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:
         votes = None if stop_vote is None else self.collectives.allreduce_sum_async([stop_vote], "stop_vote")

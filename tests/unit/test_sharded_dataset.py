@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from distributed.sharded_data import NUM_SAMPLES, SHARD_SIZES, regression, write_regression_shards
 
-from hvdazure.core.sharding import MicroBatch, ShardPlan
+from hvdazure.core.sharding import ShardPlan
+from hvdazure.core.step_batches import EpochSteps
 from hvdazure.data import ShardedDataset, load_index
 from hvdazure.data import dataset as dataset_module
 from hvdazure.data.dataset import read_ahead_steps
@@ -94,10 +95,12 @@ def test_read_ahead_steps_hands_over_the_coming_steps_samples_as_each_step_start
     data = with_shards(ShardedDataset(str(shards), prefetch_shards=10), recording)
     seen: list[list[int]] = []
     data.read_ahead = lambda samples: seen.append(list(samples))  # type: ignore[method-assign]
-    steps = [[MicroBatch([s, s + 1], 2)] for s in range(0, 10, 2)]
+    plan = ShardPlan(10, batch_size=2, world_size=1, rank=0, seed=4)
+    steps = list(plan.epoch(0))
+    samples = [step[0].indices for step in steps]
 
-    assert list(read_ahead_steps(data, steps, ahead=1)) == steps
-    assert seen == [[0, 1, 2, 3], [2, 3, 4, 5], [4, 5, 6, 7], [6, 7, 8, 9], [8, 9]]
+    assert list(read_ahead_steps(data, EpochSteps(plan, 0, 0).cursor(), ahead=1)) == steps
+    assert seen == [samples[i] + (samples[i + 1] if i + 1 < len(samples) else []) for i in range(5)]
 
 
 def test_at_most_open_readers_shards_stay_open_the_least_recently_used_closed(

@@ -14,15 +14,16 @@ Evaluation: a contiguous, unpadded slice of the set per rank; `MetricAverage` su
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.sharding import MicroBatch, ShardPlan, eval_range
-from hvdazure.tensorflow.data import ShardedData, data_view, sample_order
+from hvdazure.core.sharding import ShardPlan, eval_range
+from hvdazure.core.step_batches import EpochSteps
+from hvdazure.tensorflow.data import ShardedData, data_view
 from hvdazure.tensorflow.keras.training import STEP_SAMPLES
 
 
@@ -45,16 +46,12 @@ def shard_for_fit(data: Any, batch_size: int, seed: int = 0, initial_epoch: int 
     shards fetched ahead). `batch_size` is per rank.
     The dataset never ends: give fit `steps_per_epoch`, so that each Keras epoch is one epoch of the plan."""
     arrays = data_view(data, "shard_for_fit(data)")
-    order = sample_order(arrays)
     plan = ShardPlan(len(arrays), batch_size, hvd.size(), hvd.rank(), grad_accum_steps=1, seed=seed,
-                     order=order)
+                     order=arrays.order)
 
     def batches() -> Iterator[dict[str, Any]]:
         for epoch in itertools.count(initial_epoch):
-            steps: Iterable[list[MicroBatch]] = plan.epoch(epoch)
-            if isinstance(arrays, ShardedData):
-                steps = arrays.reading_ahead(steps)
-            for (cell,) in steps:
+            for (cell,) in arrays.reading_ahead(EpochSteps(plan, epoch, 0).cursor()):
                 yield {"batch": arrays.take(cell.indices), STEP_SAMPLES: np.int64(cell.step_samples)}
 
     signature = {"batch": arrays.signature(), STEP_SAMPLES: tf.TensorSpec((), tf.int64)}
