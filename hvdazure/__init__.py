@@ -10,8 +10,8 @@ inside `fit()`: `TrainConfig(epoch=3)` at the top of a script says what `--set e
 
 from hvdazure._version import __version__
 from hvdazure.core.callbacks import Callback
-from hvdazure.core.cluster import ClusterInfo, detect_cluster
 from hvdazure.core.config import ConfigError, TrainConfig
+from hvdazure.core.environments import ClusterInfo, detect_cluster
 from hvdazure.core.errors import show_user_errors_in_one_line
 
 show_user_errors_in_one_line()

@@ -2,8 +2,8 @@
 
 Keep this file free of imports: hvdazure.azure.hyperdrive_args (stdlib only) runs inside every trial of an
 SDK v1 sweep, and that import runs this file first. (What every Azure ML job needs at run time, the
-environment and its preemption watcher, lives in hvdazure/core/cluster/.) Modules that need the Azure SDKs
-import them themselves.
+environment and its preemption notices, lives in hvdazure/core/environments/.) Modules that need the Azure
+SDKs import them themselves.
 
 The submission API (the options of `hvdazure submit`, as Python) is reached through this package and loaded
 on first use:

@@ -77,7 +77,7 @@ def default_output_yaml(job: ResolvedJob, env: Mapping[str, str] | None = None) 
     """Where a dry run writes the job by default: ~/.cache/hvdazure/dry-run/EXPERIMENT/hvdazure-job.yml
     (XDG_CACHE_HOME/hvdazure/... where that is set), outside the code directory: a file in it would be
     uploaded by the next submission, and counted by the next dry run."""
-    from hvdazure.core.cluster.environment import home_cache_dir
+    from hvdazure.core.environments.environment import home_cache_dir
 
     hvdazure_cache = Path(home_cache_dir(os.environ if env is None else env)).parent
     return hvdazure_cache / "dry-run" / job.experiment / DEFAULT_YAML

@@ -23,6 +23,7 @@ from torch.utils.data import TensorDataset
 from hvdazure import Callback, TrainConfig
 from hvdazure.bench.checkpoint_workload import BATCH_SIZE, PROBES
 from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.trainer import loop_of
 from hvdazure.torch import TorchTrainer
 from hvdazure.torch.checkpoint_content import TorchCheckpointContent
 
@@ -283,11 +284,12 @@ def probe(mode: str, mb: int, directory: str) -> None:
                          checkpoint_async=mode == "async save", resume="auto" if mode == "resume" else None,
                          extra={"mb": mb, "samples": 8})
     trainer = MemoryProbe(config)
-    trainer._prepare()  # what fit() does before the first step: build, broadcast, and resume if asked
+    loop = loop_of(trainer)
+    loop.prepare()  # what fit() does before the first step: build, broadcast, and resume if asked
     if mode in ("prepare", "async save", "blocking save"):
         trainer.save_checkpoint("benchmark", wait=mode != "async save")
-        assert trainer._checkpoints is not None  # checkpoint_dir is set
-        trainer._checkpoints.finish_pending()
+        assert loop.checkpoints is not None  # checkpoint_dir is set
+        loop.checkpoints.finish_pending()
     newest = CheckpointManager(directory).checkpoints()[-1]
     print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       "checkpoint_bytes": sum(f["bytes"] for f in newest.manifest["files"].values())}))

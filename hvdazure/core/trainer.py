@@ -1,512 +1,151 @@
-"""The framework-agnostic training loop. It holds a framework `Backend` (core/backend.py), which a binding
-(hvdazure.torch, hvdazure.tensorflow) creates; users subclass a binding's trainer and supply the model, data
-and steps as hooks, which the backend calls.
-
-The loop emits named events (core/callbacks.py); logging, LR warmup, early stopping and periodic
-checkpoints are callbacks. Every collective in the loop is entered by all ranks at the same point: step
-counts per epoch are equal on every rank by construction (core/sharding.py) and every decision comes from
-reduced values.
+"""The class a binding's trainer (TorchTrainer, TensorFlowTrainer) extends and a user subclasses: the user's
+hooks, a few read-only facts about the run, and `fit`. The loop's state and machinery live in a
+`TrainingLoop` (core/training_loop.py) held under one name-mangled attribute, so that no name a subclass
+defines (`_build`, `_state`, `callbacks`, ...) can replace or be replaced by one of the loop's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
-import platform
 import signal
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from hvdazure._version import __version__
-from hvdazure.core import run_context
-from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
-from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
-from hvdazure.core.checkpoint_store import CheckpointError
-from hvdazure.core.cluster import detect_environment
-from hvdazure.core.config import ConfigError, TrainConfig
-from hvdazure.core.errors import show_user_errors_in_one_line
-from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
+from hvdazure.core.backend import Backend, Collectives
+from hvdazure.core.callbacks import Callback
+from hvdazure.core.config import TrainConfig
 from hvdazure.core.lr import LRSchedule
-from hvdazure.core.metrics import MetricAccumulator, RunningMean
-from hvdazure.core.rank_logging import configure_logging, logger
-from hvdazure.core.seeds import RankRandomState, rank_seed, resume_seed
+from hvdazure.core.rank_logging import logger
 from hvdazure.core.sharding import MicroBatch, ShardPlan
 from hvdazure.core.state import TrainState
-from hvdazure.core.step_batches import StepBatches
-from hvdazure.core.stop_signals import stop_signals_caught
-from hvdazure.core.trainer_checkpoints import (
-    CallbackStates,
-    CheckpointCallback,
-    CheckpointPieces,
-    ResumePoint,
-    TrainerCheckpoints,
-    data_order_record,
-    default_checkpoint_dir,
-    refuse_changed_data,
-)
+from hvdazure.core.training_loop import TrainingLoop
 
 
-class Trainer(ABC):
+class Trainer:
     """Runs `fit()`: epochs of sharded optimizer steps, periodic metric reduction, evaluation, events."""
 
     def __init__(self, config: TrainConfig | None = None, callbacks: Sequence[Callback] = (),
-                 comm: Any = None) -> None:
+                 comm: Any = None, *, backend: Backend) -> None:
         """`comm`: an mpi4py communicator to start Horovod on, for a program that runs several trainings in
         one MPI job (under the MPI controller only); default: every rank of the job. Inside
-        `hvdazure sweep`, the trial's group of ranks, its parameters and callbacks (core/run_context.py)."""
-        context = run_context.current()
-        config = config if config is not None else TrainConfig()
-        self.config = context.apply(config) if context is not None else config
-        self.comm = comm if comm is not None else (context.communicator if context is not None else None)
-        self.state = TrainState()
-        self.rank, self.world_size, self.local_rank = 0, 1, 0
-        self.collectives: Collectives  # set by fit(): the backend's collectives over all ranks
-        self.shard_plan: ShardPlan  # set by fit(): which samples this rank trains on, step by step
-        self.schedule: LRSchedule  # set by fit()
-        self.callbacks: list[Callback] = []  # set by fit(): the defaults and the user's, on this rank
-        self._user_callbacks = list(callbacks) + (list(context.callbacks) if context is not None else [])
-        self._context = context
-        self._backend = self._create_backend()
-        self._checkpoints: TrainerCheckpoints | None = None
-        self._fitted: tuple[str, TrainConfig] | None = None  # how the last fit() ended, and its config
-        self._signal: int | None = None  # a stop signal this rank received
-        self._signal_reason: str | None = None  # what asked for it, when not a real signal
+        `hvdazure sweep`, the trial's group of ranks, its parameters and callbacks (core/run_context.py).
+        `backend`: the binding's side of training, which calls this trainer's hooks (a binding passes it)."""
+        self.__loop = TrainingLoop(self, config, callbacks, comm, backend)
 
-    @abstractmethod
-    def _create_backend(self) -> Backend:
-        """The framework's side of training (a binding's Backend), which calls this trainer's hooks."""
+    # --- the run, as the hooks and callbacks may read it ---------------------------------------------------
+    @property
+    def config(self) -> TrainConfig:
+        """The run's settings; a later `fit()` may go on with raised `epochs`/`max_steps`:
+        `trainer.config = trainer.config.replace(epochs=...)`."""
+        return self.__loop.config
 
-    # --- derived facts -----------------------------------------------------------------------------------
+    @config.setter
+    def config(self, config: TrainConfig) -> None:
+        self.__loop.config = config
+
+    @property
+    def state(self) -> TrainState:
+        """Where training is (epoch, step, samples seen), its latest metrics and the per-epoch history."""
+        return self.__loop.state
+
+    @property
+    def rank(self) -> int:
+        """This rank's place in the job (0 before `fit()` starts Horovod)."""
+        return self.__loop.rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks training (1 before `fit()` starts Horovod)."""
+        return self.__loop.world_size
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's place on its node: which GPU it uses."""
+        return self.__loop.local_rank
+
+    @property
+    def comm(self) -> Any:
+        """The mpi4py communicator Horovod runs on (None: every rank of the job)."""
+        return self.__loop.comm
+
+    @property
+    def collectives(self) -> Collectives:
+        """The backend's collectives over all ranks (once `fit()` has started)."""
+        return self.__loop.collectives
+
+    @property
+    def shard_plan(self) -> ShardPlan:
+        """Which samples this rank trains on, step by step (once `fit()` has started)."""
+        return self.__loop.shard_plan
+
+    @property
+    def schedule(self) -> LRSchedule:
+        """The LR schedule, scaled for the global batch (once `fit()` has started)."""
+        return self.__loop.schedule
+
+    @property
+    def callbacks(self) -> list[Callback]:
+        """The callbacks on this rank, the defaults then the user's (once `fit()` has started)."""
+        return list(self.__loop.callbacks)
+
     @property
     def is_main(self) -> bool:
         """Whether this is rank 0, the rank that logs, reports and writes checkpoints."""
-        return self.rank == 0
+        return self.__loop.is_main
 
     @property
     def global_batch_size(self) -> int:
         """Samples per optimizer step across all ranks: `batch_size` x world size x `grad_accum_steps`."""
-        return self.config.global_batch_size(self.world_size)
+        return self.__loop.global_batch_size
 
     @property
     def steps_per_epoch(self) -> int:
         """Optimizer steps in an epoch at this world size (the last one may be short)."""
-        return self.shard_plan.steps_per_epoch
+        return self.__loop.steps_per_epoch
 
     @property
     def schedule_step(self) -> int:
         """The optimizer step the LR schedule is at: by epochs and steps of the current world size."""
-        return self.state.epoch * self.steps_per_epoch + self.state.step_in_epoch
+        return self.__loop.schedule_step
 
     @property
     def micro_batch(self) -> MicroBatch | None:
         """The micro-batch being trained on (its sample indices and loss weight), for training_step."""
-        return self._backend.micro_batch
+        return self.__loop.micro_batch
 
     @property
     def finished(self) -> bool:
         """Whether training has reached its end (at an epoch's end: whether that was the last epoch)."""
-        return self._finished()
+        return self.__loop.finished
 
+    # --- what the hooks and callbacks may do ---------------------------------------------------------------
     def log(self, message: str) -> None:
         """Log on rank 0 only."""
         logger.info(message)
 
     def set_lr(self, lr: float) -> None:
         """Set the optimizer's learning rate (LRScheduleCallback does, every step the schedule changes it)."""
-        self._backend.set_lr(lr)
+        self.__loop.set_lr(lr)
 
     def save_checkpoint(self, reason: str = "manual", wait: bool = True) -> str | None:
         """Checkpoint now; every rank must call this at the same step. With wait=False rank 0 writes in the
         background and training goes on; the name is returned once written (wait=True)."""
-        if self._checkpoints is None:
-            raise CheckpointError("checkpointing is off: set checkpoint_dir")
-        self._reduce_metrics_and_votes()  # the interval's metrics go into the epoch's means, which it keeps
-        return self._checkpoints.save(reason, self.state.step, wait=wait)
-
-    # --- the loop ------------------------------------------------------------------------------------------
-    def fit(self) -> list[dict[str, Any]]:
-        """Train; return the per-epoch history of train and eval metrics, identical on every rank. Called
-        again on the same trainer, the same run goes on to the config's `epochs` and `max_steps`, which
-        may have been raised in between (`_continue_run`)."""
-        show_user_errors_in_one_line()  # also where the script did not import hvdazure itself
-        if self._fitted is None:
-            self._prepare()
-        else:
-            self._continue_run()
-        self._fitted = ("left", self.config)  # until it returns: a fit() that raised is not continued
-        with self._stop_signals_caught():
-            try:
-                self._emit("on_train_start")
-                while not self._finished():
-                    self._train_epoch()
-            except (ConfigError, CheckpointError, SystemExit, KeyboardInterrupt):
-                raise
-            except Exception as exc:
-                if self._checkpoints is not None:  # peers may be gone: rank 0 saves alone, if it can
-                    self._checkpoints.save_emergency(f"error: {type(exc).__name__}", self.state.step)
-                raise
-            if self._checkpoints is not None:
-                if self._checkpoints.last_saved_step != self.state.step:
-                    self.save_checkpoint("final")
-                self._checkpoints.finish_pending()  # a background write of this very step
-            self._emit("on_train_end")
-        self._fitted = ("returned", self.config)
-        return self.state.history
-
-    def _train_epoch(self) -> None:
-        s = self.state
-        self._emit("on_epoch_start")
-        for micro_batches in self._step_batches.epoch(s.epoch, start_sample=s.samples_in_epoch):
-            self._emit("on_step_begin")
-            signal_votes = self._backend.run_step(self._rank_step(micro_batches), self._meter,
-                                                  self._stop_vote())
-            s.step += 1
-            s.step_in_epoch += 1
-            s.samples_in_epoch += micro_batches[0].step_samples
-            s.samples_seen += micro_batches[0].step_samples
-            s.metrics_reduced = s.step % self.config.log_every == 0
-            if s.metrics_reduced:
-                self._reduce_metrics_and_votes()
-            self._emit("on_step_end")
-            if signal_votes > 0:
-                self._stop_for_signal()
-            if s.should_stop or self._max_steps_reached():
-                break
-        self._reduce_metrics_and_votes()  # the epoch's last, partial log interval
-        epoch_done = s.samples_in_epoch == self.shard_plan.num_samples
-        train = {f"train_{k}": v for k, v in self._epoch_means.means().items()}
-        record = {"epoch": s.epoch, "step": s.step, "samples_seen": s.samples_seen, "lr": s.lr, **train}
-        if self._eval_due(epoch_done) and self._run_evaluation():
-            record.update({f"eval_{k}": v for k, v in s.eval_metrics.items()})
-            self._emit("on_eval_end")
-        s.history.append(record)
-        if epoch_done:
-            s.epoch, s.step_in_epoch, s.samples_in_epoch = s.epoch + 1, 0, 0
-            self._epoch_means.reset()
-        self._emit("on_epoch_end")
-        self._reduce_metrics_and_votes()  # agree on stops asked for in evaluation or by epoch-end callbacks
-
-    # --- pieces of the loop --------------------------------------------------------------------------------
-    def _prepare(self) -> None:
-        """What fit() does before the first step: start, build, resume if asked, broadcast from rank 0."""
-        c = self.config
-        self._start()
-        checkpoint_dir = default_checkpoint_dir(c.checkpoint_dir)
-        if c.resume == "auto" and checkpoint_dir is None:
-            raise ConfigError("config field 'resume': 'auto' needs checkpoint_dir")
-        pieces = self._build()
-        if checkpoint_dir is not None:
-            self._checkpoints = self._trainer_checkpoints(checkpoint_dir, pieces)
-        self.callbacks = [cb for cb in self._default_callbacks() + self._user_callbacks
-                          if self.is_main or not cb.main_only]
-        if self._checkpoints is not None:  # resumes if asked; refuses a directory holding another run's
-            self._checkpoints.start_run(c.resume, self._continue_from)
-        elif c.resume is not None:
-            # the directory above the checkpoint, as a URL too (pathlib would make abfs://c/run abfs:/c)
-            parent = c.resume.rstrip("/").rpartition("/")[0] or "."
-            self._trainer_checkpoints(parent, pieces).resume(c.resume, self._continue_from)
-        self._backend.broadcast_model_and_optimizer()  # rank 0's model: as built, or as resumed there
-        self._end_schedule_at_max_steps()
-        self._check_micro_batch_sizes()
-        self.state.lr = self.schedule.lr_at(self.schedule_step)
-        self._check_validation_step()
-
-    def _start(self) -> None:
-        """Start the backend's ranks; this rank's place, data plan and LR schedule."""
-        backend, c = self._backend, self.config
-        self.collectives = backend.start(self.comm)
-        if self._context is not None:
-            self._context.shutdowns.append(backend.shutdown)
-        refuse_adasum_without_mpi(c.reduce_op, self.collectives.controller)
-        run_context.check_world(self.comm, self.collectives.size)
-        self.rank, self.world_size = self.collectives.rank, self.collectives.size
-        self.local_rank = self.collectives.local_rank
-        configure_logging(self.rank)
-        order = backend.load_datasets()
-        self._check_global_batch(order.num_samples)
-        self.shard_plan = ShardPlan(order.num_samples, c.batch_size, self.world_size, self.rank,
-                                    c.grad_accum_steps, c.seed, order=order)
-        self._data_order = data_order_record(self.shard_plan, backend.data_fingerprint())
-        self.schedule = LRSchedule.from_config(c, self.world_size, self.shard_plan.steps_per_epoch)
-
-    def _build(self) -> CheckpointPieces:
-        """Build model and optimizer, seed this rank, set up the step's inputs and meters; returns what a
-        checkpoint of this trainer saves and a resume loads."""
-        backend, c = self._backend, self.config
-        framework = backend.build(self.schedule.peak_lr)
-        self._rng = RankRandomState(framework)
-        self._rng.seed(rank_seed(c.seed, self.rank))  # dropout etc. differ between ranks
-        # Average divides the summed gradients by the world size; the loss weights are shares of the whole
-        # step, so multiply that division back out.
-        self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
-        self._step_batches = StepBatches(self.shard_plan, backend.epoch_batches)
-        self._meter, self._epoch_means = self._new_meter(), RunningMean()
-        return CheckpointPieces(
-            stateful={"state": self.state, "epoch_train": self._epoch_means,
-                      "callbacks": CallbackStates(lambda: self.callbacks), "framework": framework},
-            framework=framework, rng=self._rng, manifest=self._manifest)
-
-    def _trainer_checkpoints(self, directory: str, pieces: CheckpointPieces) -> TrainerCheckpoints:
-        return TrainerCheckpoints(directory, pieces, self.collectives, self.config,
-                                  self._backend.framework_name)
-
-    def _continue_from(self, point: ResumePoint) -> str:
-        """What a resume means for this run, once the checkpoint's pieces are loaded: the data continues
-        from the samples consumed in the epoch, whatever the world size was; the RNG streams are restored
-        at the same world size, seeded afresh at another; returns the log line (with the LR rescale)."""
-        s, plan, manifest = self.state, self.shard_plan, point.manifest
-        refuse_changed_data(point.url, manifest, self._data_order)
-        self._reopen_cut_epoch()
-        s.step_in_epoch = plan.steps_per_epoch - plan.steps_left(s.samples_in_epoch)
-        old_world, old_batch = manifest["world_size"], manifest["global_batch_size"]
-        if old_world == self.world_size and len(point.rngs) == self.world_size:
-            self._rng.load_state_dict(point.rngs[self.rank])
-        else:  # no saved RNG state belongs to this rank: a fresh, reproducible one
-            self._rng.seed(resume_seed(self.config.seed, self.rank, s.step))
-        message = (f"resumed from {point.name} at epoch {s.epoch + 1}, step {s.step} "
-                   f"({s.samples_in_epoch} samples into the epoch)")
-        if (old_world, old_batch) != (self.world_size, self.global_batch_size):
-            s.world_size_history.append({"step": s.step, "world_size": self.world_size,
-                                         "global_batch_size": self.global_batch_size})
-            message += (f"; world size {old_world} -> {self.world_size}, global batch {old_batch} -> "
-                        f"{self.global_batch_size}: LR rescaled {manifest['scaled_lr']:.6g} -> "
-                        f"{self.schedule.peak_lr:.6g}")
-        return message
-
-    def _end_schedule_at_max_steps(self) -> None:
-        """End the LR schedule at `max_steps`, which counts the steps taken (also before a resume at another
-        world size, where the schedule's steps are of the new size)."""
-        c = self.config
-        if c.max_steps is not None:
-            end = self.schedule_step + max(0, c.max_steps - self.state.step)
-            total = min(self.schedule.total_steps, end)
-            self.schedule = dataclasses.replace(self.schedule, total_steps=total)
-
-    def _continue_run(self) -> None:
-        """What a later fit() on the same trainer does before its first step: the run goes on from where the
-        last fit() left it, in memory (model, optimizer, RNG streams, data position, callbacks, history and
-        the checkpoints, under the same run id), to the config's `epochs` and `max_steps`, with the LR
-        schedule recomputed for them, as a resume from its last checkpoint would. A ConfigError on every
-        rank, before anything changes: after a fit() that raised (an error, a stop signal), when the
-        config changed elsewhere than `epochs` and `max_steps`, and when both are reached already."""
-        (ended, last), c, s = self._fitted or ("returned", self.config), self.config, self.state
-        if ended != "returned":
-            again = " with resume=auto, to go on from its last checkpoint" if self._checkpoints else ""
-            raise ConfigError(f"fit() cannot go on from this trainer's last fit(), which ended with an error "
-                              f"or a stop signal at step {s.step}: create a new trainer{again}")
-        if changed := [f.name for f in dataclasses.fields(c) if f.name not in ("epochs", "max_steps")
-                       and getattr(c, f.name) != getattr(last, f.name)]:
-            name = changed[0]
-            raise ConfigError(f"config field {name!r}: {getattr(last, name)!r} -> {getattr(c, name)!r} since "
-                              "the last fit(); another fit() of the same trainer goes on with its run and "
-                              "may change epochs and max_steps only: for other settings, create a new "
-                              "trainer (with resume=auto, to start from this run's last checkpoint)")
-        if self._max_steps_reached() or s.epoch >= c.epochs:
-            field = "max_steps" if self._max_steps_reached() else "epochs"
-            done = f"{s.step} steps" if field == "max_steps" else f"{s.epoch} epochs"
-            raise ConfigError(f"config field {field!r}: this trainer has trained its {done} already; to "
-                              f"train further, raise {field} before calling fit() again: trainer.config = "
-                              f"trainer.config.replace({field}=...)")
-        s.should_stop, s.stop_requested, s.stop_reason = False, False, None  # as on a resume
-        self.schedule = LRSchedule.from_config(c, self.world_size, self.shard_plan.steps_per_epoch)
-        self._end_schedule_at_max_steps()
-        self._reopen_cut_epoch()
-        s.lr = self.schedule.lr_at(self.schedule_step)
-        until = f"epochs {c.epochs}" + (f", max_steps {c.max_steps}" if c.max_steps is not None else "")
-        logger.info(f"fit() again: the run goes on from epoch {s.epoch + 1}, step {s.step}, to {until}")
-
-    def _reopen_cut_epoch(self) -> None:
-        """Drop the history record of an epoch cut short (max_steps, a stop): training goes on with it."""
-        s = self.state
-        if s.samples_in_epoch and s.history and s.history[-1]["epoch"] == s.epoch:
-            s.history.pop()
-
-    def _manifest(self, reason: str) -> dict[str, Any]:
-        """How a checkpoint of this step describes the run (manifest.json, beside the store's own keys)."""
-        s = self.state
-        metrics = {**{f"train_{k}": v for k, v in s.train_metrics.items()},
-                   **{f"eval_{k}": v for k, v in s.eval_metrics.items()}}
-        return {
-            "framework": self._backend.framework_name, "reason": reason, "epoch": s.epoch,
-            "step_in_epoch": s.step_in_epoch, "samples_in_epoch": s.samples_in_epoch,
-            "samples_seen": s.samples_seen, "world_size": self.world_size,
-            "global_batch_size": self.global_batch_size, "scaled_lr": self.schedule.peak_lr, "lr": s.lr,
-            "metrics": metrics, "config": self.config.to_dict(), "world_size_history": s.world_size_history,
-            **self._data_order,
-            "versions": {"hvdazure": __version__, "python": platform.python_version(),
-                         **self._backend.framework_versions()},
-        }
-
-    def _rank_step(self, micro_batches: list[MicroBatch]) -> RankStep:
-        """This rank's part of the step: its batches, read from the backend's epoch stream as the backend
-        iterates them, and each micro-batch's loss weight."""
-        return RankStep(micro_batches, self._step_batches.of_step(micro_batches),
-                        [mb.loss_weight(self._ranks_averaged) for mb in micro_batches])
-
-    def _check_micro_batch_sizes(self) -> None:
-        """A ConfigError on every rank, before training, if the plan gives some rank a micro-batch smaller
-        than the model can train on (the short last step of an epoch, e.g. 1 sample for BatchNorm)."""
-        need, why, across = self._backend.min_samples_per_micro_batch()
-        plan = self.shard_plan
-        smallest = min(plan.smallest_micro_batch(0, across),
-                       plan.smallest_micro_batch(self.state.samples_in_epoch, across))
-        if smallest >= need:
-            return
-        c = self.config
-        fits = plan.nearest_batch_sizes(min_micro_batch=need, across_ranks=across)
-        counted = " (all ranks together)" if across else ""
-        raise ConfigError(
-            f"config field 'batch_size': {c.batch_size} leaves a micro-batch of {smallest} sample(s)"
-            f"{counted} in the last step of an epoch ({plan.num_samples} samples, global batch "
-            f"{plan.global_batch_size} = {c.batch_size} x {self.world_size} rank(s) x "
-            f"{c.grad_accum_steps} micro-batch(es)), and {why}; try batch_size {' or '.join(map(str, fits))}")
-
-    def _check_global_batch(self, num_samples: int) -> None:
-        """A ConfigError on every rank, before training, for a global batch larger than the training set:
-        every epoch would be one short step, with the LR scaled for samples that are not there."""
-        c, ranks = self.config, self.world_size
-        if num_samples < 1:
-            raise DataError("train_dataset() holds no samples: there is nothing to train on")
-        batch = c.global_batch_size(ranks)
-        if batch <= num_samples:
-            return
-        cells = ranks * c.grad_accum_steps  # micro-batches per step, all ranks together
-        way = (f"use a batch_size of at most {num_samples // cells}" if num_samples >= cells else
-               f"use fewer ranks or grad_accum_steps (ranks x grad_accum_steps at most {num_samples})")
-        scaled = f", with the LR scaled for {batch}" if c.lr_scaling != "none" else ""
-        raise ConfigError(
-            f"config field 'batch_size': the global batch of {batch} samples ({c.batch_size} x {ranks} "
-            f"rank(s) x {c.grad_accum_steps} grad_accum_steps) is larger than the {num_samples} training "
-            f"samples: every epoch would be one step of {num_samples} samples{scaled}; {way}")
-
-    def _check_validation_step(self) -> None:
-        """The sanity check (config field sanity_check): validation_step on one batch per rank before
-        training, so that a broken one fails in seconds, not after an epoch. Nothing of it is kept: its
-        metrics are dropped unreduced (no collective), this rank's RNG streams are restored, and the backend
-        leaves the model's mode as it was."""
-        if not self.config.sanity_check:
-            return
-        meter, streams = self._new_meter("validation_step"), self._rng.state_dict()
-        try:
-            has_eval_data = self._backend.evaluate(meter, first_batch_only=True)
-        except Exception as exc:
-            if not isinstance(exc, ConfigError):  # a one-line error names the hook itself
-                exc.add_note("hvdazure: raised while checking validation_step on one evaluation batch before "
-                             "training (config field sanity_check: false skips this check)")
-            raise
-        self._rng.load_state_dict(streams)
-        if has_eval_data and not meter.samples:
-            raise DataError(_NO_EVAL_SAMPLES)
-
-    def _default_callbacks(self) -> list[Callback]:
-        c = self.config
-        callbacks: list[Callback] = [LRScheduleCallback()]
-        if c.early_stopping_patience is not None:
-            callbacks.append(EarlyStopping(c.monitor, c.monitor_mode, c.early_stopping_patience,
-                                           c.early_stopping_min_delta))
-        callbacks.append(ProgressLogger(use_bar=None if c.progress_bar else False))
-        if c.tensorboard:
-            callbacks.append(TensorBoardLogger(Path(c.output_dir) / "tensorboard"))
-        if c.mlflow:
-            context = self._context
-            callbacks.append(MLflowLogger(
-                c.mlflow_tracking_uri or default_mlflow_uri(c.output_dir),
-                parent_run_id=context.mlflow_parent_run_id if context else None,
-                run_name=context.run_name if context else None))
-        if self._checkpoints is not None:
-            callbacks.append(CheckpointCallback(self._checkpoints, c.checkpoint_every_steps,
-                                                c.checkpoint_every_epochs))
-        # The environment knows whether and how a preemption is announced ahead (core/cluster/)
-        watcher = detect_environment().preemption_watcher(c.preemption_watch, c.scheduled_events_url)
-        if watcher is not None:
-            if self._checkpoints is None:
-                raise ConfigError("config field 'preemption_watch': true needs checkpoint_dir (a preemption "
-                                  "notice is answered with a checkpoint)")
-            callbacks.append(watcher)
-        return callbacks
-
-    def _emit(self, event: str) -> None:
-        for callback in self.callbacks:
-            getattr(callback, event)(self)
-
-    def _gather_names(self, names: list[str]) -> list[list[str]]:
-        return [json.loads(b) for b in self.collectives.allgather_bytes(json.dumps(names).encode())]
-
-    def _new_meter(self, hook: str = "training_step") -> MetricAccumulator:
-        return MetricAccumulator(self._backend.metric_to_float64, hook)
-
-    def _reduce_metrics_and_votes(self) -> None:
-        """One fused collective: the interval's metric sums and counts, and the ranks' stop votes."""
-        s = self.state
-        reduced = self._meter.reduce(self.collectives.allgather_floats, self._gather_names,
-                                     flags=[float(s.stop_requested)])
-        if reduced.count:
-            s.train_metrics = reduced.means
-            self._epoch_means.add(reduced)
-        if reduced.flags[0]:
-            s.should_stop = True
-            s.stop_reason = s.stop_reason or "stop requested by another rank"
-
-    def _run_evaluation(self) -> bool:
-        meter = self._new_meter("validation_step")
-        if not self._backend.evaluate(meter):
-            return False
-        reduced = meter.reduce(self.collectives.allgather_floats, self._gather_names)
-        if not reduced.count:  # on every rank: the count is reduced
-            raise DataError(_NO_EVAL_SAMPLES)
-        self.state.eval_metrics = reduced.means
-        return True
-
-    def _eval_due(self, epoch_done: bool) -> bool:
-        s = self.state
-        last = s.should_stop or self._max_steps_reached() or (
-            epoch_done and s.epoch + 1 >= self.config.epochs)
-        return last or (epoch_done and (s.epoch + 1) % self.config.eval_every == 0)
-
-    def _max_steps_reached(self) -> bool:
-        return self.config.max_steps is not None and self.state.step >= self.config.max_steps
-
-    def _finished(self) -> bool:
-        """Training ends by epochs completed (counted in samples, so it holds across a resume at another
-        world size, where step numbers change meaning), by max_steps optimizer steps taken, or by a stop."""
-        s = self.state
-        return s.should_stop or self._max_steps_reached() or s.epoch >= self.config.epochs
-
-    # --- stop signals (SIGTERM on preemption, SIGINT) ------------------------------------------------------
-    def _stop_signals_caught(self) -> contextlib.AbstractContextManager[Any]:
-        """While checkpointing, a first SIGTERM/SIGINT only sets a flag: all ranks agree on it at the next
-        step, save a final checkpoint together, and exit with 128 + the signal number. A second one exits
-        at once (core/stop_signals.py)."""
-        if self._checkpoints is None:
-            return contextlib.nullcontext()
-
-        def note(signum: int) -> None:
-            self._signal = self._signal or signum
-
-        return stop_signals_caught(note)
-
-    def _stop_vote(self) -> float | None:
-        """This rank's vote to stop for a signal, summed over ranks during the step; None when signals are
-        not caught (no checkpointing: they end the process as usual)."""
-        return None if self._checkpoints is None else float(self._signal is not None)
+        return self.__loop.save_checkpoint(reason, wait)
 
     def request_checkpoint_and_exit(self, reason: str, signum: int = signal.SIGTERM) -> None:
         """Make every rank save a checkpoint at the next step and exit with 128 + `signum`, as a first
         SIGTERM does (it travels in the same per-step vote: no collective of its own). Safe to call from
         any thread of any rank, e.g. a watcher of the cloud's preemption notices. Needs checkpointing."""
-        if self._signal is None:
-            self._signal_reason = reason
-            self._signal = signum
+        self.__loop.request_checkpoint_and_exit(reason, signum)
 
-    def _stop_for_signal(self) -> None:
-        name = signal.Signals(self._signal).name if self._signal else "a stop signal on another rank"
-        what = self._signal_reason or name
-        saved = self.save_checkpoint(f"signal: {what}")
-        logger.warning(f"received {what}: saved checkpoint {saved}; exiting")
-        raise SystemExit(128 + (self._signal or signal.SIGTERM))
+    def fit(self) -> list[dict[str, Any]]:
+        """Train; return the per-epoch history of train and eval metrics, identical on every rank. Called
+        again on the same trainer, the same run goes on to the config's `epochs` and `max_steps`, which
+        may have been raised in between."""
+        return self.__loop.fit()
 
 
-_NO_EVAL_SAMPLES = "eval_dataset() holds no samples: return None for no evaluation"
+def loop_of(trainer: Trainer) -> TrainingLoop:
+    """The loop a trainer holds, for hvdazure's own tools and tests (benchmarks that stop before the first
+    step, test doubles that deliver a signal); not for training scripts."""
+    loop: TrainingLoop = trainer._Trainer__loop  # type: ignore[attr-defined]
+    return loop

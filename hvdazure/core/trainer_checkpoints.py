@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from copy import deepcopy
@@ -49,8 +48,8 @@ from hvdazure.core.checkpoint_store import (
     pointer_directory,
     same_directory,
 )
-from hvdazure.core.cluster import detect_environment
 from hvdazure.core.config import ConfigError, TrainConfig
+from hvdazure.core.environments import Environment
 from hvdazure.core.errors import exception_line
 from hvdazure.core.object_store import StorageError, redact
 from hvdazure.core.rank_logging import logger
@@ -66,18 +65,17 @@ _MANIFEST_KEYS = ("world_size", "global_batch_size", "scaled_lr")
 _RUNS_STARTED = itertools.count(1)  # the new runs this process has started (run_id_for_new_run)
 
 
-def default_checkpoint_dir(checkpoint_dir: str | None) -> str | None:
-    """The configured directory, else the detected environment's own (None: no checkpoints)."""
-    return checkpoint_dir if checkpoint_dir is not None else detect_environment().default_checkpoint_dir()
+def default_checkpoint_dir(checkpoint_dir: str | None, environment: Environment) -> str | None:
+    """The configured directory, else the environment's own (None: no checkpoints)."""
+    return checkpoint_dir if checkpoint_dir is not None else environment.default_checkpoint_dir()
 
 
-def run_id_for_new_run(env: Mapping[str, str] | None = None) -> str:
+def run_id_for_new_run(job_id: str | None) -> str:
     """The id of a run that starts afresh (on rank 0). In a job the scheduler may run again (the environment
     has a job id: Azure ML's), the job's id and the run's number in this process: the same again when the
     job is run again after a preemption, so that it finds its own checkpoints. Else a new one."""
     number = next(_RUNS_STARTED)
-    job = detect_environment(env).job_id(os.environ if env is None else env)
-    return f"{job}.{number}" if job else new_run_id()
+    return f"{job_id}.{number}" if job_id else new_run_id()
 
 
 def another_run(directory: str, others: Sequence[Checkpoint]) -> str:
@@ -153,8 +151,11 @@ class TrainerCheckpoints:
     """Saving and resuming one Trainer's checkpoints. Created on every rank; storage is used on rank 0."""
 
     def __init__(self, directory: str, pieces: CheckpointPieces, collectives: Collectives,
-                 config: TrainConfig, framework_name: str) -> None:
+                 config: TrainConfig, framework_name: str, job_id: str | None = None) -> None:
+        """`job_id`: the environment's id of this job, the same when its scheduler runs it again (None:
+        none), which new runs' ids start with."""
         c = config
+        self.job_id = job_id
         self.directory, self.pieces, self.collectives = directory, pieces, collectives
         self.is_main = collectives.rank == 0
         self.framework_name = framework_name
@@ -187,7 +188,7 @@ class TrainerCheckpoints:
         """A fresh run's id; refused if the directory holds another run's checkpoints. "auto" when they are
         its own: the scheduler has run this job again (the environment's job id is in the run id)."""
         def decide() -> dict[str, Any]:
-            run, found = run_id_for_new_run(), self._listed()
+            run, found = run_id_for_new_run(self.job_id), self._listed()
             if others := [c for c in found if c.run_id != run]:
                 raise ConfigError(f"config field 'checkpoint_dir': {another_run(self.directory, others)}; "
                                   "continue that run with resume=auto, or give this run a new checkpoint_dir")
@@ -211,7 +212,8 @@ class TrainerCheckpoints:
             assert self.manager is not None
             run = point.manifest.get(RUN_ID) if point is not None else None
             if not (isinstance(run, str) and run):
-                run = (self.manager.current_run(found) if which == "auto" else None) or run_id_for_new_run()
+                current = self.manager.current_run(found) if which == "auto" else None
+                run = current or run_id_for_new_run(self.job_id)
             here = which == "auto" or (point is not None
                                        and same_directory(_parent(point.url), self.directory))
             if not (others := [c for c in found if c.run_id != run and not (here and c.run_id is None)]):

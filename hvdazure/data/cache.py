@@ -95,7 +95,7 @@ def open_shards(index: ShardIndex, cache: str | bool | None = "auto", cache_dir:
                 storage_options: dict[str, Any] | None = None) -> Shards:
     """Local files for `index`'s shards. cache="auto" (or None): a ShardCache for remote storage and FUSE
     mounts, the files in place otherwise; True: always a ShardCache; False: in place (local disks only).
-    `cache_dir` defaults to hvdazure.core.cluster.default_cache_dir() (HVDAZURE_CACHE_DIR wins)."""
+    `cache_dir` defaults to hvdazure.core.environments.default_cache_dir() (HVDAZURE_CACHE_DIR wins)."""
     if cache not in ("auto", None, True, False):
         raise ValueError(f"cache must be 'auto', True or False, got {cache!r}")
     base = index.base
@@ -107,7 +107,7 @@ def open_shards(index: ShardIndex, cache: str | bool | None = "auto", cache_dir:
     if cache is False or (cache is not True and local and not is_fuse_mounted(root)):
         return LocalShards(root)
     if cache_dir is None:
-        from hvdazure.core.cluster import default_cache_dir
+        from hvdazure.core.environments import default_cache_dir
 
         cache_dir = default_cache_dir()
     limit = None if limit_bytes is None else parse_size(limit_bytes, "the cache size limit")

@@ -28,7 +28,7 @@ import threading
 import time
 from typing import IO
 
-from hvdazure.core.cluster import detect_cluster
+from hvdazure.core.environments import detect_cluster
 from hvdazure.launch.exit_status import (
     PEER_SHUTDOWN_MARKERS,
     PEER_TIMEOUT_DETAIL,

@@ -48,14 +48,14 @@ class TensorFlowBackend(Backend):
 
     framework_name = "tensorflow"
 
-    def __init__(self, hooks: TensorFlowTrainer) -> None:
-        self.hooks = hooks
+    def __init__(self, user: TensorFlowTrainer) -> None:
+        self.user = user
         self.model: keras.Model
         self.optimizer: keras.optimizers.Optimizer
 
     @property
     def config(self) -> TrainConfig:
-        return self.hooks.config
+        return self.user.config
 
     def start(self, comm: Any) -> TensorFlowCollectives:
         self._on_gpu = init_horovod(comm)
@@ -66,8 +66,8 @@ class TensorFlowBackend(Backend):
         hvd.shutdown()
 
     def load_datasets(self) -> SampleOrder:
-        self._train_data = data_view(self.hooks.train_dataset(), "train_dataset()")
-        eval_data = self.hooks.eval_dataset()
+        self._train_data = data_view(self.user.train_dataset(), "train_dataset()")
+        eval_data = self.user.eval_dataset()
         self._eval_data = data_view(eval_data, "eval_dataset()") if eval_data is not None else None
         return self._train_data.order
 
@@ -89,7 +89,7 @@ class TensorFlowBackend(Backend):
         if c.precision in _POLICIES:  # fp32 keeps the user's own policy and floatx (a float64 model)
             keras.mixed_precision.set_global_policy(_POLICIES[c.precision])
         keras.utils.set_random_seed(c.seed)  # the same initial weights on every rank (rank 0's are sent)
-        self.model = self.hooks.build_model()
+        self.model = self.user.build_model()
         if not self.model.built:
             raise TypeError("build_model() must return a built model: start it with keras.Input(shape) or "
                             "call model.build(input_shape)")
@@ -98,7 +98,7 @@ class TensorFlowBackend(Backend):
         # Synchronized BatchNorm layers meet across ranks in every forward pass: a rank without samples in a
         # micro-batch runs one on an empty batch (loss weight 0) instead of none.
         self._forward_empty = hvd.size() > 1 and has_sync_batchnorm(self.model)
-        optimizer = self.hooks.build_optimizer(peak_lr)
+        optimizer = self.user.build_optimizer(peak_lr)
         if c.precision == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(self.model.trainable_variables)  # Keras makes its variables lazily: make them now
@@ -220,7 +220,7 @@ class _CompiledSteps:
 
     def _evaluate_flat(self, *args: tf.Tensor) -> dict[str, tf.Tensor]:
         b = self.backend
-        metrics = b.hooks.validation_step(b.model, tf.nest.pack_sequence_as(self._eval_batch, args))
+        metrics = b.user.validation_step(b.model, tf.nest.pack_sequence_as(self._eval_batch, args))
         if not isinstance(metrics, Mapping):
             raise HookReturnError(f"validation_step must return a dict of metrics, got "
                                   f"{type(metrics).__name__}")
@@ -228,7 +228,7 @@ class _CompiledSteps:
 
     def _loss_and_metrics(self, batch: Any, weight: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         b = self.backend
-        loss, metrics = _loss_and_metrics(b.hooks.training_step(b.model, batch))
+        loss, metrics = _loss_and_metrics(b.user.training_step(b.model, batch))
         weighted = loss * tf.cast(weight, loss.dtype)
         if isinstance(b.optimizer, keras.optimizers.LossScaleOptimizer):
             weighted = b.optimizer.scale_loss(weighted)

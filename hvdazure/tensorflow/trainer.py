@@ -3,11 +3,13 @@ TensorFlowBackend (tensorflow/backend.py) runs them in core/trainer.py's loop on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
 
+from hvdazure.core.callbacks import Callback
+from hvdazure.core.config import TrainConfig
 from hvdazure.core.trainer import Trainer
 from hvdazure.tensorflow.backend import TensorFlowBackend
 
@@ -16,7 +18,11 @@ class TensorFlowTrainer(Trainer):
     """Subclass and implement build_model, build_optimizer, train_dataset and training_step;
     eval_dataset and validation_step for evaluation. Then `fit()`."""
 
-    _backend: TensorFlowBackend
+    def __init__(self, config: TrainConfig | None = None, callbacks: Sequence[Callback] = (),
+                 comm: Any = None) -> None:
+        """`comm`: an mpi4py communicator to start Horovod on (see core.trainer.Trainer)."""
+        self.__backend = TensorFlowBackend(self)
+        super().__init__(config, callbacks, comm, backend=self.__backend)
 
     # --- the user's hooks ----------------------------------------------------------------------------------
     def build_model(self) -> keras.Model:
@@ -52,12 +58,9 @@ class TensorFlowTrainer(Trainer):
     @property
     def model(self) -> keras.Model:
         """The model build_model returned, with every rank's weights equal to rank 0's."""
-        return self._backend.model
+        return self.__backend.model
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
         """The optimizer build_optimizer returned (a LossScaleOptimizer around it with precision fp16)."""
-        return self._backend.optimizer
-
-    def _create_backend(self) -> TensorFlowBackend:
-        return TensorFlowBackend(self)
+        return self.__backend.optimizer

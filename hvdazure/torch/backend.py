@@ -43,8 +43,8 @@ class TorchBackend(Backend):
 
     framework_name = "torch"
 
-    def __init__(self, hooks: TorchTrainer, collate: Callable[[list[Any]], Any] | None) -> None:
-        self.hooks, self.collate = hooks, collate
+    def __init__(self, user: TorchTrainer, collate: Callable[[list[Any]], Any] | None) -> None:
+        self.user, self.collate = user, collate
         self.model: torch.nn.Module
         self.optimizer: torch.optim.Optimizer  # Horovod's DistributedOptimizer around the user's
         self.scaler: torch.amp.GradScaler | None = None
@@ -52,7 +52,7 @@ class TorchBackend(Backend):
 
     @property
     def config(self) -> TrainConfig:
-        return self.hooks.config
+        return self.user.config
 
     def start(self, comm: Any) -> TorchCollectives:
         hvd.init(comm=comm)
@@ -70,8 +70,8 @@ class TorchBackend(Backend):
         hvd.shutdown()
 
     def load_datasets(self) -> SampleOrder:
-        self._train_data: DataView = data_view(self.hooks.train_dataset(), "train_dataset()")
-        eval_data = self.hooks.eval_dataset()
+        self._train_data: DataView = data_view(self.user.train_dataset(), "train_dataset()")
+        eval_data = self.user.eval_dataset()
         self._eval_data = data_view(eval_data, "eval_dataset()") if eval_data is not None else None
         return self._train_data.order
 
@@ -83,7 +83,7 @@ class TorchBackend(Backend):
         if c.precision == "fp16" and self.device.type != "cuda":
             raise ConfigError("config field 'precision': 'fp16' needs CUDA (GradScaler); use 'bf16' on CPU")
         torch.manual_seed(c.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
-        self.model = self.hooks.build_model()
+        self.model = self.user.build_model()
         if c.sync_batchnorm:
             self.model = convert_sync_batchnorm(self.model)
         self.model = self.model.to(self.device)
@@ -91,7 +91,7 @@ class TorchBackend(Backend):
         # micro-batch runs one on an empty batch (loss weight 0) instead of none.
         self._forward_empty = hvd.size() > 1 and has_sync_batchnorm(self.model)
         self._empty_batch: Any = None
-        optimizer = self.hooks.build_optimizer(self.model.parameters(), peak_lr)
+        optimizer = self.user.build_optimizer(self.model.parameters(), peak_lr)
         # Per-group LR multipliers the user set survive warmup/schedule updates.
         self._lr_factors = [group["lr"] / peak_lr for group in optimizer.param_groups]
         self._in_backward = overlaps_backward(c.grad_allreduce, c.reduce_op, self.device)
@@ -150,7 +150,7 @@ class TorchBackend(Backend):
                 batch = self._no_samples()  # its synchronized BatchNorm layers must meet the other ranks'
             self.micro_batch = micro_batch
             with self._autocast():
-                loss, metrics = _loss_and_metrics(self.hooks.training_step(self.model, batch))
+                loss, metrics = _loss_and_metrics(self.user.training_step(self.model, batch))
             scaled = loss if weight == 1.0 else loss * weight  # exactly 1.0 for a full step, no accumulation
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             if not micro_batch.is_empty:  # an empty batch's mean loss is NaN, and counts for nothing
@@ -199,7 +199,7 @@ class TorchBackend(Backend):
         self.model.eval()
         with torch.no_grad(), self._autocast():
             for indices, batch in zip(batches, loader, strict=True):
-                metrics = self.hooks.validation_step(self.model, to_device(batch, self.device))
+                metrics = self.user.validation_step(self.model, to_device(batch, self.device))
                 if not isinstance(metrics, Mapping):
                     raise HookReturnError("validation_step must return a dict of metrics, got "
                                           f"{type(metrics).__name__}")

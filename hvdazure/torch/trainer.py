@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 from torch.utils.data import default_collate as _default_collate
 
+from hvdazure.core.callbacks import Callback
+from hvdazure.core.config import TrainConfig
 from hvdazure.core.trainer import Trainer
 from hvdazure.torch.backend import TorchBackend
 
@@ -18,7 +20,12 @@ class TorchTrainer(Trainer):
     """Subclass and implement build_model, build_optimizer, train_dataset and training_step;
     eval_dataset and validation_step for evaluation. Then `fit()`."""
 
-    _backend: TorchBackend
+    def __init__(self, config: TrainConfig | None = None, callbacks: Sequence[Callback] = (),
+                 comm: Any = None) -> None:
+        """`comm`: an mpi4py communicator to start Horovod on (see core.trainer.Trainer)."""
+        user_collate = None if type(self).collate is TorchTrainer.collate else self.collate
+        self.__backend = TorchBackend(self, user_collate)
+        super().__init__(config, callbacks, comm, backend=self.__backend)
 
     # --- the user's hooks ----------------------------------------------------------------------------------
     def build_model(self) -> torch.nn.Module:
@@ -54,19 +61,15 @@ class TorchTrainer(Trainer):
     @property
     def model(self) -> torch.nn.Module:
         """The model build_model returned, on this rank's device, with rank 0's weights."""
-        return self._backend.model
+        return self.__backend.model
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         """The optimizer build_optimizer returned; where gradients are allreduced during backward (GPUs,
         Adasum, `grad_allreduce: overlap`), Horovod's DistributedOptimizer around it."""
-        return self._backend.optimizer
+        return self.__backend.optimizer
 
     @property
     def device(self) -> torch.device:
         """This rank's device: its local GPU under CUDA, else the CPU."""
-        return self._backend.device
-
-    def _create_backend(self) -> TorchBackend:
-        user_collate = None if type(self).collate is TorchTrainer.collate else self.collate
-        return TorchBackend(self, user_collate)
+        return self.__backend.device

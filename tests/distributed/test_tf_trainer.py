@@ -27,6 +27,8 @@ VARIANTS = {
     "accumulation": (("extra.n_train=37", "grad_accum_steps=2", "extra.n_eval=1"), "gloo"),
     # 33 samples: the last step holds 1, and rank 1 trains on nothing in it (it sends zero gradients)
     "clipping": (("extra.n_train=33", "grad_clip_norm=0.5"), "mpi"),
+    # "plain" in a subclass that takes every name the loop used to keep on the trainer (workers/squatter.py)
+    "squatting": (("extra.n_train=37", "extra.n_eval=9", "extra.squat=true"), "gloo"),
 }
 
 
@@ -63,6 +65,17 @@ def test_weights_are_bit_identical_across_ranks_after_training(runs, controller)
 
     assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
     assert reports[0]["history"] == reports[1]["history"]
+
+
+def test_a_subclass_using_every_name_the_loop_once_kept_on_the_trainer_trains_exactly_as_its_base(runs):
+    # the loop's state and machinery live in one name-mangled object: the user's `_build`, `_emit`,
+    # `_checkpoints`, ... are neither called nor overwritten (was: fit() called the user's methods)
+    squatting, plain = runs("squatting", 2).reports, runs("plain", 2).reports
+
+    assert [squatting[rank]["squat_intact"] for rank in (0, 1)] == [True, True]
+    assert [squatting[r]["params_sha256"] for r in (0, 1)] == [plain[r]["params_sha256"] for r in (0, 1)]
+    assert [squatting[r]["history"] for r in (0, 1)] == [plain[r]["history"] for r in (0, 1)]
+    assert [squatting[r]["seen"] for r in (0, 1)] == [plain[r]["seen"] for r in (0, 1)]
 
 
 def test_a_rank_without_samples_in_a_step_joins_the_steps_allreduce_instead_of_hanging(runs):

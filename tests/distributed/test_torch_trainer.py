@@ -53,6 +53,8 @@ LAUNCHER_REFERENCE = ("batch_size=4", "extra.n_train=21")
 TWO_RANKS = {
     "shared": (*SHARED, "seed=7"),
     "other seed": (*SHARED, "seed=8"),
+    # "shared" in a subclass that takes every name the loop used to keep on the trainer (workers/squatter.py)
+    "squatting": (*SHARED, "seed=7", "extra.squat=true"),
     **{f"b {name}": (*EQUAL_BATCHES_COMMON, *s, "batch_size=4") for name, s in EQUAL_BATCHES.items()},
     **{f"{name} after": (*ALLREDUCE_COMMON, *s, "grad_allreduce=after_backward")
        for name, s in ALLREDUCE_PATHS.items()},
@@ -99,6 +101,16 @@ def test_parameters_are_bit_identical_across_ranks_after_training(request, contr
 
     assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
     assert reports[0]["history"] == reports[1]["history"]
+
+
+def test_a_subclass_using_every_name_the_loop_once_kept_on_the_trainer_trains_exactly_as_its_base(two_ranks):
+    # the loop's state and machinery live in one name-mangled object: the user's `_build`, `_emit`,
+    # `_checkpoints`, ... are neither called nor overwritten (was: fit() called the user's methods)
+    squatting, shared = two_ranks["squatting"], two_ranks["shared"]
+
+    assert [squatting[rank]["squat_intact"] for rank in (0, 1)] == [True, True]
+    for key in ("params_sha256", "history", "seen", "lrs"):
+        assert [squatting[rank][key] for rank in (0, 1)] == [shared[rank][key] for rank in (0, 1)], key
 
 
 @pytest.mark.parametrize("name", EQUAL_BATCHES)

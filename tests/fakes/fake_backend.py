@@ -39,7 +39,7 @@ from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sharding import SampleOrder, UniformOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
-from hvdazure.core.trainer import Trainer
+from hvdazure.core.trainer import Trainer, loop_of
 
 T = TypeVar("T")
 
@@ -312,8 +312,6 @@ class FakeTrainer(Trainer):
     `forward_passes`, `sanity_checks`. Override `training_metrics` and `validation_metrics` (hooks, as
     training_step and validation_step are) to report more metrics than the loss."""
 
-    _backend: FakeBackend
-
     def __init__(self, world: ThreadWorld, rank: int, problem: LinearProblem, config: TrainConfig,
                  callbacks: Sequence[Callback] = (), momentum: float = 0.0, order: SampleOrder | None = None,
                  data_fingerprint: str | None = None) -> None:
@@ -323,7 +321,8 @@ class FakeTrainer(Trainer):
         self.world, self.problem, self.momentum = world, problem, momentum
         self.order, self.fake_data_fingerprint = order, data_fingerprint
         self._world_rank = rank
-        super().__init__(config, callbacks)
+        self.backend = FakeBackend(self)
+        super().__init__(config, callbacks, backend=self.backend)
 
     def training_metrics(self, indices: list[int]) -> dict[str, float]:
         """Metrics besides the loss for one micro-batch (means over `indices`); none by default."""
@@ -334,31 +333,28 @@ class FakeTrainer(Trainer):
         return {}
 
     def receive_signal(self, signum: int = signal.SIGTERM) -> None:
-        """What a real rank's SIGTERM/SIGINT handler does (Trainer._stop_signals_caught)."""
-        self._signal = self._signal or signum
+        """What a real rank's SIGTERM/SIGINT handler does (TrainingLoop.note_signal)."""
+        loop_of(self).note_signal(signum)
 
     @property
     def steps(self) -> list[StepRecord]:
-        return self._backend.steps
+        return self.backend.steps
 
     @property
     def weights(self) -> np.ndarray:
-        return self._backend.weights
+        return self.backend.weights
 
     @property
     def velocity(self) -> np.ndarray:
-        return self._backend.velocity
+        return self.backend.velocity
 
     @property
     def forward_passes(self) -> int:
-        return self._backend.forward_passes
+        return self.backend.forward_passes
 
     @property
     def sanity_checks(self) -> int:
-        return self._backend.sanity_checks
-
-    def _create_backend(self) -> FakeBackend:
-        return FakeBackend(self)
+        return self.backend.sanity_checks
 
 
 class FakeBackend(Backend):
@@ -366,9 +362,9 @@ class FakeBackend(Backend):
 
     framework_name = "numpy-threads"
 
-    def __init__(self, hooks: FakeTrainer) -> None:
-        self.hooks = hooks
-        self.problem, self.momentum = hooks.problem, hooks.momentum
+    def __init__(self, user: FakeTrainer) -> None:
+        self.user = user
+        self.problem, self.momentum = user.problem, user.momentum
         self.steps: list[StepRecord] = []
         self.forward_passes = 0
         self.sanity_checks = 0  # evaluations of one batch before training (TrainConfig.sanity_check)
@@ -379,22 +375,22 @@ class FakeBackend(Backend):
 
     # --- running the model ---------------------------------------------------------------------------------
     def start(self, comm: Any) -> FakeCollectives:
-        self.collectives = FakeCollectives(self.hooks.world, self.hooks._world_rank)
+        self.collectives = FakeCollectives(self.user.world, self.user._world_rank)
         return self.collectives
 
     def shutdown(self) -> None:
         pass
 
     def load_datasets(self) -> SampleOrder:
-        order = self.hooks.order
+        order = self.user.order
         return order if order is not None else UniformOrder(self.problem.num_samples)
 
     def data_fingerprint(self) -> str | None:
-        return self.hooks.fake_data_fingerprint
+        return self.user.fake_data_fingerprint
 
     def build(self, peak_lr: float) -> FakeCheckpointContent:
         self.lr = peak_lr
-        self.weights = initial_weights(self.problem.dim, self.hooks.config.seed, self.collectives.rank)
+        self.weights = initial_weights(self.problem.dim, self.user.config.seed, self.collectives.rank)
         self.velocity = np.zeros(self.problem.dim)
         return FakeCheckpointContent(self)
 
@@ -414,7 +410,7 @@ class FakeBackend(Backend):
         votes = None if stop_vote is None else self.collectives.allreduce_sum_async([stop_vote], "stop_vote")
         gradient = np.zeros(self.problem.dim)
         weights: list[float | None] = []
-        state = self.hooks.state
+        state = self.user.state
         for micro_batch, batch, weight in step:
             if batch is None:  # no forward pass; this rank still joins the gradient average
                 weights.append(None)
@@ -424,7 +420,7 @@ class FakeBackend(Backend):
             loss, micro_gradient = self.problem.loss_and_gradient(self.weights, batch)
             gradient += weight * micro_gradient
             weights.append(weight)
-            meter.add({"loss": loss, **self.hooks.training_metrics(batch)}, len(batch))
+            meter.add({"loss": loss, **self.user.training_metrics(batch)}, len(batch))
         averaged = self._allreduce_average(gradient, "gradients")
         self.velocity = self.momentum * self.velocity + averaged
         self.weights = self.weights - self.lr * self.velocity
@@ -436,7 +432,7 @@ class FakeBackend(Backend):
     def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False) -> bool:
         if self.problem.eval_y is None:
             return False
-        c, size, rank = self.hooks.config, self.collectives.size, self.collectives.rank
+        c, size, rank = self.user.config, self.collectives.size, self.collectives.rank
         mine = eval_range(len(self.problem.eval_y), size, rank)
         batches = [range(start, min(start + c.batch_size, mine.stop))
                    for start in range(mine.start, mine.stop, c.batch_size)]
@@ -446,7 +442,7 @@ class FakeBackend(Backend):
         for batch in batches:
             if batch:
                 losses = self.problem.sample_losses(self.weights, batch, eval_set=True)
-                metrics = {"loss": float(np.mean(losses)), **self.hooks.validation_metrics(batch)}
+                metrics = {"loss": float(np.mean(losses)), **self.user.validation_metrics(batch)}
                 meter.add(metrics, len(batch))
         return True
 

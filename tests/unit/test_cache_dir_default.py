@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from hvdazure.core.cluster import ENVIRONMENTS, default_cache_dir, detect_environment
+from hvdazure.core.environments import ENVIRONMENTS, default_cache_dir, detect_environment
 
 HOME = {"HOME": "/home/user"}
 AZURE_ML = {**HOME, "AZUREML_RUN_ID": "run-123", "AZ_BATCHAI_JOB_TEMP": "/mnt/batch/tasks/shared/job/temp",

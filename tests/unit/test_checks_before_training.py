@@ -236,7 +236,7 @@ class NoisyValidation(FakeTrainer):
     restores too, are shared by the threads that are ranks here: their draws would mix the ranks'.)"""
 
     def validation_metrics(self, indices: range) -> dict[str, Any]:
-        return {"noise": float(self._backend.rng.random())}
+        return {"noise": float(self.backend.rng.random())}
 
 
 def test_the_sanity_check_changes_nothing_training_draws_or_reports() -> None:

@@ -13,16 +13,18 @@ import pytest
 from fakes.metadata_service import FakeMetadataService, InSeconds, document, preempt
 
 from hvdazure import TrainConfig
-from hvdazure.core.cluster.scheduled_events import (
+from hvdazure.core.config import ConfigError
+from hvdazure.core.environments import detect_environment
+from hvdazure.core.environments.scheduled_events import (
     VM_NAME_ENV,
     MetadataClient,
-    PreemptionWatcher,
     ScheduledEvent,
+    ScheduledEventsNotices,
     parse_events,
 )
-from hvdazure.core.config import ConfigError
+from hvdazure.core.preemption_watcher import PreemptionWatcher
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.trainer import Trainer
+from hvdazure.core.training_loop import TrainingLoop
 
 NOW = datetime(2026, 4, 11, 22, 26, 28, tzinfo=timezone.utc)
 
@@ -158,8 +160,8 @@ class FakeTrainer:
 
 
 def _watch(service, trainer=None):
-    watcher = PreemptionWatcher(service.url)
-    watcher.poll_seconds = 0.02
+    watcher = PreemptionWatcher(ScheduledEventsNotices(service.url))
+    watcher.notices.poll_seconds = 0.02
     trainer = trainer or FakeTrainer()
     watcher.on_train_start(trainer)
     return watcher, trainer
@@ -241,13 +243,14 @@ def _default_callbacks(monkeypatch, env, checkpoints=True, **config):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    trainer = SimpleNamespace(config=TrainConfig(**config), _checkpoints=object() if checkpoints else None)
-    return [cb for cb in Trainer._default_callbacks(trainer) if isinstance(cb, PreemptionWatcher)]
+    loop = SimpleNamespace(config=TrainConfig(**config), checkpoints=object() if checkpoints else None,
+                           _context=None, environment=detect_environment())
+    return [cb for cb in TrainingLoop._default_callbacks(loop) if isinstance(cb, PreemptionWatcher)]
 
 
 def test_the_watcher_is_on_by_default_inside_azure_ml_at_the_configured_url(monkeypatch):
     [watcher] = _default_callbacks(monkeypatch, AZURE_ML_ENV, scheduled_events_url="http://127.0.0.1:1/se")
-    assert watcher.client.url == "http://127.0.0.1:1/se"
+    assert watcher.notices.client.url == "http://127.0.0.1:1/se"
 
 
 def test_the_watcher_is_off_by_default_elsewhere(monkeypatch):
@@ -279,11 +282,11 @@ def test_bad_preemption_settings_are_config_errors(field, value, message):
 def test_the_default_url_is_azures_documented_endpoint(monkeypatch):
     assert TrainConfig().scheduled_events_url is None  # the environment's own address
     [watcher] = _default_callbacks(monkeypatch, AZURE_ML_ENV)
-    assert watcher.client.url == "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
+    assert watcher.notices.client.url == "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 
 
 def test_importing_the_module_loads_no_azure_sdk_or_framework():
-    probe = ("import sys, json, hvdazure.core.cluster.scheduled_events\n"
+    probe = ("import sys, json, hvdazure.core.environments.scheduled_events\n"
              "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
              "{'torch', 'tensorflow', 'keras', 'horovod', 'azure', 'azureml', 'mlflow', 'requests'})))")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

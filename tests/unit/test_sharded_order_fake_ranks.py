@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from fakes.fake_backend import FakeTrainer, LinearProblem, ThreadWorld, initial_weights
 
-from hvdazure.core import trainer as core_trainer
+from hvdazure.core import training_loop as core_trainer
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.sharding import SampleOrder

@@ -9,6 +9,7 @@ import pytest
 
 from hvdazure.core.backend import DataError
 from hvdazure.core.errors import show_user_errors_in_one_line
+from hvdazure.core.trainer import loop_of
 
 
 def _points_to_sharded_data(message: str) -> None:
@@ -42,7 +43,7 @@ class TestTorch:
             def eval_dataset(self) -> object:
                 return evaluate
 
-        return Trainer()._backend.load_datasets()
+        return loop_of(Trainer()).backend.load_datasets()
 
     def test_an_iterable_dataset_from_train_dataset_is_refused_naming_sharded_data(self) -> None:
         from torch.utils.data import IterableDataset

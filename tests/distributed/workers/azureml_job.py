@@ -7,10 +7,10 @@ import runpy
 import urllib.parse
 from pathlib import Path
 
-from hvdazure.core.cluster import scheduled_events
+from hvdazure.core.environments import scheduled_events
 
 os.chdir(os.environ["HVDAZURE_TEST_CWD"])
-scheduled_events.PreemptionWatcher.poll_seconds = float(os.environ.get("HVDAZURE_TEST_POLL", "0.1"))
+scheduled_events.ScheduledEventsNotices.poll_seconds = float(os.environ.get("HVDAZURE_TEST_POLL", "0.1"))
 _get = scheduled_events.MetadataClient._get
 
 

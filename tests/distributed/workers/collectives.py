@@ -6,7 +6,7 @@ import sys
 
 from _report import report_rank
 
-from hvdazure.core.cluster import detect_cluster
+from hvdazure.core.environments import detect_cluster
 
 framework = sys.argv[1]
 detected = dataclasses.asdict(detect_cluster())  # before hvd.init(), as a trainer's start-up would

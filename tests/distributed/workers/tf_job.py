@@ -23,6 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from _report import main, report_rank
+from squatter import squatting
 
 from hvdazure import Callback, TrainConfig
 from hvdazure.tensorflow import TensorFlowTrainer, load_weights
@@ -106,7 +107,8 @@ def loaded_weights(trainer: RegressionTrainer) -> dict[str, list[list[float]]]:
 
 def train_and_report(argv: list[str] | None = None) -> None:
     """One training configured by `argv` (`--set ...`), reported into HVDAZURE_TEST_OUT."""
-    trainer = RegressionTrainer(TrainConfig.from_cli(argv, log_every=1, progress_bar=False))
+    config = TrainConfig.from_cli(argv, log_every=1, progress_bar=False)
+    trainer = (squatting(RegressionTrainer) if config.extra.get("squat") else RegressionTrainer)(config)
     if trainer.config.extra.get("autograph_log"):
         tf.autograph.set_verbosity(1, alsologtostdout=True)
     history = trainer.fit()
@@ -117,6 +119,7 @@ def train_and_report(argv: list[str] | None = None) -> None:
         "dtypes": sorted({str(w.dtype) for w in weights}),
         "params_sha256": hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest(),
         "history": history,
+        "squat_intact": trainer.squat_intact() if config.extra.get("squat") else None,
         "seen": {str(k): v for k, v in trainer.seen.items()},
         "not_the_planned_batch": trainer.not_the_planned_batch,
         "lrs": trainer.recorder.lrs,

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from _report import main, report_rank
+from squatter import squatting
 from torch.utils.data import Dataset
 
 from hvdazure import Callback, TrainConfig
@@ -126,7 +127,8 @@ def report_checkpoint_error_and_linger(trainer: RegressionTrainer, error: Checkp
 
 def train_and_report(argv: list[str] | None = None) -> None:
     """One training configured by `argv` (`--set ...`), reported into HVDAZURE_TEST_OUT."""
-    trainer = RegressionTrainer(TrainConfig.from_cli(argv, log_every=1, progress_bar=False))
+    config = TrainConfig.from_cli(argv, log_every=1, progress_bar=False)
+    trainer = (squatting(RegressionTrainer) if config.extra.get("squat") else RegressionTrainer)(config)
     try:
         history = trainer.fit()
     except CheckpointError as exc:
@@ -141,6 +143,7 @@ def train_and_report(argv: list[str] | None = None) -> None:
         "params": params,
         "params_sha256": digest.hexdigest(),
         "history": history,
+        "squat_intact": trainer.squat_intact() if config.extra.get("squat") else None,
         "seen": {str(k): v for k, v in trainer.seen.items()},
         "lrs": trainer.recorder.lrs,
         "steps_per_epoch": trainer.steps_per_epoch,

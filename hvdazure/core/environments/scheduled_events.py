@@ -17,32 +17,26 @@ scheduled_events_url names another (a test's stand-in). This VM's name comes fro
 (for a node whose metadata name differs from the names in Resources), else from the metadata service's
 compute/name, asked at the same host.
 
-PreemptionWatcher polls from a daemon thread on local rank 0 of each node (one watcher per VM: GPU scale
-sets may deliver a VM's events to that VM only) and calls `trainer.request_checkpoint_and_exit`: every rank
-saves at the next step, through the per-step stop vote, and exits 143. It never stops training by itself
-failing: an unreachable endpoint or a malformed document is logged once and tried again at the next poll.
+`ScheduledEventsNotices` is what the environments report (environment.py's PreemptionNotices): it reads and
+judges the document, and acts on nothing. The core's PreemptionWatcher (core/preemption_watcher.py) polls it
+from local rank 0 of each node (GPU scale sets may deliver a VM's events to that VM only) and answers a due
+notice with a checkpoint on every rank.
 
-Stdlib only (urllib): the Azure ML environment (azureml.py) imports it inside every Azure ML job.
+Stdlib only (urllib): imported inside every Azure ML job, when the environment is asked for its notices.
 """
 
 from __future__ import annotations
 
 import email.utils
 import json
-import logging
 import os
-import threading
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hvdazure.core.callbacks import Callback
-from hvdazure.core.rank_logging import logger
-
-if TYPE_CHECKING:
-    from hvdazure.core.trainer import Trainer
+from hvdazure.core.environments.environment import PreemptionNotice
 
 SCHEDULED_EVENTS_URL = "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 PREEMPT = "Preempt"
@@ -157,62 +151,29 @@ class MetadataClient:
         return name
 
 
-class PreemptionWatcher(Callback):
-    """On local rank 0 of each node: polls Scheduled Events and, on a Preempt of this VM, asks every rank to
-    checkpoint at the next step and exit 143 (Trainer.request_checkpoint_and_exit)."""
+class ScheduledEventsNotices:
+    """Azure Scheduled Events as an environment's PreemptionNotices (environment.py): a Preempt of this VM
+    that is due is a notice; the core's PreemptionWatcher (core/preemption_watcher.py) polls and acts."""
 
     poll_seconds = 2.0
-    request_timeout = 10.0
+    timeout = 10.0
     # Azure: the first request of a VM turns the service on and "may take up to two minutes" to answer
-    first_request_timeout = 130.0
+    first_timeout = 130.0
 
     def __init__(self, scheduled_events_url: str | None = None) -> None:
         self.client = MetadataClient(scheduled_events_url or SCHEDULED_EVENTS_URL)
+        self.where = f"Azure Scheduled Events at {self.client.url}"
         self.vm_name: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def on_train_start(self, trainer: Trainer) -> None:
-        if trainer.local_rank != 0:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, args=(trainer,), name="hvdazure-preemption-watch",
-                                        daemon=True)
-        self._thread.start()
-
-    def on_train_end(self, trainer: Trainer) -> None:
-        self._stop.set()  # not joined: a request may be in flight; the daemon thread ends after it
-
-    def _watch(self, trainer: Trainer) -> None:
-        answered = reported = False
-        while not self._stop.is_set():
-            try:
-                timeout = self.request_timeout if answered else self.first_request_timeout
-                if self.vm_name is None:
-                    self.vm_name = self.client.vm_name(timeout)
-                document = self.client.scheduled_events(timeout)
-                if not answered:
-                    logger.info(f"watching Azure Scheduled Events for a preemption of {self.vm_name}")
-                answered = True
-                event = document.preemption_of(self.vm_name)
-                if event is not None and event.due(datetime.now(timezone.utc)):
-                    self._request_checkpoint(trainer, self.vm_name, event)
-                    return
-            except Exception as exc:  # never let the watcher end training: say so once, try again
-                if not reported:
-                    _tell(trainer, f"Azure Scheduled Events unavailable at {self.client.url} ({exc}); trying "
-                                   f"again every {self.poll_seconds:g} s")
-                reported = True
-            self._stop.wait(self.poll_seconds)
-
-    def _request_checkpoint(self, trainer: Trainer, vm_name: str, event: ScheduledEvent) -> None:
-        reason = f"Azure preemption notice for {vm_name}"
+    def due_notice(self, timeout: float) -> PreemptionNotice | None:
+        if self.vm_name is None:
+            self.vm_name = self.client.vm_name(timeout)
+        event = self.client.scheduled_events(timeout).preemption_of(self.vm_name)
+        if event is None or not event.due(datetime.now(timezone.utc)):
+            return None
         when = event.not_before.isoformat() if event.not_before else "now"
-        _tell(trainer, f"{reason} (event {event.event_id}, {event.status}, not before {when}): every rank "
-                       "saves a checkpoint at the next step, then exits")
-        trainer.request_checkpoint_and_exit(reason)
+        return PreemptionNotice(f"Azure preemption notice for {self.vm_name}",
+                                f"event {event.event_id}, {event.status}, not before {when}")
 
-
-def _tell(trainer: Trainer, message: str) -> None:
-    # Ranks other than 0 log errors only; a node's watcher must still be heard in that node's log.
-    logger.log(logging.WARNING if trainer.rank == 0 else logging.ERROR, message)
+    def watching(self) -> str:
+        return f"Azure Scheduled Events for a preemption of {self.vm_name}"

@@ -8,19 +8,16 @@ checkpoint directory) and announce a preemption by SIGTERM alone, which every ra
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-from hvdazure.core.cluster.environment import (
+from hvdazure.core.environments.environment import (
     ClusterInfo,
+    PreemptionNotices,
     home_cache_dir,
     node_of_rank,
     read_count,
     read_index,
     read_per_node,
 )
-
-if TYPE_CHECKING:
-    from hvdazure.core.callbacks import Callback
 
 
 def from_variables(
@@ -56,7 +53,7 @@ def from_variables(
 
 
 class Launcher:
-    """What a plain launcher decides: no checkpoints unless configured, a preemption watcher only if asked."""
+    """What a plain launcher decides: no checkpoints unless configured, preemption notices only if asked."""
 
     def default_checkpoint_dir(self) -> str | None:
         return None
@@ -67,14 +64,14 @@ class Launcher:
     def default_cache_dir(self, env: Mapping[str, str]) -> str:
         return home_cache_dir(env)
 
-    def preemption_watcher(self, watch: bool | None, notices_url: str | None) -> Callback | None:
+    def preemption_notices(self, watch: bool | None, notices_url: str | None) -> PreemptionNotices | None:
         if not watch:
             return None
         # Asked for anyway: the one advance notice hvdazure reads is the instance metadata service's
         # Scheduled Events, which Azure VMs have outside Azure ML too (mpirun on a VM scale set).
-        from hvdazure.core.cluster.scheduled_events import PreemptionWatcher
+        from hvdazure.core.environments.scheduled_events import ScheduledEventsNotices  # urllib: when asked
 
-        return PreemptionWatcher(notices_url)
+        return ScheduledEventsNotices(notices_url)
 
 
 class Horovodrun(Launcher):

@@ -3,10 +3,12 @@ its launcher set.
 
 Usable before ``hvd.init()`` (for example to print only on rank 0 while starting up) and free of any framework
 import. Each environment is one small class answering "am I in this environment, what is my rank, where do
-checkpoints go, where does a node cache dataset shards, how is a preemption announced" (environment.py; the
-pattern of Lightning Fabric's ``plugins/environments``): the plain launchers in launchers.py, Azure ML in
-azureml.py with the Scheduled Events watcher it uses (scheduled_events.py). ``detect_environment`` asks them
-in priority order, so the trainer asks the environment and never names one.
+checkpoints go, where does a node cache dataset shards, where and how is a preemption announced"
+(environment.py; the pattern of Lightning Fabric's ``plugins/environments``): the plain launchers in
+launchers.py, Azure ML in azureml.py with the Scheduled Events it reports (scheduled_events.py). They answer
+and never act: the trainer detects its environment once, when it starts, and acts on the answers (its
+PreemptionWatcher: core/preemption_watcher.py). ``detect_environment`` asks them in priority order, so the
+trainer asks the environment and never names one.
 """
 
 from __future__ import annotations
@@ -14,19 +16,33 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from hvdazure.core.cluster.azureml import INNER_LAUNCHERS, AzureML
-from hvdazure.core.cluster.environment import ClusterEnvironment, ClusterInfo
-from hvdazure.core.cluster.launchers import SingleProcess
+from hvdazure.core.environments.azureml import INNER_LAUNCHERS, AzureML
+from hvdazure.core.environments.environment import (
+    ClusterInfo,
+    Environment,
+    PreemptionNotice,
+    PreemptionNotices,
+)
+from hvdazure.core.environments.launchers import SingleProcess
 
-__all__ = ["CACHE_DIR_VARIABLE", "ENVIRONMENTS", "ClusterEnvironment", "ClusterInfo", "default_cache_dir",
-           "detect_cluster", "detect_environment"]
+__all__ = [
+    "CACHE_DIR_VARIABLE",
+    "ENVIRONMENTS",
+    "ClusterInfo",
+    "Environment",
+    "PreemptionNotice",
+    "PreemptionNotices",
+    "default_cache_dir",
+    "detect_cluster",
+    "detect_environment",
+]
 
 # Azure ML first because it wraps another launcher's variables; a single process is the fallback.
 CACHE_DIR_VARIABLE = "HVDAZURE_CACHE_DIR"  # where the shard cache goes, whatever the environment
-ENVIRONMENTS: tuple[ClusterEnvironment, ...] = (AzureML(), *INNER_LAUNCHERS, SingleProcess())
+ENVIRONMENTS: tuple[Environment, ...] = (AzureML(), *INNER_LAUNCHERS, SingleProcess())
 
 
-def detect_environment(env: Mapping[str, str] | None = None) -> ClusterEnvironment:
+def detect_environment(env: Mapping[str, str] | None = None) -> Environment:
     """The environment that started this process, from ``env`` (default ``os.environ``) and nothing else."""
     env = os.environ if env is None else env
     return next(environment for environment in ENVIRONMENTS if environment.detected(env))

@@ -1,4 +1,4 @@
-"""hvdazure.core.cluster: which launcher started this process, where in the job it put it, and what that
+"""hvdazure.core.environments: which launcher started this process, where in the job it put it, and what that
 environment decides (default checkpoint directory, preemption watch)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdazure.core.cluster import ENVIRONMENTS, ClusterInfo, detect_cluster, detect_environment
-from hvdazure.core.cluster.scheduled_events import SCHEDULED_EVENTS_URL, PreemptionWatcher
+from hvdazure.core.environments import ENVIRONMENTS, ClusterInfo, detect_cluster, detect_environment
+from hvdazure.core.environments.scheduled_events import SCHEDULED_EVENTS_URL, ScheduledEventsNotices
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "cluster_env").glob("*.json"))
@@ -163,7 +163,7 @@ def test_malformed_value_raises_one_line_naming_the_variable(env: dict, expected
 def test_importing_the_module_pulls_in_no_framework() -> None:
     forbidden = ("torch", "tensorflow", "keras", "horovod", "azure", "azureml")
     code = (
-        "import sys, hvdazure.core.cluster\n"
+        "import sys, hvdazure.core.environments\n"
         f"print(sorted({{name.split('.')[0] for name in sys.modules}} & {set(forbidden)!r}))"
     )
     result = subprocess.run(
@@ -213,30 +213,30 @@ def test_an_azure_ml_job_is_known_by_its_run_id_across_restarts_and_a_plain_laun
 
 
 def test_azure_ml_watches_scheduled_events_at_azures_address_unless_told_otherwise() -> None:
-    watcher = detect_environment(AZURE_ML).preemption_watcher(None, None)
-    assert isinstance(watcher, PreemptionWatcher)
-    assert watcher.client.url == SCHEDULED_EVENTS_URL
+    notices = detect_environment(AZURE_ML).preemption_notices(None, None)
+    assert isinstance(notices, ScheduledEventsNotices)
+    assert notices.client.url == SCHEDULED_EVENTS_URL
     assert SCHEDULED_EVENTS_URL == "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01"
 
 
 def test_azure_ml_reads_notices_at_a_configured_url() -> None:
-    watcher = detect_environment(AZURE_ML).preemption_watcher(True, "http://127.0.0.1:1/se")
-    assert isinstance(watcher, PreemptionWatcher)
-    assert watcher.client.url == "http://127.0.0.1:1/se"
+    notices = detect_environment(AZURE_ML).preemption_notices(True, "http://127.0.0.1:1/se")
+    assert isinstance(notices, ScheduledEventsNotices)
+    assert notices.client.url == "http://127.0.0.1:1/se"
 
 
 def test_azure_ml_watches_no_preemption_when_turned_off() -> None:
-    assert detect_environment(AZURE_ML).preemption_watcher(False, None) is None
+    assert detect_environment(AZURE_ML).preemption_notices(False, None) is None
 
 
 @pytest.mark.parametrize("name", LAUNCHERS)
 @pytest.mark.parametrize("watch", [None, False])
 def test_a_plain_launcher_watches_no_preemption_unless_asked(name: str, watch: bool | None) -> None:
-    assert detect_environment(LAUNCHERS[name]).preemption_watcher(watch, None) is None
+    assert detect_environment(LAUNCHERS[name]).preemption_notices(watch, None) is None
 
 
 @pytest.mark.parametrize("name", LAUNCHERS)
 def test_a_plain_launcher_asked_to_watch_reads_scheduled_events(name: str) -> None:
-    watcher = detect_environment(LAUNCHERS[name]).preemption_watcher(True, None)
-    assert isinstance(watcher, PreemptionWatcher)
-    assert watcher.client.url == SCHEDULED_EVENTS_URL
+    notices = detect_environment(LAUNCHERS[name]).preemption_notices(True, None)
+    assert isinstance(notices, ScheduledEventsNotices)
+    assert notices.client.url == SCHEDULED_EVENTS_URL

@@ -3,8 +3,10 @@
 An environment is one small class (Lightning Fabric's ``plugins/environments`` pattern) that answers the
 questions the trainer would otherwise settle by comparing launcher names: is this process mine, where in the
 job is it, where do checkpoints go when none are configured, which job is it (the same when run again),
-where are dataset shards cached, and how is a preemption announced ahead of time (the watcher callback that
-hears it, or None). Detection and description are pure functions of the environment mapping handed in.
+where are dataset shards cached, and where and how is a preemption announced ahead of time
+(`PreemptionNotices`, or None). An environment only reports: the core acts on what it says (the trainer's
+PreemptionWatcher polls the notices; core/preemption_watcher.py). Detection and description are pure
+functions of the environment mapping handed in.
 """
 
 from __future__ import annotations
@@ -13,10 +15,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from hvdazure.core.callbacks import Callback
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,35 @@ class ClusterInfo:
         return self.num_nodes > 1
 
 
-class ClusterEnvironment(Protocol):
+@dataclass(frozen=True)
+class PreemptionNotice:
+    """An advance notice that this node is about to be taken away: what it is (for the checkpoint's reason)
+    and its details (for the log line)."""
+
+    reason: str  # e.g. "Azure preemption notice for vm-0"
+    detail: str  # e.g. "event E1, Scheduled, not before 2026-04-11T22:26:58+00:00"
+
+
+class PreemptionNotices(Protocol):
+    """Where and how an environment announces a preemption ahead of time: something to poll from one thread
+    per node. `poll_seconds` between reads; the first read may take `first_timeout` seconds, later ones
+    `timeout`; `where` names the source in log lines."""
+
+    where: str
+    poll_seconds: float
+    first_timeout: float
+    timeout: float
+
+    def due_notice(self, timeout: float) -> PreemptionNotice | None:
+        """A notice for this node that is due to be acted on now, or None; raises on a failed read."""
+        ...
+
+    def watching(self) -> str:
+        """What is watched, once a read has answered (e.g. "Azure Scheduled Events for vm-0")."""
+        ...
+
+
+class Environment(Protocol):
     """One launcher or platform: whether it started this process, where it put it, and its own policies."""
 
     name: str
@@ -70,11 +97,10 @@ class ClusterEnvironment(Protocol):
         disk that every process of the node sees. HVDAZURE_CACHE_DIR overrides it (see default_cache_dir)."""
         ...
 
-    def preemption_watcher(self, watch: bool | None, notices_url: str | None) -> Callback | None:
-        """The callback that hears this environment's advance notice of a preemption, or None when off.
-
-        ``watch`` is the config's ``preemption_watch`` (None: this environment's default); ``notices_url``
-        the config's override of where notices are read (None: the environment's own address)."""
+    def preemption_notices(self, watch: bool | None, notices_url: str | None) -> PreemptionNotices | None:
+        """Where and how this environment announces a preemption ahead, or None when there is nothing to
+        watch. ``watch`` is the config's ``preemption_watch`` (None: this environment's default);
+        ``notices_url`` the config's override of where notices are read (None: the environment's own)."""
         ...
 
 

@@ -13,24 +13,21 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from hvdazure.core.cluster.environment import (
-    ClusterEnvironment,
+from hvdazure.core.environments.environment import (
     ClusterInfo,
+    Environment,
+    PreemptionNotices,
     home_cache_dir,
     node_of_rank,
     read_count,
     read_index,
     read_per_node,
 )
-from hvdazure.core.cluster.launchers import Horovodrun, Mpich, OpenMPI, SingleProcess
-
-if TYPE_CHECKING:
-    from hvdazure.core.callbacks import Callback
+from hvdazure.core.environments.launchers import Horovodrun, Mpich, OpenMPI, SingleProcess
 
 # The launchers Azure ML runs for an MPI job (or that a user runs inside one), asked in this order.
-INNER_LAUNCHERS: tuple[ClusterEnvironment, ...] = (Horovodrun(), OpenMPI(), Mpich())
+INNER_LAUNCHERS: tuple[Environment, ...] = (Horovodrun(), OpenMPI(), Mpich())
 
 
 class AzureML:
@@ -68,14 +65,14 @@ class AzureML:
                 return os.path.join(env[variable], "hvdazure", "shards")
         return home_cache_dir(env)
 
-    def preemption_watcher(self, watch: bool | None, notices_url: str | None) -> Callback | None:
-        """The Scheduled Events watcher (at Azure's metadata address unless `notices_url` is given), unless
+    def preemption_notices(self, watch: bool | None, notices_url: str | None) -> PreemptionNotices | None:
+        """Azure Scheduled Events (at Azure's metadata address unless `notices_url` is given), unless
         `watch` is False."""
         if watch is False:
             return None
-        from hvdazure.core.cluster.scheduled_events import PreemptionWatcher
+        from hvdazure.core.environments.scheduled_events import ScheduledEventsNotices  # urllib: when asked
 
-        return PreemptionWatcher(notices_url)
+        return ScheduledEventsNotices(notices_url)
 
 
 def _torch_style(env: Mapping[str, str], launcher: str) -> ClusterInfo:
