@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 import struct
 import tarfile
@@ -25,6 +24,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from hvdazure.data.formats import Columns, runs_of, stackable
+from hvdazure.data.formats.npy import load_npy, save_npy, stacked_npy
 
 _BLOCK = tarfile.BLOCKSIZE
 
@@ -37,53 +37,12 @@ def _text(data: bytes) -> str:
     return data.decode()
 
 
-def _load_npy(data: bytes) -> Any:
+def _npy_value(data: bytes) -> Any:
     array = load_npy(data)
     return array[()] if array.ndim == 0 else array
 
 
-_NPY_MAGIC = b"\x93NUMPY"
-_npy_headers: dict[bytes, tuple[np.dtype, tuple[int, ...], bool]] = {}  # header bytes -> parsed
-
-
-def load_npy(data: bytes) -> np.ndarray:
-    """What `np.load(io.BytesIO(data), allow_pickle=False)` gives (a writeable array, C or Fortran order),
-    its header parsed once per distinct header (np.load from a BytesIO costs ~0.2 ms a call); anything
-    np.load would refuse or treat specially (object dtypes, short data, format 3.0) goes to np.load."""
-    if data[:6] == _NPY_MAGIC and data[6] in (1, 2):
-        start = 10 if data[6] == 1 else 12
-        header = data[:start + int.from_bytes(data[8:start], "little")]
-        parsed = _npy_headers.get(header)
-        if parsed is None:
-            parsed = _npy_header(header)
-        if parsed is not None:
-            dtype, shape, fortran = parsed
-            count = math.prod(shape)
-            if len(data) - len(header) >= count * dtype.itemsize:
-                flat = np.frombuffer(data, dtype, count, len(header))
-                array = flat.reshape(shape[::-1]).transpose() if fortran else flat.reshape(shape)
-                return array.copy(order="K")  # writeable, as np.load's
-    loaded: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
-    return loaded
-
-
-def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool] | None:
-    """(dtype, shape, fortran order) of a .npy header, by NumPy's own parser; None for an object dtype."""
-    fileobj = io.BytesIO(header)
-    version = np.lib.format.read_magic(fileobj)
-    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    try:
-        shape, fortran, dtype = read(fileobj)
-    except ValueError:
-        return None  # np.load says what is wrong
-    if dtype.hasobject:
-        return None
-    if len(_npy_headers) < 1024:
-        _npy_headers[header] = (dtype, shape, fortran)
-    return dtype, shape, fortran
-
-
-_DECODERS: dict[str, Callable[[bytes], Any]] = {"npy": _load_npy, "cls": _int, "index": _int, "txt": _text,
+_DECODERS: dict[str, Callable[[bytes], Any]] = {"npy": _npy_value, "cls": _int, "index": _int, "txt": _text,
                                                 "json": json.loads}
 
 
@@ -428,33 +387,13 @@ def decode_columns(raws: list[dict[str, Any]]) -> Columns | None:
     for extension in fields:
         values = [raw[extension] for raw in raws]
         name = _decoded_name(extension, raws[0])
-        stacked = _stacked_npy(values) if extension.rpartition(".")[2] == "npy" else None
+        stacked = stacked_npy(values) if extension.rpartition(".")[2] == "npy" else None
         if stacked is not None:
             columns[name] = stacked
             continue
         decoded = [_decode_value(extension, bytes(v) if isinstance(v, memoryview) else v) for v in values]
         columns[name] = np.stack(decoded) if stackable(decoded) else decoded
     return columns
-
-
-def _stacked_npy(values: list[Any]) -> np.ndarray | None:
-    """`.npy` values that all have one header (a native numeric dtype, C order, ndim >= 1) as one stacked
-    array: their data joined into one writeable buffer. None for any other values."""
-    first = values[0]
-    if not isinstance(first, bytes | memoryview) or bytes(first[:6]) != _NPY_MAGIC or first[6] not in (1, 2):
-        return None
-    start = 10 if first[6] == 1 else 12
-    header = bytes(first[:start + int.from_bytes(first[8:start], "little")])
-    parsed = _npy_headers.get(header) or _npy_header(header)
-    if parsed is None:
-        return None
-    dtype, shape, fortran = parsed
-    size = math.prod(shape) * dtype.itemsize
-    if fortran or not shape or dtype.kind not in "biufc" or not dtype.isnative or \
-            any(len(v) != len(header) + size or v[:len(header)] != header for v in values):
-        return None  # np.load would keep trailing bytes out; different headers: decoded one by one
-    joined = bytearray().join(v[len(header):] for v in values)
-    return np.frombuffer(joined, dtype).reshape((len(values), *shape))
 
 
 def _decoded_name(extension: str, raw: dict[str, Any]) -> str:
@@ -469,7 +408,6 @@ def _decode_value(extension: str, value: Any) -> Any:
     if decoder is None or not isinstance(value, bytes) or extension == "__key__":
         return value
     return decoder(value)
-
 
 
 def encode(sample: Mapping[str, Any], key: str) -> tuple[list[tuple[str, bytes]], int]:
@@ -504,9 +442,7 @@ def _encode_value(name: str, value: Any) -> tuple[str, bytes]:
         array = np.asarray(value)
         if array.dtype.kind == "O":
             raise TypeError(f"field {name!r}: an object array cannot be stored (give bytes or numbers)")
-        buffer = io.BytesIO()
-        np.save(buffer, array, allow_pickle=False)
-        return _with_type(name, "npy"), buffer.getvalue()
+        return _with_type(name, "npy"), save_npy(array)
     raise TypeError(f"field {name!r}: cannot store a {type(value).__name__} in a tar shard "
                     "(bytes, str, int, float, NumPy arrays, dicts and lists can be)")
 
