@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import struct
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO
@@ -25,8 +24,7 @@ import numpy as np
 
 from hvdazure.data.formats import Columns, runs_of, stackable
 from hvdazure.data.formats.npy import load_npy, save_npy, stacked_npy
-
-_BLOCK = tarfile.BLOCKSIZE
+from hvdazure.data.formats.tar_header import BLOCK, ZERO_BLOCK, Unusual, bad_sums, number, regular_members
 
 
 def _int(data: bytes) -> int:
@@ -85,8 +83,8 @@ def scan(fileobj: BinaryIO, size: int, name: str) -> np.ndarray:
 def _check_end(fileobj: BinaryIO, end: int, size: int, name: str) -> None:
     """A tar ends with a zero block: without one, the file was cut at a member's boundary."""
     fileobj.seek(end)
-    block = fileobj.read(_BLOCK)
-    if len(block) < _BLOCK or any(block):
+    block = fileobj.read(BLOCK)
+    if len(block) < BLOCK or any(block):
         raise ValueError(f"{name}: truncated: no end-of-archive block at byte {end} (the file has {size})")
 
 
@@ -114,7 +112,7 @@ class Reader:
         stop = int(self._offsets[position + 1]) if position + 1 < len(self._offsets) else self._data_end()
         try:
             sample = _split(os.pread(self._fd, max(0, stop - start), start))
-        except _Unusual:
+        except Unusual:
             return self._read_with_tarfile(position)
         except (ValueError, OSError) as exc:
             raise ValueError(f"{self._name}: sample {position} (byte {start}) unreadable ({exc})") from None
@@ -148,7 +146,7 @@ class Reader:
                 mark = len(headers)
                 try:
                     sample = _split(span[begin:end], headers) if end <= len(span) else {}
-                except (_Unusual, ValueError):
+                except (Unusual, ValueError):
                     sample = {}
                 if not sample:
                     again.append(len(out))
@@ -166,14 +164,14 @@ class Reader:
         if self._end is None:
             position = int(self._offsets[-1])
             while True:
-                header = os.pread(self._fd, _BLOCK, position)
-                if len(header) < _BLOCK or header == _ZERO_BLOCK:
+                header = os.pread(self._fd, BLOCK, position)
+                if len(header) < BLOCK or header == ZERO_BLOCK:
                     break
                 try:
-                    size = _number(header[124:136])
+                    size = number(header[124:136])
                 except ValueError:
                     break  # the read reports it
-                position += _BLOCK + -(-size // _BLOCK) * _BLOCK
+                position += BLOCK + -(-size // BLOCK) * BLOCK
             self._end = min(position, os.fstat(self._fd).st_size)
         return self._end
 
@@ -210,57 +208,13 @@ class Reader:
             self._file.close()
 
 
-# --- tar headers, by hand: tarfile costs ~0.1 ms a header, as much as reading a 64 KB sample ----------
-_ZERO_BLOCK = bytes(_BLOCK)
-_REGULAR = frozenset(b"0\x007")  # tarfile.REGULAR_TYPES but GNU sparse (left to tarfile)
-_SKIPPED = frozenset(b"123456")  # links, devices, directories, FIFOs: not samples' members
-_LONG_NAME, _PAX = ord("L"), ord("x")
-_SUMS_ONE_BY_ONE = 4  # at most this many headers in a batch: their checksums summed in Python, not NumPy
-
-
-class _Unusual(Exception):
-    """A header `_split` leaves to tarfile."""
-
-
 def _split(data: bytes | memoryview, headers: list[bytes] | None = None) -> dict[str, Any]:
     """The sample in `data` (the bytes from its first header up to the next sample's): the regular
-    members of its key, as tarfile reads them (ustar prefix, GNU long names, pax path and size; checksums
-    checked; a zero block ends it), slices of `data`. ValueError for a bad or cut header or member;
-    _Unusual for the rest. `headers`: the checksums are left to the caller, each header appended to it."""
+    members of its key (`regular_members`: as tarfile reads them, checksums checked), slices of `data`.
+    ValueError for a bad or cut header or member; Unusual for the rest. `headers`: the checksums are left
+    to the caller, each header appended to it."""
     sample: dict[str, Any] = {}
-    position, end = 0, len(data)
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-    while position < end:
-        header = bytes(data[position:position + _BLOCK])
-        if len(header) < _BLOCK:
-            raise ValueError(f"truncated header at +{position}")
-        if header == _ZERO_BLOCK:
-            break
-        if headers is None:
-            _check_sum(header)
-        else:
-            headers.append(header)
-        kind = header[156]
-        size = int(pax["size"]) if "size" in pax else _number(header[124:136])
-        begin = position + _BLOCK
-        if begin + size > end:
-            raise ValueError(f"truncated: a member's data ends past byte +{end}")
-        position = begin + -(-size // _BLOCK) * _BLOCK
-        if kind == _LONG_NAME:
-            long_name = _text_field(bytes(data[begin:begin + size]))
-            continue
-        if kind == _PAX:
-            pax = _pax_records(bytes(data[begin:begin + size]))
-            continue
-        if kind not in _REGULAR and kind not in _SKIPPED:
-            raise _Unusual
-        if kind not in _REGULAR or (kind == 0 and _text_field(header[0:100]).endswith("/")):
-            position = begin  # a link, device or directory (a V7 one: "name/"): tarfile skips no data
-            long_name, pax = None, {}
-            continue
-        name = pax.get("path") or long_name or _ustar_name(header)
-        long_name, pax = None, {}
+    for name, begin, size in regular_members(data, headers):
         parts = split_name(name)
         if parts is None:
             continue
@@ -287,85 +241,11 @@ def read_batch(requests: Sequence[tuple[Reader, Sequence[int]]],
         out.append(samples)
         owners += [(r, at) for at in owned]
         again += [(r, at) for at in redo]
-    if len(headers) > _SUMS_ONE_BY_ONE:
-        again += [owners[i] for i in np.flatnonzero(~_sums_match(headers)).tolist()]
-    else:  # a sample or two: NumPy's call costs more than Python's sums
-        for header, owner in zip(headers, owners, strict=True):
-            try:
-                _check_sum(header)
-            except ValueError:
-                again.append(owner)
+    again += [owners[i] for i in bad_sums(headers)]
     for r, at in sorted(set(again)):
         reader, positions = requests[r]
         out[r][at] = reader.read(positions[at])
     return out
-
-
-def _sums_match(headers: list[bytes]) -> np.ndarray:
-    """Whether each header's checksum is right (what `_check_sum` checks), the sums of all at once."""
-    blocks = np.frombuffer(b"".join(headers), dtype=np.uint8).reshape(len(headers), _BLOCK)
-    field = blocks[:, 148:156].astype(np.int64)
-    unsigned = blocks.sum(axis=1, dtype=np.int64) - field.sum(axis=1) + 256
-    # the stored sum as tarfile writes it, six octal digits, NUL, space; any other spelling: _check_sum
-    digits = field[:, :6] - ord("0")
-    stored = digits @ (8 ** np.arange(5, -1, -1, dtype=np.int64))
-    written = ((digits >= 0) & (digits <= 7)).all(axis=1) & (field[:, 6] == 0) & (field[:, 7] == ord(" "))
-    match: np.ndarray = written & (stored == unsigned)
-    for i in np.flatnonzero(~match).tolist():  # a signed sum, as some old tars have, or a bad header
-        try:
-            _check_sum(headers[i])
-            match[i] = True
-        except ValueError:
-            pass
-    return match
-
-
-def _check_sum(header: bytes) -> None:
-    stored = _number(header[148:156])
-    unsigned = 256 + sum(header) - sum(header[148:156])
-    if stored != unsigned and stored != 256 + sum(struct.unpack_from("148b8x356b", header)):
-        raise ValueError("bad header checksum")
-
-
-def _number(field: bytes) -> int:
-    """A header's numeric field: octal ASCII, or base-256 (first byte 0x80, or 0xff for negative)."""
-    if field[0] in (0o200, 0o377):
-        value = int.from_bytes(field[1:], "big")
-        return value - 256 ** (len(field) - 1) if field[0] == 0o377 else value
-    try:
-        return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
-    except ValueError:
-        raise ValueError("invalid number in a header") from None
-
-
-def _text_field(field: bytes) -> str:
-    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-
-
-def _ustar_name(header: bytes) -> str:
-    name, prefix = _text_field(header[0:100]), _text_field(header[345:500]) if header[345] else ""
-    return f"{prefix}/{name}" if prefix else name
-
-
-def _pax_records(data: bytes) -> dict[str, str]:
-    """An extended (pax) header's records, `LENGTH KEY=VALUE\\n`; _Unusual for what changes how the
-    member is read beyond its path and size (GNU sparse, binary names)."""
-    records: dict[str, str] = {}
-    position = 0
-    while position < len(data):
-        space = data.find(b" ", position)
-        equals = data.find(b"=", space)
-        if space < 0 or equals < 0 or not data[position:space].isdigit():
-            break  # what tarfile's record pattern does not match ends the records
-        length = int(data[position:space])
-        if length == 0:
-            raise ValueError("invalid pax header")
-        key = data[space + 1:equals].decode("utf-8", "surrogateescape")
-        records[key] = data[equals + 1:position + length - 1].decode("utf-8", "surrogateescape")
-        position += length
-    if records.get("hdrcharset") == "BINARY" or any(key.startswith("GNU.sparse") for key in records):
-        raise _Unusual
-    return records
 
 
 def decode(raw: dict[str, Any]) -> dict[str, Any]:
@@ -423,7 +303,7 @@ def encode(sample: Mapping[str, Any], key: str) -> tuple[list[tuple[str, bytes]]
         if name != "__key__" and value is not None:
             extension, data = _encode_value(name, value)
             members.append((f"{key}.{extension}", data))
-    size = sum(_BLOCK + -(-len(data) // _BLOCK) * _BLOCK for _, data in members)
+    size = sum(BLOCK + -(-len(data) // BLOCK) * BLOCK for _, data in members)
     return members, size
 
 
