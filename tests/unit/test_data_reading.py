@@ -15,6 +15,7 @@ from hvdazure.core.sharding import ShardPlan
 from hvdazure.data import ShardedDataset, write_shards
 from hvdazure.data.dataset import MIN_OPEN_READERS, readers_kept
 from hvdazure.data.formats import scan_shard, tar, tar_header, tfrecord
+from hvdazure.data.formats.tf_example import _packed_varints
 from hvdazure.data.shard_order import ShardOrder
 
 
@@ -248,7 +249,7 @@ def test_packed_varints_of_one_or_two_bytes_and_longer_round_trip(high):
 
 def test_a_packed_varint_list_cut_after_a_two_byte_varint_start_is_refused():
     with pytest.raises(ValueError, match="cut inside a varint"):
-        tfrecord._packed_varints(bytes([1, 0x81, 2] * 10) + b"\x81")
+        _packed_varints(bytes([1, 0x81, 2] * 10) + b"\x81")
 
 
 @pytest.mark.parametrize("damage", ["cut-middle", "cut-last", "flip-data"])
