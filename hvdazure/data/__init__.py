@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hvdazure.data.formats.tfrecord import parse_example
+    from hvdazure.data.formats.tf_example import parse_example
     from hvdazure.data.index import ShardEntry, ShardIndex, build_index, load_index
     from hvdazure.data.writers import pack_folder, write_shards
 
@@ -21,7 +21,7 @@ _EXPORTS = {
     "ShardIndex": "hvdazure.data.index",
     "build_index": "hvdazure.data.index",
     "load_index": "hvdazure.data.index",
-    "parse_example": "hvdazure.data.formats.tfrecord",
+    "parse_example": "hvdazure.data.formats.tf_example",
     "write_shards": "hvdazure.data.writers",
     "pack_folder": "hvdazure.data.writers",
 }

@@ -13,6 +13,7 @@ import pytest
 
 from hvdazure.data.formats import default_decode, format_for, open_shard, scan_shard, tar, tfrecord
 from hvdazure.data.formats import parquet as parquet_format
+from hvdazure.data.formats.tf_example import _varint_bytes
 from hvdazure.data.index import ShardEntry
 
 
@@ -230,7 +231,7 @@ def unpacked_example(features: dict) -> bytes:
     """tf.train.Example bytes with every number list written unpacked (one tag a value), as proto2
     writers and some other tools write them."""
     def delimited(field: int, payload: bytes) -> bytes:
-        return tfrecord._varint_bytes(field << 3 | 2) + tfrecord._varint_bytes(len(payload)) + payload
+        return _varint_bytes(field << 3 | 2) + _varint_bytes(len(payload)) + payload
 
     entries = b""
     for key, (kind, values) in features.items():
@@ -239,7 +240,7 @@ def unpacked_example(features: dict) -> bytes:
         elif kind == "float":
             inner = delimited(2, b"".join(b"\x0d" + struct.pack("<f", v) for v in values))
         else:
-            inner = delimited(3, b"".join(b"\x08" + tfrecord._varint_bytes(v & (2**64 - 1)) for v in values))
+            inner = delimited(3, b"".join(b"\x08" + _varint_bytes(v & (2**64 - 1)) for v in values))
         entries += delimited(1, delimited(1, key.encode()) + delimited(2, inner))
     return delimited(1, entries)
 

@@ -14,7 +14,8 @@ import hvdazure.data.formats as formats
 from hvdazure.core.sharding import ShardPlan
 from hvdazure.data import ShardedDataset, write_shards
 from hvdazure.data.dataset import MIN_OPEN_READERS, readers_kept
-from hvdazure.data.formats import scan_shard, tar, tfrecord
+from hvdazure.data.formats import scan_shard, tar, tar_header, tfrecord
+from hvdazure.data.formats.tf_example import _packed_varints
 from hvdazure.data.shard_order import ShardOrder
 
 
@@ -123,7 +124,7 @@ def test_a_base_256_size_is_read(tmp_path):
     path.write_bytes(with_header(data, 0, slice(124, 136), b"\x80" + (1000).to_bytes(11, "big")))
 
     assert read_every_sample(path) == [{"__key__": "a", "bin": b"x" * 1000}, {"__key__": "b", "bin": b"y"}]
-    assert tar._number(b"\xff" + b"\xff" * 11) == -1
+    assert tar_header.number(b"\xff" + b"\xff" * 11) == -1
 
 
 def test_a_bad_header_checksum_is_one_line_naming_shard_and_sample(tmp_path):
@@ -181,7 +182,7 @@ def test_a_global_pax_header_is_left_to_tarfile(tmp_path):
     path.write_bytes(buffer.getvalue())
     reader = tar.Reader(str(path), np.array([0]), "shard.tar")  # sample 0 starts at the global header
 
-    with pytest.raises(tar._Unusual):
+    with pytest.raises(tar_header.Unusual):
         tar._split(path.read_bytes()[:1536])
     assert reader.read(0) == {"__key__": "a", "bin": b"1"}
     reader.close()
@@ -248,7 +249,7 @@ def test_packed_varints_of_one_or_two_bytes_and_longer_round_trip(high):
 
 def test_a_packed_varint_list_cut_after_a_two_byte_varint_start_is_refused():
     with pytest.raises(ValueError, match="cut inside a varint"):
-        tfrecord._packed_varints(bytes([1, 0x81, 2] * 10) + b"\x81")
+        _packed_varints(bytes([1, 0x81, 2] * 10) + b"\x81")
 
 
 @pytest.mark.parametrize("damage", ["cut-middle", "cut-last", "flip-data"])

@@ -14,15 +14,14 @@ arrays and leaves every other value as it is.
 from __future__ import annotations
 
 import bisect
-import io
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from hvdazure.data.formats import Columns, columns_of
+from hvdazure.data.formats.npy import NPY_MAGIC, load_npy, save_npy
 
-NPY_MAGIC = b"\x93NUMPY"
 ROW_GROUP_BYTES = 8 * 1024 * 1024  # a row group is this large, about: what a random read costs at most
 
 
@@ -105,7 +104,7 @@ def _getter(column: Any) -> Callable[[int], Any]:
 
 def decode(raw: Mapping[str, Any]) -> dict[str, Any]:
     """The default decode: `.npy` bytes back into arrays; every other value as it is."""
-    return {name: _load_npy(value) if isinstance(value, bytes) and value.startswith(NPY_MAGIC) else value
+    return {name: load_npy(value) if isinstance(value, bytes) and value.startswith(NPY_MAGIC) else value
             for name, value in raw.items()}
 
 
@@ -113,12 +112,6 @@ def decode_columns(raws: list[Mapping[str, Any]]) -> Columns | None:
     """The default decode of a micro-batch by columns (formats/__init__.py): each row decoded, then
     arrays of one dtype and shape stacked."""
     return columns_of([decode(raw) for raw in raws])
-
-
-def _load_npy(data: bytes) -> np.ndarray:
-    from hvdazure.data.formats.tar import load_npy  # np.load, without its ~0.2 ms a call
-
-    return load_npy(data)
 
 
 def encode(sample: Mapping[str, Any], key: str) -> tuple[dict[str, Any], int]:
@@ -129,9 +122,7 @@ def encode(sample: Mapping[str, Any], key: str) -> tuple[dict[str, Any], int]:
         if name == "__key__":
             continue
         if isinstance(value, np.ndarray) and value.ndim >= 2:
-            buffer = io.BytesIO()
-            np.save(buffer, value, allow_pickle=False)
-            value = buffer.getvalue()
+            value = save_npy(value)
         elif isinstance(value, np.ndarray) and value.dtype.kind == "O":
             raise TypeError(f"field {name!r}: an object array cannot be stored (give bytes or numbers)")
         row[name] = value

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
-import struct
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO
@@ -25,8 +23,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from hvdazure.data.formats import Columns, runs_of, stackable
-
-_BLOCK = tarfile.BLOCKSIZE
+from hvdazure.data.formats.npy import load_npy, save_npy, stacked_npy
+from hvdazure.data.formats.tar_header import BLOCK, ZERO_BLOCK, Unusual, bad_sums, number, regular_members
 
 
 def _int(data: bytes) -> int:
@@ -37,53 +35,12 @@ def _text(data: bytes) -> str:
     return data.decode()
 
 
-def _load_npy(data: bytes) -> Any:
+def _npy_value(data: bytes) -> Any:
     array = load_npy(data)
     return array[()] if array.ndim == 0 else array
 
 
-_NPY_MAGIC = b"\x93NUMPY"
-_npy_headers: dict[bytes, tuple[np.dtype, tuple[int, ...], bool]] = {}  # header bytes -> parsed
-
-
-def load_npy(data: bytes) -> np.ndarray:
-    """What `np.load(io.BytesIO(data), allow_pickle=False)` gives (a writeable array, C or Fortran order),
-    its header parsed once per distinct header (np.load from a BytesIO costs ~0.2 ms a call); anything
-    np.load would refuse or treat specially (object dtypes, short data, format 3.0) goes to np.load."""
-    if data[:6] == _NPY_MAGIC and data[6] in (1, 2):
-        start = 10 if data[6] == 1 else 12
-        header = data[:start + int.from_bytes(data[8:start], "little")]
-        parsed = _npy_headers.get(header)
-        if parsed is None:
-            parsed = _npy_header(header)
-        if parsed is not None:
-            dtype, shape, fortran = parsed
-            count = math.prod(shape)
-            if len(data) - len(header) >= count * dtype.itemsize:
-                flat = np.frombuffer(data, dtype, count, len(header))
-                array = flat.reshape(shape[::-1]).transpose() if fortran else flat.reshape(shape)
-                return array.copy(order="K")  # writeable, as np.load's
-    loaded: np.ndarray = np.load(io.BytesIO(data), allow_pickle=False)
-    return loaded
-
-
-def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool] | None:
-    """(dtype, shape, fortran order) of a .npy header, by NumPy's own parser; None for an object dtype."""
-    fileobj = io.BytesIO(header)
-    version = np.lib.format.read_magic(fileobj)
-    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    try:
-        shape, fortran, dtype = read(fileobj)
-    except ValueError:
-        return None  # np.load says what is wrong
-    if dtype.hasobject:
-        return None
-    if len(_npy_headers) < 1024:
-        _npy_headers[header] = (dtype, shape, fortran)
-    return dtype, shape, fortran
-
-
-_DECODERS: dict[str, Callable[[bytes], Any]] = {"npy": _load_npy, "cls": _int, "index": _int, "txt": _text,
+_DECODERS: dict[str, Callable[[bytes], Any]] = {"npy": _npy_value, "cls": _int, "index": _int, "txt": _text,
                                                 "json": json.loads}
 
 
@@ -126,8 +83,8 @@ def scan(fileobj: BinaryIO, size: int, name: str) -> np.ndarray:
 def _check_end(fileobj: BinaryIO, end: int, size: int, name: str) -> None:
     """A tar ends with a zero block: without one, the file was cut at a member's boundary."""
     fileobj.seek(end)
-    block = fileobj.read(_BLOCK)
-    if len(block) < _BLOCK or any(block):
+    block = fileobj.read(BLOCK)
+    if len(block) < BLOCK or any(block):
         raise ValueError(f"{name}: truncated: no end-of-archive block at byte {end} (the file has {size})")
 
 
@@ -155,7 +112,7 @@ class Reader:
         stop = int(self._offsets[position + 1]) if position + 1 < len(self._offsets) else self._data_end()
         try:
             sample = _split(os.pread(self._fd, max(0, stop - start), start))
-        except _Unusual:
+        except Unusual:
             return self._read_with_tarfile(position)
         except (ValueError, OSError) as exc:
             raise ValueError(f"{self._name}: sample {position} (byte {start}) unreadable ({exc})") from None
@@ -189,7 +146,7 @@ class Reader:
                 mark = len(headers)
                 try:
                     sample = _split(span[begin:end], headers) if end <= len(span) else {}
-                except (_Unusual, ValueError):
+                except (Unusual, ValueError):
                     sample = {}
                 if not sample:
                     again.append(len(out))
@@ -207,14 +164,14 @@ class Reader:
         if self._end is None:
             position = int(self._offsets[-1])
             while True:
-                header = os.pread(self._fd, _BLOCK, position)
-                if len(header) < _BLOCK or header == _ZERO_BLOCK:
+                header = os.pread(self._fd, BLOCK, position)
+                if len(header) < BLOCK or header == ZERO_BLOCK:
                     break
                 try:
-                    size = _number(header[124:136])
+                    size = number(header[124:136])
                 except ValueError:
                     break  # the read reports it
-                position += _BLOCK + -(-size // _BLOCK) * _BLOCK
+                position += BLOCK + -(-size // BLOCK) * BLOCK
             self._end = min(position, os.fstat(self._fd).st_size)
         return self._end
 
@@ -251,57 +208,13 @@ class Reader:
             self._file.close()
 
 
-# --- tar headers, by hand: tarfile costs ~0.1 ms a header, as much as reading a 64 KB sample ----------
-_ZERO_BLOCK = bytes(_BLOCK)
-_REGULAR = frozenset(b"0\x007")  # tarfile.REGULAR_TYPES but GNU sparse (left to tarfile)
-_SKIPPED = frozenset(b"123456")  # links, devices, directories, FIFOs: not samples' members
-_LONG_NAME, _PAX = ord("L"), ord("x")
-_SUMS_ONE_BY_ONE = 4  # at most this many headers in a batch: their checksums summed in Python, not NumPy
-
-
-class _Unusual(Exception):
-    """A header `_split` leaves to tarfile."""
-
-
 def _split(data: bytes | memoryview, headers: list[bytes] | None = None) -> dict[str, Any]:
     """The sample in `data` (the bytes from its first header up to the next sample's): the regular
-    members of its key, as tarfile reads them (ustar prefix, GNU long names, pax path and size; checksums
-    checked; a zero block ends it), slices of `data`. ValueError for a bad or cut header or member;
-    _Unusual for the rest. `headers`: the checksums are left to the caller, each header appended to it."""
+    members of its key (`regular_members`: as tarfile reads them, checksums checked), slices of `data`.
+    ValueError for a bad or cut header or member; Unusual for the rest. `headers`: the checksums are left
+    to the caller, each header appended to it."""
     sample: dict[str, Any] = {}
-    position, end = 0, len(data)
-    long_name: str | None = None
-    pax: dict[str, str] = {}
-    while position < end:
-        header = bytes(data[position:position + _BLOCK])
-        if len(header) < _BLOCK:
-            raise ValueError(f"truncated header at +{position}")
-        if header == _ZERO_BLOCK:
-            break
-        if headers is None:
-            _check_sum(header)
-        else:
-            headers.append(header)
-        kind = header[156]
-        size = int(pax["size"]) if "size" in pax else _number(header[124:136])
-        begin = position + _BLOCK
-        if begin + size > end:
-            raise ValueError(f"truncated: a member's data ends past byte +{end}")
-        position = begin + -(-size // _BLOCK) * _BLOCK
-        if kind == _LONG_NAME:
-            long_name = _text_field(bytes(data[begin:begin + size]))
-            continue
-        if kind == _PAX:
-            pax = _pax_records(bytes(data[begin:begin + size]))
-            continue
-        if kind not in _REGULAR and kind not in _SKIPPED:
-            raise _Unusual
-        if kind not in _REGULAR or (kind == 0 and _text_field(header[0:100]).endswith("/")):
-            position = begin  # a link, device or directory (a V7 one: "name/"): tarfile skips no data
-            long_name, pax = None, {}
-            continue
-        name = pax.get("path") or long_name or _ustar_name(header)
-        long_name, pax = None, {}
+    for name, begin, size in regular_members(data, headers):
         parts = split_name(name)
         if parts is None:
             continue
@@ -328,85 +241,11 @@ def read_batch(requests: Sequence[tuple[Reader, Sequence[int]]],
         out.append(samples)
         owners += [(r, at) for at in owned]
         again += [(r, at) for at in redo]
-    if len(headers) > _SUMS_ONE_BY_ONE:
-        again += [owners[i] for i in np.flatnonzero(~_sums_match(headers)).tolist()]
-    else:  # a sample or two: NumPy's call costs more than Python's sums
-        for header, owner in zip(headers, owners, strict=True):
-            try:
-                _check_sum(header)
-            except ValueError:
-                again.append(owner)
+    again += [owners[i] for i in bad_sums(headers)]
     for r, at in sorted(set(again)):
         reader, positions = requests[r]
         out[r][at] = reader.read(positions[at])
     return out
-
-
-def _sums_match(headers: list[bytes]) -> np.ndarray:
-    """Whether each header's checksum is right (what `_check_sum` checks), the sums of all at once."""
-    blocks = np.frombuffer(b"".join(headers), dtype=np.uint8).reshape(len(headers), _BLOCK)
-    field = blocks[:, 148:156].astype(np.int64)
-    unsigned = blocks.sum(axis=1, dtype=np.int64) - field.sum(axis=1) + 256
-    # the stored sum as tarfile writes it, six octal digits, NUL, space; any other spelling: _check_sum
-    digits = field[:, :6] - ord("0")
-    stored = digits @ (8 ** np.arange(5, -1, -1, dtype=np.int64))
-    written = ((digits >= 0) & (digits <= 7)).all(axis=1) & (field[:, 6] == 0) & (field[:, 7] == ord(" "))
-    match: np.ndarray = written & (stored == unsigned)
-    for i in np.flatnonzero(~match).tolist():  # a signed sum, as some old tars have, or a bad header
-        try:
-            _check_sum(headers[i])
-            match[i] = True
-        except ValueError:
-            pass
-    return match
-
-
-def _check_sum(header: bytes) -> None:
-    stored = _number(header[148:156])
-    unsigned = 256 + sum(header) - sum(header[148:156])
-    if stored != unsigned and stored != 256 + sum(struct.unpack_from("148b8x356b", header)):
-        raise ValueError("bad header checksum")
-
-
-def _number(field: bytes) -> int:
-    """A header's numeric field: octal ASCII, or base-256 (first byte 0x80, or 0xff for negative)."""
-    if field[0] in (0o200, 0o377):
-        value = int.from_bytes(field[1:], "big")
-        return value - 256 ** (len(field) - 1) if field[0] == 0o377 else value
-    try:
-        return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
-    except ValueError:
-        raise ValueError("invalid number in a header") from None
-
-
-def _text_field(field: bytes) -> str:
-    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-
-
-def _ustar_name(header: bytes) -> str:
-    name, prefix = _text_field(header[0:100]), _text_field(header[345:500]) if header[345] else ""
-    return f"{prefix}/{name}" if prefix else name
-
-
-def _pax_records(data: bytes) -> dict[str, str]:
-    """An extended (pax) header's records, `LENGTH KEY=VALUE\\n`; _Unusual for what changes how the
-    member is read beyond its path and size (GNU sparse, binary names)."""
-    records: dict[str, str] = {}
-    position = 0
-    while position < len(data):
-        space = data.find(b" ", position)
-        equals = data.find(b"=", space)
-        if space < 0 or equals < 0 or not data[position:space].isdigit():
-            break  # what tarfile's record pattern does not match ends the records
-        length = int(data[position:space])
-        if length == 0:
-            raise ValueError("invalid pax header")
-        key = data[space + 1:equals].decode("utf-8", "surrogateescape")
-        records[key] = data[equals + 1:position + length - 1].decode("utf-8", "surrogateescape")
-        position += length
-    if records.get("hdrcharset") == "BINARY" or any(key.startswith("GNU.sparse") for key in records):
-        raise _Unusual
-    return records
 
 
 def decode(raw: dict[str, Any]) -> dict[str, Any]:
@@ -428,33 +267,13 @@ def decode_columns(raws: list[dict[str, Any]]) -> Columns | None:
     for extension in fields:
         values = [raw[extension] for raw in raws]
         name = _decoded_name(extension, raws[0])
-        stacked = _stacked_npy(values) if extension.rpartition(".")[2] == "npy" else None
+        stacked = stacked_npy(values) if extension.rpartition(".")[2] == "npy" else None
         if stacked is not None:
             columns[name] = stacked
             continue
         decoded = [_decode_value(extension, bytes(v) if isinstance(v, memoryview) else v) for v in values]
         columns[name] = np.stack(decoded) if stackable(decoded) else decoded
     return columns
-
-
-def _stacked_npy(values: list[Any]) -> np.ndarray | None:
-    """`.npy` values that all have one header (a native numeric dtype, C order, ndim >= 1) as one stacked
-    array: their data joined into one writeable buffer. None for any other values."""
-    first = values[0]
-    if not isinstance(first, bytes | memoryview) or bytes(first[:6]) != _NPY_MAGIC or first[6] not in (1, 2):
-        return None
-    start = 10 if first[6] == 1 else 12
-    header = bytes(first[:start + int.from_bytes(first[8:start], "little")])
-    parsed = _npy_headers.get(header) or _npy_header(header)
-    if parsed is None:
-        return None
-    dtype, shape, fortran = parsed
-    size = math.prod(shape) * dtype.itemsize
-    if fortran or not shape or dtype.kind not in "biufc" or not dtype.isnative or \
-            any(len(v) != len(header) + size or v[:len(header)] != header for v in values):
-        return None  # np.load would keep trailing bytes out; different headers: decoded one by one
-    joined = bytearray().join(v[len(header):] for v in values)
-    return np.frombuffer(joined, dtype).reshape((len(values), *shape))
 
 
 def _decoded_name(extension: str, raw: dict[str, Any]) -> str:
@@ -471,7 +290,6 @@ def _decode_value(extension: str, value: Any) -> Any:
     return decoder(value)
 
 
-
 def encode(sample: Mapping[str, Any], key: str) -> tuple[list[tuple[str, bytes]], int]:
     """A sample as tar members `KEY.NAME[.TYPE]` (`__key__` in the sample replaces `key`), and the bytes
     they add to a shard: arrays and floats -> `.npy`, ints -> `.cls`, str -> `.txt`, dicts and lists ->
@@ -485,7 +303,7 @@ def encode(sample: Mapping[str, Any], key: str) -> tuple[list[tuple[str, bytes]]
         if name != "__key__" and value is not None:
             extension, data = _encode_value(name, value)
             members.append((f"{key}.{extension}", data))
-    size = sum(_BLOCK + -(-len(data) // _BLOCK) * _BLOCK for _, data in members)
+    size = sum(BLOCK + -(-len(data) // BLOCK) * BLOCK for _, data in members)
     return members, size
 
 
@@ -504,9 +322,7 @@ def _encode_value(name: str, value: Any) -> tuple[str, bytes]:
         array = np.asarray(value)
         if array.dtype.kind == "O":
             raise TypeError(f"field {name!r}: an object array cannot be stored (give bytes or numbers)")
-        buffer = io.BytesIO()
-        np.save(buffer, array, allow_pickle=False)
-        return _with_type(name, "npy"), buffer.getvalue()
+        return _with_type(name, "npy"), save_npy(array)
     raise TypeError(f"field {name!r}: cannot store a {type(value).__name__} in a tar shard "
                     "(bytes, str, int, float, NumPy arrays, dicts and lists can be)")
 
