@@ -13,20 +13,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hvdazure.data.formats.tf_example import parse_example
     from hvdazure.data.index import ShardEntry, ShardIndex, build_index, load_index
+    from hvdazure.data.shard_version import ShardVersion
     from hvdazure.data.writers import pack_folder, write_shards
 
 _EXPORTS = {
     "ShardedDataset": "hvdazure.data.dataset",
     "ShardEntry": "hvdazure.data.index",
     "ShardIndex": "hvdazure.data.index",
+    "ShardVersion": "hvdazure.data.shard_version",
     "build_index": "hvdazure.data.index",
     "load_index": "hvdazure.data.index",
     "parse_example": "hvdazure.data.formats.tf_example",
     "write_shards": "hvdazure.data.writers",
     "pack_folder": "hvdazure.data.writers",
 }
-__all__ = ["ShardEntry", "ShardIndex", "ShardedDataset", "build_index", "load_index", "pack_folder",
-           "parse_example", "write_shards"]
+__all__ = ["ShardEntry", "ShardIndex", "ShardVersion", "ShardedDataset", "build_index", "load_index",
+           "pack_folder", "parse_example", "write_shards"]
 
 
 def __getattr__(name: str) -> Any:

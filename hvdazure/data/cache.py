@@ -46,8 +46,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hvdazure.core.object_store import filesystem, is_local, retrying
 from hvdazure.core.rank_logging import logger
+from hvdazure.data.shard_version import ShardVersion
 from hvdazure.data.sizes import parse_size
-from hvdazure.data.source import is_fuse_mounted, normalize_etag, shard_version
+from hvdazure.data.source import is_fuse_mounted, shard_version
 
 if TYPE_CHECKING:
     from hvdazure.data.index import ShardEntry, ShardIndex
@@ -57,7 +58,6 @@ __all__ = ["CacheStats", "LocalShards", "ShardCache", "ShardError", "Shards", "o
 _CHUNK = 8 << 20  # bytes per range request and per write: one buffer of this size per download
 _TOUCH_EVERY = 1.0  # seconds between two mtime updates (the LRU clock) of one cached shard by one process
 _RECENT = 2  # the shards last handed out, which eviction keeps: the one being read and the one before
-_FILE_VERSION = re.compile(r"\d+:\d+")  # f"{mtime_ns}:{size}"; anything else from storage is an ETag
 _REINDEX = "run 'hvdazure data index' again"
 
 
@@ -128,7 +128,7 @@ class LocalShards:
                 stat = os.stat(path)
             except FileNotFoundError:
                 raise ShardError(f"shard {path} is missing ({_REINDEX} if the dataset changed)") from None
-            _check(path, entry, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}")
+            _check(path, entry, stat.st_size, ShardVersion.of_stat(stat))
             self._checked.add(path)
         return path
 
@@ -244,7 +244,7 @@ class ShardCache:
         """This version of the shard's file: <cache_dir>/<base>/<dirs>/<stem>.<version><suffix>."""
         *dirs, name = _parts(entry.path)
         stem, suffix = os.path.splitext(name)
-        version = hashlib.sha256(normalize_etag(entry.version).encode()).hexdigest()[:12]
+        version = hashlib.sha256(entry.version.key.encode()).hexdigest()[:12]
         return os.path.join(self._directory, *dirs, f"{stem}.{version}{suffix}")
 
     def _is_cached(self, final: str, entry: ShardEntry) -> bool:
@@ -384,23 +384,16 @@ class IncompleteDownload(ConnectionError):
 _PICKLED = ("base", "cache_dir", "limit_bytes", "storage_options", "prefetch_threads", "_directory")
 
 
-def _check(url: str, entry: ShardEntry, size: int, version: str) -> None:
-    """ShardError unless a shard's size and version in storage are those the index recorded."""
+def _check(url: str, entry: ShardEntry, size: int, version: ShardVersion) -> None:
+    """ShardError unless a shard's size and version in storage are those the index recorded. Versions of
+    two kinds (an index built on Blob read through a mount or download, ETags against mtimes, or one built
+    on files that were then uploaded) or a size-only one leave the size alone to go by
+    (ShardVersion.matches)."""
     if size != entry.bytes:
         raise ShardError(f"shard {url} has {size} bytes, the index says {entry.bytes} (truncated, or changed "
                          f"since indexing: {_REINDEX})")
-    if _comparable(version, entry.version) and normalize_etag(version) != normalize_etag(entry.version):
+    if not entry.version.matches(version):
         raise ShardError(f"shard {url} changed since indexing ({_REINDEX})")
-
-
-def _comparable(version: str, recorded: str) -> bool:
-    """Whether two versions are of one kind (two ETags, or two file versions), so that differing says the
-    shard changed. An index built on Blob read through a mount or download (ETags against mtimes), or one
-    built on files that were then uploaded, has only the size to go by; "size:N" (a store without ETags)
-    is no version at all."""
-    if version.startswith("size:") or recorded.startswith("size:"):
-        return False
-    return bool(_FILE_VERSION.fullmatch(version)) == bool(_FILE_VERSION.fullmatch(recorded))
 
 
 def _parts(path: str) -> list[str]:

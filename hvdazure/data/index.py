@@ -4,8 +4,9 @@ noticed.
 
 `hvdazure-index.json` lies next to the shards (or where `build_index(..., output=)` puts it, which then
 records the shards' directory as `base`). Shard paths are relative to the base, posix, sorted, so the same
-shards give the same index. A shard's `version` is what says "changed since indexing": the ETag on an
-object store, `f"{mtime_ns}:{size}"` for a file. Offsets are held as int64 arrays, 8 bytes a sample.
+shards give the same index. A shard's `version` (a ShardVersion, data/shard_version.py) is what says
+"changed since indexing": the ETag on an object store, `f"{mtime_ns}:{size}"` for a file. Offsets are held
+as int64 arrays, 8 bytes a sample.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hvdazure._version import __version__
 from hvdazure.core.object_store import filesystem
 from hvdazure.core.sharding import fingerprint as hash_of
 from hvdazure.data.formats import FORMATS, SUFFIXES, format_for, scan_shard
+from hvdazure.data.shard_version import ShardVersion, etag
 
 INDEX_NAME = "hvdazure-index.json"
 FORMAT_VERSION = 1
@@ -35,26 +37,28 @@ _REMOTE_THREADS = 8
 
 @dataclass(frozen=True, eq=False)
 class ShardEntry:
-    """One shard of an index. Equal (and hashed) by everything but the offsets, which follow from it."""
+    """One shard of an index. Equal (and hashed) by everything but the offsets, which follow from it. The
+    version may be given as the text an index records; it is held as a ShardVersion."""
 
     path: str             # relative to the index's base, posix ("train/shard-00003.tar")
     format: str           # "tar" | "tfrecord" | "parquet"
     num_samples: int
     bytes: int            # file size when indexed
-    version: str          # object store: the ETag; file: f"{mtime_ns}:{size}"
+    version: ShardVersion  # object store: the ETag; file: f"{mtime_ns}:{size}" (see ShardVersion)
     offsets: np.ndarray = field(repr=False)  # int64, one per sample (see formats/)
 
     def __post_init__(self) -> None:
         offsets = np.array(self.offsets, dtype=np.int64)
         offsets.flags.writeable = False
         object.__setattr__(self, "offsets", offsets)
+        object.__setattr__(self, "version", ShardVersion.parse(str(self.version)))
         if self.format not in FORMATS:
             raise ValueError(f"shard {self.path}: unknown format {self.format!r}")
         if len(offsets) != self.num_samples:
             raise ValueError(f"shard {self.path}: {len(offsets)} offsets for {self.num_samples} samples")
 
     def _identity(self) -> tuple[str, str, int, int, str]:
-        return self.path, self.format, self.num_samples, self.bytes, self.version
+        return self.path, self.format, self.num_samples, self.bytes, str(self.version)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ShardEntry) and self._identity() == other._identity()
@@ -64,7 +68,7 @@ class ShardEntry:
 
     def as_dict(self) -> dict[str, Any]:
         return {"path": self.path, "format": self.format, "num_samples": self.num_samples,
-                "bytes": self.bytes, "version": self.version, "offsets": self.offsets.tolist()}
+                "bytes": self.bytes, "version": str(self.version), "offsets": self.offsets.tolist()}
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ def parse_index(text: str, directory: str, url: str) -> ShardIndex:
         if document.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"format_version {document.get('format_version')!r}, not {FORMAT_VERSION}")
         shards = tuple(ShardEntry(path=s["path"], format=s["format"], num_samples=int(s["num_samples"]),
-                                  bytes=int(s["bytes"]), version=str(s["version"]),
+                                  bytes=int(s["bytes"]), version=ShardVersion.parse(str(s["version"])),
                                   offsets=np.asarray(s["offsets"], dtype=np.int64))
                        for s in document["shards"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -190,7 +194,7 @@ def build_index(source: str, output: str | None = None, *, progress: bool = True
                 return scan_shard(file, int(info["size"]), fmt, name=display)
 
         offsets = retrying_storage(f"indexing {display}", read) if is_url(source) else read()
-        return ShardEntry(name, fmt, len(offsets), int(info["size"]), str(info["version"]), offsets)
+        return ShardEntry(name, fmt, len(offsets), int(info["size"]), info["version"], offsets)
 
     threads = _REMOTE_THREADS if is_url(source) else min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(threads) as pool:
@@ -208,8 +212,8 @@ def build_index(source: str, output: str | None = None, *, progress: bool = True
 
 def _list_shards(source: str, storage_options: dict[str, Any] | None
                  ) -> tuple[list[tuple[str, dict[str, Any]]], str, Callable[[str], Any]]:
-    """(path, info with "size" and a version) of every shard of a source, sorted by path; the base
-    directory; and how to open a path for reading."""
+    """(path, info with "size" and "version", a ShardVersion) of every shard of a source, sorted by path;
+    the base directory; and how to open a path for reading."""
     if is_url(source):
         fs, root = filesystem(source, storage_options)
         root = root.rstrip("/")
@@ -257,20 +261,14 @@ def _glob_base(pattern: str) -> str:
 
 def _local_info(path: str) -> dict[str, Any]:
     stat = os.stat(path)
-    return {"size": stat.st_size, "version": f"{stat.st_mtime_ns}:{stat.st_size}"}
+    return {"size": stat.st_size, "version": ShardVersion.of_stat(stat)}
 
 
 def _with_version(fs: Any, path: str, info: dict[str, Any]) -> dict[str, Any]:
-    """An object's info with its ETag (asked for when a listing lacks it)."""
+    """An object's info with its version (its properties are asked for when a listing lacks the ETag)."""
     if not etag(info):
         info = retrying_storage(f"reading the properties of {path}", lambda: fs.info(path))
-    return {**info, "version": etag(info) or f"size:{info['size']}"}
-
-
-def etag(info: dict[str, Any]) -> str | None:
-    """The ETag in an fsspec info dict (adlfs: "etag"), as it is given; None without one."""
-    value = info.get("etag") or info.get("ETag")
-    return str(value) if value else None
+    return {**info, "version": ShardVersion.of_object(info)}
 
 
 def _display(source: str, base: str, name: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from hvdazure.core.object_store import filesystem, is_local
 from hvdazure.data.index import INDEX_NAME, ShardIndex, load_index
+from hvdazure.data.shard_version import ShardVersion
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _MOUNTINFO = "/proc/self/mountinfo"
@@ -84,22 +85,16 @@ def resolve_source(source: str, storage_options: dict[str, Any] | None = None) -
     return Source(source, index_url, directory, fs, needs_cache, pattern)
 
 
-def shard_version(fs: Any, path: str) -> tuple[int, str]:
-    """The size and version of a shard as it is in storage now: an object's ETag (without its quotes), a
-    file's f"{mtime_ns}:{size}". What the index records per shard, and what readers check against it."""
+def shard_version(fs: Any, path: str) -> tuple[int, ShardVersion]:
+    """The size and version of a shard as it is in storage now: an object's ETag (its size, on a store
+    without ETags), a file's mtime and size. What the index records per shard, and what readers check
+    against it."""
     if is_local(fs):
         stat = os.stat(path)
-        return stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}"
+        return stat.st_size, ShardVersion.of_stat(stat)
     fs.invalidate_cache()  # adlfs answers from its listings otherwise: another process may have replaced it
     info = fs.info(path)
-    etag = info.get("etag") or info.get("ETag")
-    size = int(info["size"])
-    return size, normalize_etag(str(etag)) if etag else f"size:{size}"  # a store without ETags: the size
-
-
-def normalize_etag(etag: str) -> str:
-    """An ETag without the quotes some clients keep around it (adlfs adds them, the REST API has them)."""
-    return etag.strip().removeprefix("W/").strip('"')
+    return int(info["size"]), ShardVersion.of_object(info)
 
 
 def is_fuse_mounted(path: str, mountinfo: str | None = None) -> bool:

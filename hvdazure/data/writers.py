@@ -25,12 +25,12 @@ from hvdazure.data.index import (
     INDEX_NAME,
     ShardEntry,
     ShardIndex,
-    etag,
     is_shard_name,
     is_url,
     retrying_storage,
     without_file_scheme,
 )
+from hvdazure.data.shard_version import ShardVersion
 from hvdazure.data.sizes import parse_size
 
 DEFAULT_SHARD_SIZE = "64MB"
@@ -286,7 +286,7 @@ class _Shard:
             retrying_storage(f"writing {output.base}/{self.name}", lambda: output.fs.pipe_file(path, data))
             info = retrying_storage(f"reading the properties of {output.base}/{self.name}",
                              lambda: output.fs.info(path))
-            size, version = len(data), etag(info) or f"size:{len(data)}"
+            size, version = len(data), ShardVersion.of_object(info)
         else:
             self.file.flush()
             os.fsync(self.file.fileno())
@@ -294,7 +294,7 @@ class _Shard:
             final = os.path.join(output.base, self.name)
             os.replace(self.tmp, final)
             stat = os.stat(final)
-            size, version = stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}"
+            size, version = stat.st_size, ShardVersion.of_stat(stat)
         return ShardEntry(self.name, self.format, self.count, size, version, np.asarray(self.offsets))
 
     def abandon(self) -> None:

@@ -61,7 +61,7 @@ def test_the_index_records_size_version_and_offsets(tmp_path):
     entry = build_index(str(root), progress=False).shards[2]
 
     assert entry.bytes == stat.st_size
-    assert entry.version == f"{stat.st_mtime_ns}:{stat.st_size}"
+    assert str(entry.version) == f"{stat.st_mtime_ns}:{stat.st_size}"
     record = len(tfrecord.frame(tfrecord.encode_example({"i": 0})))
     assert entry.offsets.dtype == np.int64 and entry.offsets.tolist() == [0, record, 2 * record, 3 * record]
 
