@@ -125,6 +125,12 @@ def rank_wrapper_command(command: Sequence[str], python: str = sys.executable) -
     return [python, "-m", RANK_WRAPPER_MODULE, "--", *command]
 
 
+def is_rank_wrapper_command(argv: Sequence[str]) -> bool:
+    """Whether `argv` is a rank wrapper's own command line (rank_wrapper_command), not merely one that
+    contains it: the launcher's (mpirun, horovodrun) carries the wrapper's command as its arguments."""
+    return list(argv[1:4]) == ["-m", RANK_WRAPPER_MODULE, "--"]
+
+
 def find_executable(name: str) -> str | None:
     """The tool next to this interpreter (the venv's horovodrun) if there is one, else the one on PATH."""
     beside = Path(sys.executable).parent / name

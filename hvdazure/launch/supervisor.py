@@ -43,7 +43,7 @@ from typing import TextIO
 
 import psutil
 
-from hvdazure.launch.command import RANK_WRAPPER_MODULE, LaunchSpec, build_command
+from hvdazure.launch.command import LaunchSpec, build_command, is_rank_wrapper_command
 from hvdazure.launch.controller import default_controller
 from hvdazure.launch.exit_status import (
     RankFailure,
@@ -242,7 +242,7 @@ def _write(stream: TextIO, lines: Sequence[str]) -> None:
 
 def _is_rank_wrapper(proc: psutil.Process) -> bool:
     try:
-        return RANK_WRAPPER_MODULE in proc.cmdline()
+        return is_rank_wrapper_command(proc.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 

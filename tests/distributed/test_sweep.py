@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -145,12 +146,12 @@ def _log(trial_dir: str | Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _one_finished_and_one_training(out: Path) -> bool:
-    """A trial has finished and another is inside fit() (it logged "training on"), so a SIGTERM now stops
-    at least one trial that checkpoints (a fixed pause could land while the next trials were all still
-    starting, or after every trial had finished, on a loaded machine)."""
+def _one_finished_and_one_training(out: Path, printed: list[str]) -> bool:
+    """The sweep has said a trial is complete and another is inside fit() (it logged "training on"), so a
+    SIGTERM now stops at least one trial that checkpoints (a fixed pause could land while the next trials
+    were all still starting, or after every trial had finished, on a loaded machine)."""
+    finished = any(" complete in " in line for line in printed)
     trials = [d for d in out.glob("trials/*") if d.is_dir()]
-    finished = [d for d in trials if (d / "rank-0.json").exists()]
     training = [d for d in trials if not (d / "rank-0.json").exists() and "training on" in _log(d)]
     return bool(finished and training)
 
@@ -158,15 +159,26 @@ def _one_finished_and_one_training(out: Path) -> bool:
 def test_a_stopped_sweep_resumes_without_rerunning_finished_trials(tmp_path):
     out = tmp_path / "sweep"
     space = {"lr": {"type": "uniform", "min_value": 0.01, "max_value": 0.05}}
+    hold = tmp_path / "hold"  # the trials after the first train slowly until the sweep is stopped
+    hold.write_text("")
     cmd = sweep_command(out, space, 2, 1, "--sampler", "random", "--trials", "4",
-                        script_args=["--set", "extra.step_sleep=0.04"])
+                        script_args=["--set", "extra.step_sleep=0.04", "--set", f"extra.hold_file={hold}"])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    printed: list[str] = []  # stdout, line by line as the sweep prints it; stderr whole
+    errors: list[str] = []
+    readers = [threading.Thread(target=lambda: printed.extend(proc.stdout), daemon=True),
+               threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
         deadline = time.monotonic() + 120
-        while not _one_finished_and_one_training(out) and time.monotonic() < deadline:
+        while not _one_finished_and_one_training(out, printed) and time.monotonic() < deadline:
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=90)
+        proc.wait(timeout=90)
+        for reader in readers:
+            reader.join(timeout=10)
+        stdout, stderr = "".join(printed), "".join(errors)
     finally:
         kill_tree(proc.pid)
     assert proc.returncode == 128 + signal.SIGTERM, stdout + stderr
@@ -178,6 +190,7 @@ def test_a_stopped_sweep_resumes_without_rerunning_finished_trials(tmp_path):
     training = {t["trial"] for t in trials if t["trial"] in stopped and "training on" in _log(t["dir"])}
     assert finished and training, (first, stdout, stderr)
 
+    hold.unlink()
     again = run_sweep(cmd)
     assert again.returncode == 0, again.stdout + again.stderr
     final = {t["trial"]: t for t in results(out)["trials"]}

@@ -9,7 +9,9 @@ from hvdazure.launch.command import (
     LaunchSpec,
     build_command,
     check_script_exists,
+    is_rank_wrapper_command,
     parse_hosts,
+    rank_wrapper_command,
     resolve_user_command,
     script_of,
 )
@@ -32,6 +34,18 @@ def test_every_rank_runs_inside_the_rank_wrapper():
     wrapper = argv.index("hvdazure.launch.rank_wrapper")
     assert argv[wrapper - 2 : wrapper] == [sys.executable, "-m"]
     assert argv[wrapper + 1 :] == ["--", sys.executable, "train.py"]
+
+
+@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+def test_the_launcher_is_not_taken_for_a_rank_wrapper_though_its_arguments_hold_one(controller):
+    # The supervisor gives rank wrappers --grace to save a checkpoint and leaves the launcher alone meanwhile;
+    # taking mpirun for a wrapper sent it SIGTERM at once, and it killed every rank before it could save.
+    argv, _ = build_command(LaunchSpec(num_proc=2, command=["train.py"], controller=controller), ENV)
+    assert not is_rank_wrapper_command(argv)
+    assert is_rank_wrapper_command(rank_wrapper_command(["train.py"]))
+    module = "hvdazure.launch.rank_wrapper"
+    assert is_rank_wrapper_command(rank_wrapper_command([sys.executable, "-m", module]))
+    assert not is_rank_wrapper_command([sys.executable, "train.py", "-m", module, "--"])
 
 
 def test_gloo_uses_horovodrun_on_localhost_by_default():

@@ -5,6 +5,8 @@ rank and size, its final parameters, start and end times, and its config, for th
 
 extra: behaviour: "ok"; "raise" (group rank 1, or 0 alone, raises in its second epoch's first step while its
 peer is in a collective); "nan" (the loss becomes NaN in epoch 2). step_sleep: seconds per step. n_train.
+hold_file: while that file exists, every trial but the first to start trains at a second a step, so a test
+can stop a sweep knowing one trial has finished and another is inside fit() (no race with its last step).
 """
 
 import json
@@ -29,8 +31,22 @@ def regression(n: int) -> TensorDataset:
 
 
 class Sleep(Callback):
+    def __init__(self) -> None:
+        self.held = False
+
+    def on_train_start(self, trainer) -> None:
+        hold = trainer.config.extra.get("hold_file")
+        if hold and os.path.exists(hold):
+            try:  # the first trial to start claims the right to finish; the others are held
+                os.close(os.open(f"{hold}.first", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                self.held = True
+
     def on_step_end(self, trainer) -> None:
         time.sleep(trainer.config.extra.get("step_sleep", 0))
+        hold = trainer.config.extra.get("hold_file")
+        if self.held and hold and os.path.exists(hold):
+            time.sleep(1.0)
 
 
 class SweptRegression(TorchTrainer):
