@@ -1,4 +1,4 @@
-"""What the scripts here share: the JSON report. (The benchmarks themselves live in hvdazure/bench/.)"""
+"""What the scripts here share: the JSON report. (What users run, `hvdazure bench`, is in hvdazure/bench/.)"""
 
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvdazure.bench.benchmark import BenchError, Options, Result
+from hvdazure.bench.processes import Command, run_together
 
 
 def rank_command(name: str, options_path: Path, out_path: Path) -> list[str]:
@@ -59,21 +59,11 @@ class LocalJobs:
             spec = Path(folder) / "options.json"
             spec.write_text(json.dumps(options))
             outs = [Path(folder) / f"result{i}.json" for i in range(count)]
-            logs = [Path(folder) / f"log{i}.txt" for i in range(count)]
-            procs = []
-            for out, log in zip(outs, logs, strict=True):
-                with log.open("w") as sink:
-                    procs.append(subprocess.Popen(rank_command(name, spec, out), env={**os.environ, **env},
-                                                  stdout=sink, stderr=subprocess.STDOUT))
-            try:
-                codes = [p.wait(timeout=self.timeout_s) for p in procs]
-            finally:
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-                        p.wait()
+            commands = [Command(rank_command(name, spec, out), {**os.environ, **env},
+                                Path(folder) / f"log{i}.txt") for i, out in enumerate(outs)]
+            codes = run_together(commands, self.timeout_s, f"{name}: {count} single-rank processes")
             if any(codes) or not all(o.is_file() for o in outs):
                 failed = next(i for i, code in enumerate(codes) if code or not outs[i].is_file())
-                sys.stderr.write(logs[failed].read_text())
+                sys.stderr.write(commands[failed].log.read_text())
                 raise BenchError(f"{name}: a single-rank process failed (exit codes {codes}; output above)")
             return [json.loads(o.read_text()) for o in outs]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from hvdazure.bench import stats
 from hvdazure.bench.benchmark import BenchError, Benchmark, Jobs, Options, Result, progress
+from hvdazure.bench.processes import Command, run_together
 from hvdazure.figures import pyplot, save_figure
 
 BARE, OURS = {"gloo": "horovodrun", "mpi": "mpirun"}, "hvdazure run"
@@ -52,15 +52,17 @@ def commands(script: str, num_proc: int, controller: str) -> tuple[dict[str, lis
     return {BARE[controller]: bare, OURS: ours}, None
 
 
-def time_job(cmd: list[str], timeout_s: float | None) -> float:
-    """The wall time of one job, start to exit; a failed job is a BenchError with its last line."""
+def time_job(cmd: list[str], timeout_s: float | None, log: Path) -> float:
+    """The wall time of one job, start to exit, its output in `log`; a failed job is a BenchError with the
+    last line it printed."""
+    command = Command(cmd, {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, log)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    if proc.returncode != 0:
-        raise BenchError(f"launch: `{' '.join(cmd[:3])} ...` failed (exit code {proc.returncode}): "
-                         f"{(proc.stderr.strip().splitlines() or [''])[-1]}")
-    return time.perf_counter() - start
+    code, = run_together([command], timeout_s, "launch")
+    wall = time.perf_counter() - start
+    if code != 0:
+        raise BenchError(f"launch: {command.describe()} failed (exit code {code}): "
+                         f"{(command.last_lines(1) or [''])[-1]}")
+    return wall
 
 
 def summarize(ours: list[float], bare: list[float]) -> dict:
@@ -91,7 +93,7 @@ class Launch(Benchmark):
             times: dict[str, list[float]] = {name: [] for name in cmds}
             for repeat in range(repeats):
                 for name, cmd in cmds.items():
-                    times[name].append(time_job(cmd, jobs.timeout_s))
+                    times[name].append(time_job(cmd, jobs.timeout_s, Path(folder) / "job.log"))
                 progress(f"launch: repeat {repeat + 1}/{repeats}")
         return {"world_size": options["np"], "launcher": BARE[controller], "repeats": repeats,
                 "times_s": times, "summary": summarize(times[OURS], times[BARE[controller]])}

@@ -6,8 +6,12 @@ Kept free of framework imports: the CLI builds its parser from here.
 from __future__ import annotations
 
 import argparse
+from typing import TypeVar
 
 from hvdazure.bench.benchmark import Options
+from hvdazure.bench.registry import NAMES
+
+P = TypeVar("P", bound=argparse.ArgumentParser)  # the CLI's parser class: its subcommands' parsers are one
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +50,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also show the launcher's report on failure")
     parser.set_defaults(controller=None)
+
+
+def add_parser(sub: argparse._SubParsersAction[P]) -> P:
+    """`hvdazure bench NAME ...`. Returns the parser, for the CLI to give it what runs it."""
+    bench = sub.add_parser(
+        "bench", help="benchmarks on this machine: collectives, overhead, throughput, the peers users pick",
+        description="Run a benchmark on N ranks of this machine (started as `hvdazure run` starts jobs) and "
+                    "print its table; --json writes every figure with the machine's facts, --plot a PNG. "
+                    "allreduce: latency and bandwidth of hvdazure's gradient path against raw Horovod, "
+                    "torch.distributed and mpi4py (--mpi). overhead: the trainers against hand-written "
+                    "Horovod loops, paired blocks, the median ratio with a bootstrap 95% interval. "
+                    "throughput: samples/s through TorchTrainer and TensorFlowTrainer on 1 and N ranks, "
+                    "weak-scaling efficiency, and N independent processes as the ceiling. checkpoint: save "
+                    "and load against bare torch.save/load, the stall of async and blocking checkpoints, "
+                    "resume memory. launch: hvdazure run against the bare launcher. data: a sharded dataset "
+                    "read along the ranks' plans against a raw read of the same bytes, cold and warm cache, "
+                    "data wait, bytes fetched, memory. peers: hvdazure (Gloo and MPI) against torchrun + "
+                    "DDP, Lightning, HF Accelerate and MultiWorkerMirroredStrategy, each started by its own "
+                    "launcher on the same model, data and ranks: samples/s, time to the first step, wall "
+                    "time, peak RSS, paired ratios with intervals.",
+        epilog="examples:\n  hvdazure bench allreduce -np 2 --mpi --json ar.json --plot ar.png\n"
+               "  hvdazure bench overhead -np 2 --framework torch\n"
+               "  hvdazure bench throughput -np 2 --quick\n"
+               "  hvdazure bench peers -np 2 --json peers.json --plot peers.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("name", choices=NAMES, metavar="NAME", help=", ".join(NAMES))
+    add_arguments(bench)
+    return bench
 
 
 def as_options(args: argparse.Namespace) -> Options:

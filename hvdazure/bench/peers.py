@@ -28,7 +28,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdazure.bench import stats
+from hvdazure.bench import processes, stats
 from hvdazure.bench.benchmark import BenchError, Benchmark, Jobs, Options, Result, progress
 from hvdazure.bench.frameworks import chosen_frameworks, model_unavailable
 from hvdazure.bench.machine import threads_per_rank
@@ -200,18 +199,15 @@ def run_peer(peer: Peer, spec: PeerSpec, np_: int, threads: int, timeout_s: floa
     commands = peer.commands(launch)
     base = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
             "TF_CPP_MIN_LOG_LEVEL": "2"}
-    logs = [folder / f"launcher{i}.log" for i in range(len(commands))]
     started = time.time()
     base[LAUNCHED_AT] = repr(started)
-    procs = []
-    for (argv, env), log in zip(commands, logs, strict=True):
-        with log.open("w") as sink:
-            procs.append(subprocess.Popen(argv, env={**base, **env}, stdout=sink, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
-    codes = _wait_all(procs, timeout_s)
+    launchers = [processes.Command(argv, {**base, **env}, folder / f"launcher{i}.log")
+                 for i, (argv, env) in enumerate(commands)]
+    codes = processes.run_together(launchers, timeout_s,
+                                   f"peers: {peer.name} ({peer.framework}, {spec.model})")
     wall = time.time() - started
     if any(codes):
-        tail = "; ".join(line for log in logs for line in log.read_text().strip().splitlines()[-3:])
+        tail = "; ".join(line for command in launchers for line in command.last_lines(3))
         raise BenchError(f"peers: {peer.name} ({peer.framework}, {spec.model}) failed (exit codes {codes}): "
                          f"{tail[-600:]}")
     ranks = sorted((json.loads(p.read_text()) for p in folder.glob("rank*.json")), key=lambda r: r["rank"])
@@ -219,33 +215,6 @@ def run_peer(peer: Peer, spec: PeerSpec, np_: int, threads: int, timeout_s: floa
         raise BenchError(f"peers: {peer.name} ({peer.framework}, {spec.model}) wrote results for ranks "
                          f"{[r['rank'] for r in ranks]}, expected 0-{np_ - 1}")
     return run_figures(ranks, spec, wall)
-
-
-def _wait_all(procs: Sequence[subprocess.Popen], timeout_s: float | None) -> list[int]:
-    """Every process's exit code; past the timeout, each process group is stopped (SIGTERM, then SIGKILL)."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    try:
-        return [p.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-                for p in procs]
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"peers: a run took longer than --timeout {timeout_s:g} s") from None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                _stop_group(p)
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def run_figures(ranks: list[dict[str, Any]], spec: PeerSpec, wall_s: float) -> Result:

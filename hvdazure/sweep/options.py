@@ -11,13 +11,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from hvdazure.launch.options import add_job_arguments
 from hvdazure.sweep.space import SearchSpace, SpaceError
 
 SAMPLERS = ("tpe", "random", "grid")
 PRUNERS = ("none", "median", "hyperband")
 SETTINGS_FILE = "sweep.json"  # the settings a sweep started with, in its output folder
+P = TypeVar("P", bound=argparse.ArgumentParser)  # the CLI's parser class: its subcommands' parsers are one
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "ML: the job's run; else a SQLite store in --output)")
     parser.add_argument("--output", default="sweeps/sweep", metavar="DIR",
                         help="results, trials and the Optuna journal; run again with the same DIR to resume")
+
+
+def add_parser(sub: argparse._SubParsersAction[P]) -> P:
+    """`hvdazure sweep -np N SCRIPT ...`: the sweep's options with the job's (those of `hvdazure run`).
+    Returns the parser, for the CLI to give it what runs it and the script's arguments (after --)."""
+    sweep = sub.add_parser(
+        "sweep", help="hyperparameter search: many data-parallel trials at once in one MPI job (Optuna)",
+        description="Run SCRIPT (unmodified, as for `hvdazure run`) as the trials of a hyperparameter search "
+                    "on N ranks under one mpirun: the ranks are split into groups of --ranks-per-trial, each "
+                    "group trains one trial at a time with Horovod on its own MPI sub-communicator and takes "
+                    "the next trial when done. Each trial's config is the script's config plus the trial's "
+                    "parameters, with its own output and checkpoint folder under --output. Results: a table, "
+                    "results.json, results.csv, best.yaml (for --config) and sweep.png in --output. Started "
+                    "again with the same --output, a stopped sweep resumes. Uses the MPI controller (Horovod "
+                    "ignores sub-communicators under Gloo) and mpi4py built against Horovod's MPI.",
+        epilog="the script's own arguments go after --. example:\n"
+               "  hvdazure sweep -np 8 --ranks-per-trial 2 train.py --space space.yaml --trials 24 \\\n"
+               "      --metric eval_loss --mode min --pruner median --output sweeps/run1 -- --set epochs=10",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweep.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
+                       help="ranks in all: a multiple of --ranks-per-trial")
+    add_arguments(sweep)
+    add_job_arguments(sweep)
+    sweep.set_defaults(script_args=[])
+    return sweep
 
 
 def from_namespace(args: argparse.Namespace) -> SweepOptions:

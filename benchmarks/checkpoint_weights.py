@@ -1,7 +1,7 @@
 """Verified `load_weights` against a bare `torch.load` of the same file: what checking every byte of a
 checkpoint against its manifest costs someone who loads weights for inference.
 
-    python -m hvdazure.bench.checkpoint_weights [--mb 100] [--pairs 15] [--json OUT.json]
+    PYTHONPATH=. python benchmarks/checkpoint_weights.py [--mb 100] [--pairs 15] [--json OUT.json]
 
 One checkpoint of a `--mb` MB model (+ its SGD optimizer) is saved the trainer's way; its model.pt is
 copied beside it, so both sides read the same bytes from the page cache. Each round times, in an order
@@ -106,7 +106,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hvdazure.bench.checkpoint_weights",
+    parser = argparse.ArgumentParser(prog="benchmarks/checkpoint_weights.py",
                                      description="verified load_weights against a bare torch.load")
     parser.add_argument("--mb", type=int, default=100, help="the model's size in MB (default 100)")
     parser.add_argument("--pairs", type=int, default=15,
