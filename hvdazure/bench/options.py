@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from hvdazure.bench.benchmark import Options
 from hvdazure.bench.registry import NAMES
+from hvdazure.launch.options import add_controller_arguments
 
 P = TypeVar("P", bound=argparse.ArgumentParser)  # the CLI's parser class: its subcommands' parsers are one
 
@@ -18,12 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """-np, the controller, --quick, --json, --plot and the options of single benchmarks."""
     parser.add_argument("-np", "--num-proc", dest="np", type=int, default=2,
                         help="ranks (default: 2); throughput also runs 1 rank and N single-rank processes")
-    controller = parser.add_mutually_exclusive_group()
-    controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
-                            help="Gloo controller via horovodrun (default where MPI cannot run)")
-    controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
-                            help="MPI controller via mpirun (default where it can run, as for hvdazure run; "
-                                 "needed for the mpi4py peer of allreduce); peers runs hvdazure on both")
+    add_controller_arguments(parser, "MPI controller via mpirun (default where it can run, as for hvdazure "
+                                     "run; needed for the mpi4py peer of allreduce); peers runs hvdazure on "
+                                     "both")
     parser.add_argument("--quick", action="store_true",
                         help="a tiny configuration: checks that the benchmark runs, not a measurement")
     parser.add_argument("--json", metavar="OUT.json", help="write every figure and the machine's facts here")

@@ -48,6 +48,15 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                              "either way")
 
 
+def add_controller_arguments(parser: argparse.ArgumentParser, mpi_help: str) -> None:
+    """--gloo or --mpi (args.controller; None: launch/controller.py's default), for every command that
+    starts a job."""
+    controller = parser.add_mutually_exclusive_group()
+    controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
+                            help="Gloo controller via horovodrun (default where MPI cannot run)")
+    controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi", help=mpi_help)
+
+
 def add_parser(sub: argparse._SubParsersAction[P]) -> P:
     """`hvdazure run -np N COMMAND`. Returns the parser, for the CLI to give it what runs it."""
     run = sub.add_parser(
@@ -61,12 +70,8 @@ def add_parser(sub: argparse._SubParsersAction[P]) -> P:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
-    controller = run.add_mutually_exclusive_group()
-    controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
-                            help="Gloo controller via horovodrun (default where MPI cannot run)")
-    controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
-                            help="MPI controller via mpirun (default where mpirun is on PATH and Horovod is "
-                                 "built with its MPI: `hvdazure doctor` says which)")
+    add_controller_arguments(run, "MPI controller via mpirun (default where mpirun is on PATH and Horovod is "
+                                  "built with its MPI: `hvdazure doctor` says which)")
     add_job_arguments(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or -- COMMAND [args]")
     run.set_defaults(controller=None)
