@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 from common import write_result
 
-from hvdazure.core.sharding import SampleOrder, ShardPlan, UniformOrder
+from hvdazure.core.sample_plan import SampleOrder, SamplePlan, UniformOrder
 from hvdazure.data.shard_order import DEFAULT_LANES, ShardOrder
 
 RESULT = Path(__file__).resolve().parent / "results" / "shard_order_locality.json"
 
 
-def _touched(order: ShardOrder, plan: ShardPlan, epochs: int) -> dict[str, float]:
+def _touched(order: ShardOrder, plan: SamplePlan, epochs: int) -> dict[str, float]:
     """Shards this rank reads in epoch 0, over all `epochs`, and per step (mean, epoch 0)."""
     first: set[int] = set()
     every: set[int] = set()
@@ -48,7 +48,7 @@ def measure(shard_sizes: tuple[int, ...], batch_size: int, lanes: int, epochs: i
     for world_size in range(1, 9):
         row: dict = {"world_size": world_size, "ideal": len(shard_sizes) / world_size}
         for name, order in orders.items():
-            ranks = [_touched(sharded, ShardPlan(sharded.num_samples, batch_size, world_size, rank,
+            ranks = [_touched(sharded, SamplePlan(sharded.num_samples, batch_size, world_size, rank,
                                                  order=order), epochs) for rank in range(world_size)]
             row[name] = {"mean": float(np.mean([r["epoch"] for r in ranks])),
                          "max": max(r["epoch"] for r in ranks),

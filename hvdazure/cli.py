@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 from hvdazure._version import __version__
 
 if TYPE_CHECKING:
-    from hvdazure.azure.backend import Submitted
+    from hvdazure.azure.sdk import Submitted
     from hvdazure.azure.submission import DryRunResult
 
 

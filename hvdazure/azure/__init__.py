@@ -22,7 +22,7 @@ _API = {
     "WorkspaceRef": "workspace", "ClusterSpec": "compute",
     "SubmitError": "errors", "JobSpecError": "errors",
     "dry_run": "submission", "submit": "submission", "create_compute": "submission",
-    "DryRunResult": "submission", "Submitted": "backend",
+    "DryRunResult": "submission", "Submitted": "sdk",
     "SweepSpec": "sweep_spec", "InJobSweepSpec": "sweep_spec",
 }
 

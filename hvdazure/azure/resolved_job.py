@@ -1,8 +1,8 @@
 """A job `hvdazure submit` validated offline (`ResolvedJob`), and its kind, decided once: what both SDKs'
-backends submit. Data only; no Azure SDK here, and no import of the modules that validate (job_spec.py,
+SDKs submit. Data only; no Azure SDK here, and no import of the modules that validate (job_spec.py,
 sweep_spec.py) or submit (submit_v1.py, submit_v2.py) it.
 
-The kind says what the job's ranks run, and each backend dispatches on it once:
+The kind says what the job's ranks run, and each SDK dispatches on it once:
 
 - `CommandJob`: every rank runs `python SCRIPT ARGS` (plain `hvdazure submit`);
 - `SweepJob`: an Azure ML sweep job (SDK v1: a HyperDrive run) whose trials are that command job, given the

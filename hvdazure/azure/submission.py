@@ -9,9 +9,9 @@ Order of a submission, cheapest checks first, nothing uploaded before the last s
 4. the job is written as YAML into a temporary directory and validated by the SDK, as in a dry run;
 5. the environment is registered if new, the code uploaded and the job created.
 
-Each SDK is a submit backend (backend.py: submit_v2.V2Backend, submit_v1.V1Backend), chosen once from
+Each SDK is a SubmitSdk (sdk.py: submit_v2.V2Sdk, submit_v1.V1Sdk), chosen once from
 `--sdk`. A sweep (`JobSpec.sweep`) takes the same steps: its options are validated in step 1, where the
-job's kind is decided (resolved_job.py), and each backend writes, validates and submits that kind: an Azure
+job's kind is decided (resolved_job.py), and each SDK writes, validates and submits that kind: an Azure
 ML sweep job (SDK v1: a HyperDrive run), or a command job whose ranks run the sweep.
 """
 
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdazure.azure.backend import OfflineCheck, SubmitBackend, Submitted
 from hvdazure.azure.code_snapshot import is_ignored
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import JobSpecError, SubmitError, redacted_line
 from hvdazure.azure.job_spec import JobSpec, resolve
 from hvdazure.azure.resolved_job import ResolvedJob
+from hvdazure.azure.sdk import OfflineCheck, SubmitSdk, Submitted
 from hvdazure.azure.sweep_spec import InJobSweepSpec
 from hvdazure.azure.workspace import WorkspaceRef
 
@@ -89,20 +89,20 @@ def dry_run(spec: JobSpec, output_yaml: str | Path | None = None, sdk: str = "v2
     code directory) and validate that with the SDK, offline. SDK v2 also writes `<stem>.environment.yml`
     when the environment needs registering. A file written inside the code directory, where the next
     submission would upload it, is warned about unless its ignore file excludes it."""
-    backend = backend_for(sdk)
+    api = sdk_for(sdk)
     job = resolve(spec)
-    backend.check_supported(job)
+    api.check_supported(job)
     for warning in job.warnings:
         warn(warning)
-    files = backend.write_yaml(job, default_output_yaml(job) if output_yaml is None else output_yaml)
+    files = api.write_yaml(job, default_output_yaml(job) if output_yaml is None else output_yaml)
     uploaded = [f for f in files if _inside(f, job.code_dir)
                 and not is_ignored(job.code_dir, f.relative_to(job.code_dir).as_posix())]
     if uploaded:
         warn(f"the dry run's files ({', '.join(_display_path(f) for f in uploaded)}) are inside the code "
              f"directory {job.code_dir}, so submissions upload them with the code: write them elsewhere "
              f"(--output-yaml) or add them to {job.snapshot.ignore_file or '.amlignore'}")
-    body = backend.validate_offline(job, files)
-    check = backend.describe_check(job, body, [_display_path(f) for f in files])
+    body = api.validate_offline(job, files)
+    check = api.describe_check(job, body, [_display_path(f) for f in files])
     return DryRunResult(job=job, files=files, body=body, sdk=sdk, check=check)
 
 
@@ -116,10 +116,10 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
     pass a `transport`)."""
     from hvdazure.azure import workspace as workspace_module
 
-    backend = backend_for(sdk)
+    api = sdk_for(sdk)
     # 1. offline: everything but the processes per node, which may come from the compute's VM size
     first = resolve(_with_placeholder_processes(spec))
-    backend.check_supported(first)
+    api.check_supported(first)
     if create_compute is not None:
         create_compute = _sized_for(create_compute, first)
         create_compute.validate()
@@ -128,7 +128,7 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
     credential = credential or workspace_module.default_credential()
     workspace_module.check_credential(credential)
     try:
-        connection = backend.connect(workspace, credential, client_options or {})
+        connection = api.connect(workspace, credential, client_options or {})
         # 3. what the job names in the workspace, before a cluster is created or anything uploaded
         connection.check_references(first)
         # 4. the compute
@@ -146,8 +146,8 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
             warn(warning)
         # 5. the dry run's validation, on the job about to be sent; 6. upload and submit
         with tempfile.TemporaryDirectory(prefix="hvdazure-submit-") as tmp:
-            files = backend.write_yaml(job, Path(tmp) / DEFAULT_YAML)
-            backend.validate_offline(job, files)
+            files = api.write_yaml(job, Path(tmp) / DEFAULT_YAML)
+            api.validate_offline(job, files)
             return connection.submit(job, files, stream=stream)
     except SubmitError:
         raise
@@ -161,20 +161,20 @@ def create_compute(cluster: ClusterSpec, workspace: WorkspaceRef | None = None, 
     from hvdazure.azure import workspace as workspace_module
 
     cluster.validate()
-    backend = backend_for("v2")
+    api = sdk_for("v2")
     workspace = workspace or WorkspaceRef.from_options()
     credential = credential or workspace_module.default_credential()
     workspace_module.check_credential(credential)
     try:
-        return backend.connect(workspace, credential, client_options or {}).create_compute(cluster)
+        return api.connect(workspace, credential, client_options or {}).create_compute(cluster)
     except SubmitError:
         raise
     except Exception as exc:
         raise SubmitError(f"Azure ML: {redacted_line(exc)}") from exc
 
 
-def backend_for(sdk: str) -> SubmitBackend:
-    """The submit backend for `sdk`, with its SDK importable (checked now, before any work)."""
+def sdk_for(sdk: str) -> SubmitSdk:
+    """The submitting SDK for `sdk`, with its SDK importable (checked now, before any work)."""
     if sdk not in SDKS:
         raise JobSpecError(f"--sdk {sdk!r}: expected v2 (azure-ai-ml, the default) or v1 (azureml-core, "
                            "legacy)")
@@ -182,14 +182,14 @@ def backend_for(sdk: str) -> SubmitBackend:
         if sdk == "v1":
             import azureml.core  # noqa: F401
 
-            from hvdazure.azure.submit_v1 import V1Backend
+            from hvdazure.azure.submit_v1 import V1Sdk
 
-            return V1Backend()
+            return V1Sdk()
         import azure.ai.ml  # noqa: F401
 
-        from hvdazure.azure.submit_v2 import V2Backend
+        from hvdazure.azure.submit_v2 import V2Sdk
 
-        return V2Backend()
+        return V2Sdk()
     except ImportError as exc:
         raise SubmitError(f"--sdk {sdk} needs {_INSTALL_HINT[sdk]}: {redacted_line(exc)}") from None
 

@@ -1,7 +1,7 @@
 """Submitting a ResolvedJob with Azure ML's legacy SDK v1 (azureml-core), for workspaces that still use it.
 
 azureml-core has been out of support since 2026-06-30; it is imported only here and in the modules this one
-uses (run_config_v1.py, sweep_v1.py), only for `--sdk v1`. `V1Backend` is the submit backend (backend.py)
+uses (run_config_v1.py, sweep_v1.py), only for `--sdk v1`. `V1Sdk` is the SubmitSdk (sdk.py)
 for it. The job's kind decides its form once (`_form`): a command job is a `ScriptRunConfig`
 (run_config_v1.py), and so is an in-job sweep (its `command` is the ranks' `python -m hvdazure.sweep ...`);
 an Azure ML sweep job is a HyperDrive run whose trial is that configuration (sweep_v1.py).
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure.azure import run_config_v1
-from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import JobSpecError
 from hvdazure.azure.resolved_job import CommandJob, InJobSweep, ResolvedJob, SweepJob
+from hvdazure.azure.sdk import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.sweep_v1 import HyperDriveRun
 from hvdazure.azure.workspace import WorkspaceRef
 
@@ -36,7 +36,7 @@ class ScriptRun:
     also_checked = ""  # for the dry run's report: nothing beyond the run configuration
 
     def check_supported(self) -> None:
-        """A command job needs nothing beyond what V1Backend checks for every job."""
+        """A command job needs nothing beyond what V1Sdk checks for every job."""
 
     def write_yaml(self, path: str | Path) -> list[Path]:
         """Serialise the run configuration to `path` as YAML."""
@@ -101,8 +101,8 @@ def _environment_notes(job: ResolvedJob) -> tuple[str, ...]:
             "(azureml-core's Environment.get); the run configuration written here names it only",)
 
 
-class V1Backend:
-    """The submit backend for `--sdk v1` (azureml-core, legacy)."""
+class V1Sdk:
+    """The submitting SDK for `--sdk v1` (azureml-core, legacy)."""
 
     sdk = "v1"
 
@@ -172,9 +172,9 @@ class V1Connection:
 
     def create_compute(self, cluster: ClusterSpec) -> ComputeInfo:
         """Clusters are created with SDK v2, in the same workspace."""
-        from hvdazure.azure.submit_v2 import V2Backend
+        from hvdazure.azure.submit_v2 import V2Sdk
 
-        return V2Backend().connect(*self._v2).create_compute(cluster)
+        return V2Sdk().connect(*self._v2).create_compute(cluster)
 
     def submit(self, job: ResolvedJob, files: list[Path], stream: bool = False) -> Submitted:
         """Upload the snapshot and start the run: `Experiment.submit` of the configuration write_yaml

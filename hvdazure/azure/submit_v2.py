@@ -10,7 +10,7 @@ The dry run writes the same entity as YAML (`az ml job create -f` format, the co
 file) and checks it with the SDK's own offline validation: `load_job`'s schema, then the REST body
 (`_to_rest_object()`), which catches what the schema misses, such as a `${{inputs.x}}` the job lacks.
 
-`V2Backend` is the submit backend (backend.py) for `--sdk v2`, the default. The job's kind decides its form
+`V2Sdk` is the SubmitSdk (sdk.py) for `--sdk v2`, the default. The job's kind decides its form
 once (`_form`): a command job (an in-job sweep is one too, its ranks running the sweep), or for `hvdazure
 submit sweep` an Azure ML sweep job whose trial is this command job (sweep_v2.py); either is written,
 validated and submitted the same way.
@@ -27,10 +27,10 @@ from typing import Any
 
 from hvdazure._version import __version__
 from hvdazure.azure import compute, data_inputs
-from hvdazure.azure.backend import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError, redacted_line
 from hvdazure.azure.resolved_job import CommandJob, InJobSweep, ResolvedJob, SweepJob
+from hvdazure.azure.sdk import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.sweep_v2 import SweepJobForm
 from hvdazure.azure.workspace import WorkspaceRef
 
@@ -155,8 +155,8 @@ def layout_of(body: dict[str, Any], form: _CommandJobForm | SweepJobForm) -> dic
     return body[form.trial_key] if form.trial_key else body
 
 
-class V2Backend:
-    """The submit backend for `--sdk v2` (azure-ai-ml), the default."""
+class V2Sdk:
+    """The submitting SDK for `--sdk v2` (azure-ai-ml), the default."""
 
     sdk = "v2"
 

@@ -15,7 +15,7 @@ is the trial run's `max_run_duration_seconds`. A dry run writes its settings (wh
 sent, less the workspace's addresses) and the trial's run configuration as YAML, and loads both back with
 the SDKs; it prints the trial's command as v1 runs it (the entry file), not SDK v2's placeholders.
 
-`HyperDriveRun` is how submit_v1's backend sends a job of this kind (an Azure ML sweep job, `hvdazure submit
+`HyperDriveRun` is how submit_v1's V1Sdk sends a job of this kind (an Azure ML sweep job, `hvdazure submit
 sweep ... --sdk v1`).
 """
 
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure.azure import code_snapshot, run_config_v1
-from hvdazure.azure.backend import output_file
 from hvdazure.azure.errors import JobSpecError, SubmitError, redacted_line
 from hvdazure.azure.hyperdrive_args import ENTRY_FILE, ENTRY_SOURCE, entry_arguments
 from hvdazure.azure.resolved_job import CommandJob, ResolvedJob, SearchParameter, SweepJob
+from hvdazure.azure.sdk import output_file
 from hvdazure.sweep.space import KINDS
 
 MAX_DURATION_MINUTES = 10080  # HyperDrive's own limit: 7 days

@@ -9,7 +9,7 @@ value as `--set NAME=${{search_space.KEY}}`, which Azure ML fills in per trial.
 azure-ai-ml checks a sweep job's `${{inputs.x}}` references, but not its `${{search_space.x}}` ones: a key the
 search space lacks would reach the script as the literal text. `check_body` checks both ways.
 
-`SweepJobForm` is how submit_v2's backend sends a job of this kind: it wraps the command job as the trial.
+`SweepJobForm` is how submit_v2's V2Sdk sends a job of this kind: it wraps the command job as the trial.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def measure_ranks(url: str | None, p: dict[str, Any],
     import fsspec
     import horovod.torch as hvd
 
-    from hvdazure.core.sharding import ShardPlan
+    from hvdazure.core.sample_plan import SamplePlan
     from hvdazure.data import ShardedDataset
 
     hvd.init()
@@ -150,7 +150,7 @@ def measure_ranks(url: str | None, p: dict[str, Any],
             return ShardedDataset(source, cache_dir=cache_dir)
 
         probe = dataset()
-        plan = ShardPlan(len(probe), p["batch_size"], size, rank, seed=0, order=probe.sample_order)
+        plan = SamplePlan(len(probe), p["batch_size"], size, rank, seed=0, order=probe.sample_order)
         entries = _rank_paths(probe, plan)
         fs, _ = fsspec.core.url_to_fs(source)
         base = probe.index.base.rstrip("/")
@@ -228,12 +228,12 @@ def write_dataset(p: dict[str, Any], folder: str, scale: int) -> dict[str, Any]:
 def measure_memory(p: dict[str, Any], source: str) -> dict[str, Any]:
     """A fresh process reads one epoch of the local dataset at `source` through the loader: its peak RSS
     in MB (what the process holds at most: the index, the order, open readers, a batch)."""
-    from hvdazure.core.sharding import ShardPlan
+    from hvdazure.core.sample_plan import SamplePlan
     from hvdazure.data import ShardedDataset
 
     _share_cores(1)
     dataset = ShardedDataset(source, cache=False)
-    plan = ShardPlan(len(dataset), p["batch_size"], 1, 0, seed=0, order=dataset.sample_order)
+    plan = SamplePlan(len(dataset), p["batch_size"], 1, 0, seed=0, order=dataset.sample_order)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     epoch = timed_epoch(dataset, plan, 0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from hvdazure.core.config import ControllerError
 from hvdazure.core.errors import UserError
 from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.sharding import MicroBatch, SampleOrder
+from hvdazure.core.sample_plan import MicroBatch, SampleOrder
 from hvdazure.core.step_batches import StepCursor
 
 
@@ -190,7 +190,7 @@ class Backend(ABC):
     def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False) -> bool:
         """Add this rank's evaluation metrics to `meter`; False if there is no evaluation dataset.
 
-        `first_batch_only`: the sanity check before training (core/sharding.py's `first_eval_batch`),
+        `first_batch_only`: the sanity check before training (core/sample_plan.py's `first_eval_batch`),
         which must leave the model as it found it (train or eval mode); the core restores the RNG streams."""
 
     @abstractmethod

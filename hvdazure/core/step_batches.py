@@ -1,6 +1,6 @@
 """One walk of the plan per epoch, and the cursors that read it: the loop's, and the loader's ahead of it.
 
-The core walks this rank's plan (`ShardPlan.epoch`) once per epoch, from a sample position on, into a
+The core walks this rank's plan (`SamplePlan.epoch`) once per epoch, from a sample position on, into a
 buffer (`EpochSteps`). Every reader of the epoch's steps is a cursor over that one walk: the training
 loop's, step by step, and the backend's (`StepCursor`, handed to `Backend.epoch_batches`), from which its
 loader takes the micro-batches to load ahead of the loop (a DataLoader's sampler, a prefetching tf.data
@@ -21,14 +21,14 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from hvdazure.core.sharding import MicroBatch, ShardPlan
+from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 
 
 class EpochSteps:
     """This rank's steps of `epoch` from sample position `start_sample` on, walked once, as far as its
     cursors have asked, and kept while a cursor holds them."""
 
-    def __init__(self, plan: ShardPlan, epoch: int, start_sample: int) -> None:
+    def __init__(self, plan: SamplePlan, epoch: int, start_sample: int) -> None:
         self.plan, self.epoch, self.start_sample = plan, epoch, start_sample
         self._walk = plan.epoch(epoch, start_sample)
         self._steps: deque[list[MicroBatch]] = deque()  # walked and still held, from step `_first` on
@@ -99,7 +99,7 @@ class StepCursor:
 
 def loaded_cells(steps: Iterator[list[MicroBatch]]) -> Iterator[MicroBatch]:
     """The micro-batches with samples of `steps`, in order: the ones a backend loads (an empty micro-batch
-    has nothing to load, see ShardPlan)."""
+    has nothing to load, see SamplePlan)."""
     return (micro_batch for step in steps for micro_batch in step if not micro_batch.is_empty)
 
 
@@ -107,7 +107,7 @@ class StepBatches:
     """The loop's steps of each epoch, and each step's batches: those of the backend's stream that
     `open_epoch(cursor)` opens over a cursor of the same walk."""
 
-    def __init__(self, plan: ShardPlan, open_epoch: Callable[[StepCursor], Iterator[Any]]) -> None:
+    def __init__(self, plan: SamplePlan, open_epoch: Callable[[StepCursor], Iterator[Any]]) -> None:
         self._plan, self._open_epoch = plan, open_epoch
         self._walk: EpochSteps | None = None
         self._loop: StepCursor | None = None

@@ -15,7 +15,7 @@ from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.sharding import MicroBatch, ShardPlan
+from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 from hvdazure.core.state import TrainState
 from hvdazure.core.training_loop import TrainingLoop
 
@@ -73,9 +73,14 @@ class Trainer:
         return self.__loop.collectives
 
     @property
-    def shard_plan(self) -> ShardPlan:
+    def sample_plan(self) -> SamplePlan:
         """Which samples this rank trains on, step by step (once `fit()` has started)."""
-        return self.__loop.shard_plan
+        return self.__loop.sample_plan
+
+    @property
+    def shard_plan(self) -> SamplePlan:
+        """The former name of `sample_plan` ("shard" now means a file of a ShardedDataset only)."""
+        return self.__loop.sample_plan
 
     @property
     def schedule(self) -> LRSchedule:

@@ -53,7 +53,7 @@ from hvdazure.core.environments import Environment
 from hvdazure.core.errors import exception_line
 from hvdazure.core.object_store import StorageError, redact
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.sharding import ShardPlan
+from hvdazure.core.sample_plan import SamplePlan
 
 if TYPE_CHECKING:
     from hvdazure.core.trainer import Trainer
@@ -448,7 +448,7 @@ class TrainerCheckpoints:
 
 
 # --- what the data order depends on: recorded in every manifest, compared on resume -----------------------
-def data_order_record(plan: ShardPlan, data_fingerprint: str | None) -> dict[str, Any]:
+def data_order_record(plan: SamplePlan, data_fingerprint: str | None) -> dict[str, Any]:
     """The manifest's record of what the plan's epoch order depends on: its fingerprint, the parameters a
     refusal names (seed, lanes, window, shards), and the data's own fingerprint (a sharded dataset's index;
     None for data in memory)."""

@@ -5,7 +5,7 @@ hooks.
 
 The loop emits named events (core/callbacks.py) with the user's trainer; logging, LR warmup, early stopping
 and periodic checkpoints are callbacks. Every collective in the loop is entered by all ranks at the same
-point: step counts per epoch are equal on every rank by construction (core/sharding.py) and every decision
+point: step counts per epoch are equal on every rank by construction (core/sample_plan.py) and every decision
 comes from reduced values.
 """
 
@@ -34,8 +34,8 @@ from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import MetricAccumulator, RunningMean
 from hvdazure.core.preemption_watcher import PreemptionWatcher
 from hvdazure.core.rank_logging import configure_logging, logger
+from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 from hvdazure.core.seeds import RankRandomState, rank_seed, resume_seed
-from hvdazure.core.sharding import MicroBatch, ShardPlan
 from hvdazure.core.state import TrainState
 from hvdazure.core.step_batches import StepBatches
 from hvdazure.core.stop_signals import stop_signals_caught
@@ -65,7 +65,7 @@ class TrainingLoop:
         self.state = TrainState()
         self.rank, self.world_size, self.local_rank = 0, 1, 0
         self.collectives: Collectives  # set by fit(): the backend's collectives over all ranks
-        self.shard_plan: ShardPlan  # set by fit(): which samples this rank trains on, step by step
+        self.sample_plan: SamplePlan  # set by fit(): which samples this rank trains on, step by step
         self.schedule: LRSchedule  # set by fit()
         self.callbacks: list[Callback] = []  # set by fit(): the defaults and the user's, on this rank
         self._user_callbacks = list(callbacks) + (list(context.callbacks) if context is not None else [])
@@ -91,7 +91,7 @@ class TrainingLoop:
     @property
     def steps_per_epoch(self) -> int:
         """Optimizer steps in an epoch at this world size (the last one may be short)."""
-        return self.shard_plan.steps_per_epoch
+        return self.sample_plan.steps_per_epoch
 
     @property
     def schedule_step(self) -> int:
@@ -169,7 +169,7 @@ class TrainingLoop:
             if s.should_stop or self._max_steps_reached():
                 break
         self._reduce_metrics_and_votes()  # the epoch's last, partial log interval
-        epoch_done = s.samples_in_epoch == self.shard_plan.num_samples
+        epoch_done = s.samples_in_epoch == self.sample_plan.num_samples
         train = {f"train_{k}": v for k, v in self._epoch_means.means().items()}
         record = {"epoch": s.epoch, "step": s.step, "samples_seen": s.samples_seen, "lr": s.lr, **train}
         if self._eval_due(epoch_done) and self._run_evaluation():
@@ -221,10 +221,10 @@ class TrainingLoop:
         configure_logging(self.rank)
         order = backend.load_datasets()
         self._check_global_batch(order.num_samples)
-        self.shard_plan = ShardPlan(order.num_samples, c.batch_size, self.world_size, self.rank,
+        self.sample_plan = SamplePlan(order.num_samples, c.batch_size, self.world_size, self.rank,
                                     c.grad_accum_steps, c.seed, order=order)
-        self._data_order = data_order_record(self.shard_plan, backend.data_fingerprint())
-        self.schedule = LRSchedule.from_config(c, self.world_size, self.shard_plan.steps_per_epoch)
+        self._data_order = data_order_record(self.sample_plan, backend.data_fingerprint())
+        self.schedule = LRSchedule.from_config(c, self.world_size, self.sample_plan.steps_per_epoch)
 
     def _build(self) -> CheckpointPieces:
         """Build model and optimizer, seed this rank, set up the step's inputs and meters; returns what a
@@ -236,7 +236,7 @@ class TrainingLoop:
         # Average divides the summed gradients by the world size; the loss weights are shares of the whole
         # step, so multiply that division back out.
         self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
-        self._step_batches = StepBatches(self.shard_plan, backend.epoch_batches)
+        self._step_batches = StepBatches(self.sample_plan, backend.epoch_batches)
         self._meter, self._epoch_means = self._new_meter(), RunningMean()
         return CheckpointPieces(
             stateful={"state": self.state, "epoch_train": self._epoch_means,
@@ -251,7 +251,7 @@ class TrainingLoop:
         """What a resume means for this run, once the checkpoint's pieces are loaded: the data continues
         from the samples consumed in the epoch, whatever the world size was; the RNG streams are restored
         at the same world size, seeded afresh at another; returns the log line (with the LR rescale)."""
-        s, plan, manifest = self.state, self.shard_plan, point.manifest
+        s, plan, manifest = self.state, self.sample_plan, point.manifest
         refuse_changed_data(point.url, manifest, self._data_order)
         self._reopen_cut_epoch()
         s.step_in_epoch = plan.steps_per_epoch - plan.steps_left(s.samples_in_epoch)
@@ -305,7 +305,7 @@ class TrainingLoop:
                               f"train further, raise {field} before calling fit() again: trainer.config = "
                               f"trainer.config.replace({field}=...)")
         s.should_stop, s.stop_requested, s.stop_reason = False, False, None  # as on a resume
-        self.schedule = LRSchedule.from_config(c, self.world_size, self.shard_plan.steps_per_epoch)
+        self.schedule = LRSchedule.from_config(c, self.world_size, self.sample_plan.steps_per_epoch)
         self._end_schedule_at_max_steps()
         self._reopen_cut_epoch()
         s.lr = self.schedule.lr_at(self.schedule_step)
@@ -344,7 +344,7 @@ class TrainingLoop:
         """A ConfigError on every rank, before training, if the plan gives some rank a micro-batch smaller
         than the model can train on (the short last step of an epoch, e.g. 1 sample for BatchNorm)."""
         need, why, across = self.backend.min_samples_per_micro_batch()
-        plan = self.shard_plan
+        plan = self.sample_plan
         smallest = min(plan.smallest_micro_batch(0, across),
                        plan.smallest_micro_batch(self.state.samples_in_epoch, across))
         if smallest >= need:

@@ -31,7 +31,7 @@ import numpy as np
 from hvdazure.data.shard_order import DEFAULT_LANES, ShardOrder
 
 if TYPE_CHECKING:
-    from hvdazure.core.sharding import MicroBatch
+    from hvdazure.core.sample_plan import MicroBatch
     from hvdazure.core.step_batches import StepCursor
     from hvdazure.data.cache import CacheStats, Shards
     from hvdazure.data.formats import Columns, ShardReader
@@ -84,7 +84,7 @@ class ShardedDataset:
 
     @property
     def sample_order(self) -> ShardOrder:
-        """The epoch order of this dataset's samples, for the trainers' ShardPlan."""
+        """The epoch order of this dataset's samples, for the trainers' SamplePlan."""
         return self._order
 
     @property

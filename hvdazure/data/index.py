@@ -25,7 +25,7 @@ import numpy as np
 
 from hvdazure._version import __version__
 from hvdazure.core.object_store import filesystem
-from hvdazure.core.sharding import fingerprint as hash_of
+from hvdazure.core.sample_plan import fingerprint as hash_of
 from hvdazure.data.formats import FORMATS, SUFFIXES, format_for, scan_shard
 from hvdazure.data.shard_version import ShardVersion, etag
 

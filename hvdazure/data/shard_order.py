@@ -1,9 +1,9 @@
 """The epoch order of a sharded dataset: exact at any world size, and cheap to read from object storage.
 
-Why. core/sharding.py's default order is one uniform permutation per epoch, so a rank's samples lie
+Why. core/sample_plan.py's default order is one uniform permutation per epoch, so a rank's samples lie
 anywhere in the dataset. On object storage a request costs tens of milliseconds, and so does a random read
 on a blobfuse mount: a uniform order costs one request per sample. This order keeps each rank on few
-shards, read whole, while keeping every guarantee of sharding.py: step t takes positions [t*G, (t+1)*G)
+shards, read whole, while keeping every guarantee of the sample plan: step t takes positions [t*G, (t+1)*G)
 of one epoch order that does not depend on the world size, so the samples of a step are the same at any
 world size, each sample is used once per epoch, and a resume on another number of ranks continues
 exactly where the last run stopped.
@@ -18,7 +18,7 @@ step). The epoch order then takes one sample from each lane in turn, the lanes i
 epoch. The world size appears nowhere in this.
 
 Reading. Within a step the samples are grouped by lane (then shard), and each rank takes one stretch of
-the group (core/sharding.py, `group_for_reading`). When the lanes are a multiple of the world size and the
+the group (core/sample_plan.py, `group_for_reading`). When the lanes are a multiple of the world size and the
 global batch a multiple of the lanes, rank r reads the same lanes at every step of every epoch: each shard
 is read by one rank (two, for a shard split between two ranks' lanes), and a node cache holding its ranks'
 share of the dataset serves every epoch after the first. Otherwise a rank boundary falls inside a lane and
@@ -38,7 +38,7 @@ Which shuffle, and why. We studied MosaicML Streaming's shuffles and Grain's, an
   defaults, 32 lanes and a window of twice the mean shard size, give steps drawn from some 100 shards and
   about 3 shards per lane at hand; 32 lanes is a multiple of the world sizes 1, 2, 4, 8, 16 and 32.
 - Unlike Mosaic, lanes are not nodes and nothing is padded or repeated: the epoch order is one sequence
-  that sharding.py cuts into steps, so the world size can change at any sample.
+  that the sample plan cuts into steps, so the world size can change at any sample.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdazure.core.sharding import fingerprint
+from hvdazure.core.sample_plan import fingerprint
 
 DEFAULT_LANES = 32
 _RUN_STREAM = 0x5A4E  # tells the run's lane layout apart from the epochs' draws in the seed sequence

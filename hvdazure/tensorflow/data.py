@@ -1,4 +1,4 @@
-"""The user's training and evaluation data as random-access arrays, batched along core/sharding.py's plan.
+"""The user's training and evaluation data as random-access arrays, batched along core/sample_plan.py's plan.
 
 Accepted: a NumPy array or tensor, a tuple/list/dict of them (the same first dimension), or a finite
 `tf.data.Dataset` of such elements, which is read once into memory. Random access is what makes the core's
@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdazure.core.backend import DataError
-from hvdazure.core.sharding import MicroBatch, SampleOrder, UniformOrder
+from hvdazure.core.sample_plan import MicroBatch, SampleOrder, UniformOrder
 from hvdazure.core.step_batches import StepCursor
 from hvdazure.data.dataset import ShardedDataset, read_ahead_steps
 

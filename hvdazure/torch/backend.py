@@ -23,7 +23,7 @@ import torch
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
-from hvdazure.core.sharding import SampleOrder, first_eval_batch
+from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
 from hvdazure.torch.checkpoint_content import TorchCheckpointContent
 from hvdazure.torch.collectives import TorchCollectives

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, default_collate
 
 from hvdazure.core.backend import DataError
-from hvdazure.core.sharding import MicroBatch, SampleOrder, ShardPlan, UniformOrder, eval_range
+from hvdazure.core.sample_plan import MicroBatch, SampleOrder, SamplePlan, UniformOrder, eval_range
 from hvdazure.core.step_batches import EpochSteps, StepCursor, loaded_cells
 from hvdazure.data.dataset import ShardedDataset, read_ahead_steps
 
@@ -130,7 +130,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
     rank's plan, see core/step_batches.py), read as the DataLoader asks: it iterates this sampler in the
     main process, ahead of its workers, so `view.reading_ahead` hands a ShardedDataset the coming steps'
     samples as each step starts. One pass: a new one is made for every stream of batches. (An empty
-    micro-batch of a short last step has nothing to load: the trainer skips it, see ShardPlan.)"""
+    micro-batch of a short last step has nothing to load: the trainer skips it, see SamplePlan.)"""
 
     def __init__(self, steps: StepCursor, view: DataView) -> None:
         self.steps, self.view = steps, view
@@ -149,7 +149,7 @@ def epoch_loader(view: DataView, steps: StepCursor, collate_fn: Callable | None,
     return view.loader(ShardedBatchSampler(steps, view), collate_fn, num_workers, pin_memory)
 
 
-def train_loader(dataset: Dataset | ShardedDataset, plan: ShardPlan, epoch: int, start_sample: int,
+def train_loader(dataset: Dataset | ShardedDataset, plan: SamplePlan, epoch: int, start_sample: int,
                  collate_fn: Callable | None, num_workers: int, pin_memory: bool) -> DataLoader:
     """Batches for this rank's micro-batches of `epoch` from `start_sample` on, in plan order, outside a
     trainer (benchmarks, tests): over a walk of the plan of its own."""

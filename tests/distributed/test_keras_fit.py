@@ -18,7 +18,7 @@ import pytest
 from harness import REPO, run_job
 
 from hvdazure.core.checkpoint_store import CheckpointManager
-from hvdazure.core.sharding import epoch_permutation
+from hvdazure.core.sample_plan import epoch_permutation
 
 EPOCHS, BATCH, LR, WARMUP, SEED, WORLD = 3, 4, 0.05, 3, 3, 2
 N_TRAIN, N_EVAL = 33, 5

@@ -5,7 +5,7 @@ no full step to give)."""
 import pytest
 from harness import CONTROLLERS, run_job
 
-from hvdazure.core.sharding import ShardPlan
+from hvdazure.core.sample_plan import SamplePlan
 
 JOB = "torch_job.py"
 NO_HANG = 90
@@ -37,7 +37,7 @@ def test_an_empty_micro_batch_runs_no_forward_pass(tmp_path):
 
     assert job.returncode == 0, job.output
     for rank, report in job.reports.items():
-        plan = ShardPlan(10, 4, 2, rank)
+        plan = SamplePlan(10, 4, 2, rank)
         non_empty = sum(not cell.is_empty for e in range(2) for step in plan.epoch(e) for cell in step)
         assert report["training_step_calls"] == non_empty
         assert report["batchnorm_batches"] == [non_empty]  # running statistics moved by real batches only

@@ -37,7 +37,7 @@ from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.sharding import SampleOrder, UniformOrder, eval_range, first_eval_batch
+from hvdazure.core.sample_plan import SampleOrder, UniformOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
 from hvdazure.core.trainer import Trainer, loop_of
 

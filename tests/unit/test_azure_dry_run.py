@@ -161,11 +161,11 @@ def test_load_job_accepts_zero_nodes_and_negative_processes_which_hvdazure_refus
 
 def test_the_rest_body_catches_an_undefined_input_that_slipped_past(project, tmp_path):
     job = dataclasses.replace(resolve(spec()), script_args=("--data", "${{inputs.data}}"))
-    backend = submit_v2.V2Backend()
-    files = backend.write_yaml(job, tmp_path / "job.yml")
+    api = submit_v2.V2Sdk()
+    files = api.write_yaml(job, tmp_path / "job.yml")
 
     with pytest.raises(SubmitError, match=r"^Azure ML's validation rejected job\.yml: .* 'data' referenced"):
-        backend.validate_offline(job, files)
+        api.validate_offline(job, files)
 
 
 # --- SDK v1 -----------------------------------------------------------------------------------------------

@@ -238,15 +238,15 @@ def test_the_dry_run_refuses_a_job_file_whose_inputs_the_submission_would_look_u
                                                                                              local_data,
                                                                                              tmp_path):
     """What azure-ai-ml's own dump writes (`azureml:` before every path) is caught by the offline check."""
-    from hvdazure.azure.submit_v2 import V2Backend
+    from hvdazure.azure.submit_v2 import V2Sdk
 
     job = resolve(JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
                           inputs=[InputSpec("raw", URL)], script_args=ARGS[:2]))
-    files = V2Backend().write_yaml(job, tmp_path / "job.yml")
+    files = V2Sdk().write_yaml(job, tmp_path / "job.yml")
     files[-1].write_text(files[-1].read_text().replace(f"path: {URL}", f"path: azureml:{URL}"))
 
     with pytest.raises(SubmitError) as error:
-        V2Backend().validate_offline(job, files)
+        V2Sdk().validate_offline(job, files)
     assert str(error.value) == (f"job.yml: input raw loads back as 'azureml:{URL}', which azure-ai-ml would "
                                 f"have looked up as a data asset when submitting; {URL} is to be passed "
                                 "through")

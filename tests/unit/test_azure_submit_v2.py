@@ -419,7 +419,7 @@ def test_stream_follows_the_logs_of_the_job_just_created(project, tmp_path):
 
     client = types.SimpleNamespace(jobs=Jobs(), environments=types.SimpleNamespace(get=lambda *a, **k: None))
     job = resolve(JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE))
-    files = submit_v2.V2Backend().write_yaml(job, tmp_path / "job.yml")
+    files = submit_v2.V2Sdk().write_yaml(job, tmp_path / "job.yml")
 
     assert submit_v2.V2Connection(client).submit(job, files, stream=True).name == "job-1"
     assert streamed == ["job-1"]

@@ -132,11 +132,11 @@ def test_a_search_space_placeholder_the_space_lacks_is_caught_offline(project, t
     job = resolve(spec())
     undefined = ("--set", "extra.x=${{search_space.nope}}")
     job = dataclasses.replace(job, script_args=(*job.script_args, *undefined))
-    backend = submit_v2.V2Backend()
-    files = backend.write_yaml(job, tmp_path / "sweep.yml")
+    api = submit_v2.V2Sdk()
+    files = api.write_yaml(job, tmp_path / "sweep.yml")
 
     with pytest.raises(SubmitError, match=r"search_space\.nope\}\}, which the search space does not define$"):
-        backend.validate_offline(job, files)
+        api.validate_offline(job, files)
 
 
 def test_every_distribution_maps_to_azure_mls_own(project, tmp_path):

@@ -57,7 +57,7 @@ def spec(**sweep_options) -> JobSpec:
 
 
 def hyperdrive(spec: JobSpec) -> sweep_v1.HyperDriveRun:
-    """The form SDK v1's backend sends the resolved sweep job in."""
+    """The form SDK v1's V1Sdk sends the resolved sweep job in."""
     job = resolve(spec)
     return sweep_v1.HyperDriveRun(job, job.kind)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvdazure.core.sharding import ShardPlan
+from hvdazure.core.sample_plan import SamplePlan
 from hvdazure.data import ShardedDataset, write_shards
 from hvdazure.data.formats import open_shard
 
@@ -111,7 +111,7 @@ def test_the_torch_loader_reads_batches_by_columns_bit_for_bit(dataset: ShardedD
 
     from hvdazure.torch.data import train_loader
 
-    plan = ShardPlan(len(dataset), 4, 2, 1, seed=5, order=dataset.sample_order)
+    plan = SamplePlan(len(dataset), 4, 2, 1, seed=5, order=dataset.sample_order)
     cells = [mb.indices for step in plan.epoch(1) for mb in step if not mb.is_empty]
     asked: list[list[int]] = []
     original = ShardedDataset.read_columns
@@ -229,7 +229,7 @@ def test_the_last_tfrecord_record_read_in_a_run(tmp_path: Path) -> None:
 
 def test_every_batch_of_an_epoch_is_the_same_through_both_paths(dataset: ShardedDataset) -> None:
     for world, rank in itertools.product((1, 3), (0,)):
-        plan = ShardPlan(len(dataset), 3, world, rank, seed=1, order=dataset.sample_order)
+        plan = SamplePlan(len(dataset), 3, world, rank, seed=1, order=dataset.sample_order)
         for step in plan.epoch(0):
             for mb in step:
                 if mb.is_empty:
@@ -261,7 +261,7 @@ def test_loader_workers_read_by_columns_the_same_batches(tmp_path: Path) -> None
 
     write_shards(samples(), str(tmp_path / "d"), "tar", samples_per_shard=5, progress=False)
     data = ShardedDataset(str(tmp_path / "d"), cache=False)
-    plan = ShardPlan(len(data), 4, 1, 0, seed=2, order=data.sample_order)
+    plan = SamplePlan(len(data), 4, 1, 0, seed=2, order=data.sample_order)
 
     in_workers = list(train_loader(data, plan, 0, 0, None, 2, pin_memory=False))
     in_process = list(train_loader(data, plan, 0, 0, None, 0, pin_memory=False))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import hvdazure.data.formats as formats
-from hvdazure.core.sharding import ShardPlan
+from hvdazure.core.sample_plan import SamplePlan
 from hvdazure.data import ShardedDataset, write_shards
 from hvdazure.data.dataset import MIN_OPEN_READERS, readers_kept
 from hvdazure.data.formats import scan_shard, tar, tar_header, tfrecord
@@ -32,7 +32,7 @@ def test_an_epoch_opens_each_shard_once_with_more_lanes_than_open_readers(tmp_pa
     original = formats.open_shard
     monkeypatch.setattr(formats, "open_shard",
                         lambda path, entry: opened.append(path) or original(path, entry))
-    plan = ShardPlan(len(dataset), 8, 1, 0, seed=0, order=dataset.sample_order)
+    plan = SamplePlan(len(dataset), 8, 1, 0, seed=0, order=dataset.sample_order)
 
     labels = [sample["label"] for step in plan.epoch(0) for cell in step
               for sample in dataset.__getitems__(cell.indices)]

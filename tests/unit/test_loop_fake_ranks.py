@@ -36,7 +36,7 @@ from fakes.fake_backend import (
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.checkpoint_store import CheckpointManager
 from hvdazure.core.config import ConfigError, TrainConfig
-from hvdazure.core.sharding import epoch_permutation
+from hvdazure.core.sample_plan import epoch_permutation
 from hvdazure.core.trainer import Trainer
 
 Trainers = list[FakeTrainer]

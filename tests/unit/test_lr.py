@@ -9,7 +9,7 @@ import pytest
 
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.lr import LRSchedule, scaled_lr, warmup_epochs_to_steps
-from hvdazure.core.sharding import ShardPlan
+from hvdazure.core.sample_plan import SamplePlan
 
 LR = 0.1
 
@@ -62,7 +62,7 @@ def test_the_lr_at_every_step_depends_only_on_the_global_batch(batch_size: int, 
                                                                 grad_accum_steps: int) -> None:
     config = TrainConfig(lr=LR, batch_size=batch_size, grad_accum_steps=grad_accum_steps, base_batch_size=16,
                          epochs=3, warmup_epochs=1, schedule="cosine")
-    plan = ShardPlan(1000, batch_size, world_size, 0, grad_accum_steps)
+    plan = SamplePlan(1000, batch_size, world_size, 0, grad_accum_steps)
     schedule = LRSchedule.from_config(config, world_size, plan.steps_per_epoch)
     reference = LRSchedule.from_config(config.replace(batch_size=64, grad_accum_steps=1), 1, 16)
     assert [schedule.lr_at(t) for t in range(48)] == pytest.approx([reference.lr_at(t) for t in range(48)])

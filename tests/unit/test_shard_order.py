@@ -1,4 +1,4 @@
-"""hvdazure.data.shard_order: the epoch order of a sharded dataset, and ShardPlan following it.
+"""hvdazure.data.shard_order: the epoch order of a sharded dataset, and SamplePlan following it.
 
 Fake-rank style: every rank's plan is built in this process, so the properties that matter across ranks
 (each sample once, the same samples per step at any world size, resume on another world size) are checked
@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
-from hvdazure.core.sharding import MicroBatch, ShardPlan, UniformOrder
+from hvdazure.core.sample_plan import MicroBatch, SamplePlan, UniformOrder
 from hvdazure.data.shard_order import ShardOrder
 
 # shard sizes: uneven, shards smaller than a global batch, one shard, empty shards (also first and last)
@@ -33,19 +33,19 @@ def _order(name: str, **parameters: int) -> ShardOrder:
 
 
 def _plans(order: ShardOrder, batch_size: int, world_size: int, grad_accum_steps: int = 1,
-           seed: int = 0) -> list[ShardPlan]:
-    return [ShardPlan(order.num_samples, batch_size, world_size, rank, grad_accum_steps, seed, order)
+           seed: int = 0) -> list[SamplePlan]:
+    return [SamplePlan(order.num_samples, batch_size, world_size, rank, grad_accum_steps, seed, order)
             for rank in range(world_size)]
 
 
-def _steps(plans: list[ShardPlan], epoch: int = 0, start_sample: int = 0) -> list[list[MicroBatch]]:
+def _steps(plans: list[SamplePlan], epoch: int = 0, start_sample: int = 0) -> list[list[MicroBatch]]:
     """Every cell of every step from `start_sample`, each step in (micro-batch, rank) order."""
     per_rank = [list(plan.epoch(epoch, start_sample)) for plan in plans]
     return [[rank_steps[t][k] for k in range(plans[0].grad_accum_steps) for rank_steps in per_rank]
             for t in range(len(per_rank[0]))]
 
 
-def _step_sets(plans: list[ShardPlan], epoch: int = 0, start_sample: int = 0) -> list[list[int]]:
+def _step_sets(plans: list[SamplePlan], epoch: int = 0, start_sample: int = 0) -> list[list[int]]:
     return [sorted(i for cell in step for i in cell.indices) for step in _steps(plans, epoch, start_sample)]
 
 
@@ -54,7 +54,7 @@ def _cases() -> itertools.product[tuple[str, int, tuple[int, int], int]]:
 
 
 def _cells(steps: list[list[MicroBatch]], world_size: int) -> list[list[tuple[int, int, float]]]:
-    """Each cell's size, step size and loss weight: what every order must leave as ShardPlan computes it."""
+    """Each cell's size, step size and loss weight: what every order must leave as SamplePlan computes it."""
     return [[(len(c.indices), c.step_samples, c.loss_weight(world_size)) for c in step] for step in steps]
 
 
@@ -64,7 +64,7 @@ def _global_batches(epoch_order: np.ndarray, start_sample: int, global_batch: in
             for s in range(start_sample, len(epoch_order), global_batch)]
 
 
-def _shards_read(order: ShardOrder, plan: ShardPlan, epoch: int = 0) -> set[int]:
+def _shards_read(order: ShardOrder, plan: SamplePlan, epoch: int = 0) -> set[int]:
     samples = [i for step in plan.epoch(epoch) for cell in step for i in cell.indices]
     return set(order.locate(np.array(samples, dtype=np.int64))[0].tolist())
 
@@ -107,11 +107,11 @@ def test_the_samples_of_each_step_do_not_depend_on_world_size_for_a_fixed_global
 
 
 def test_cell_sizes_and_loss_weights_are_those_of_the_uniform_plan() -> None:
-    # the uneven last step, empty cells and the >=2-samples rule are ShardPlan's, whatever the order
+    # the uneven last step, empty cells and the >=2-samples rule are SamplePlan's, whatever the order
     for name, world_size, (batch, accum), o in _cases():
         order = _order(name, **ORDERS[o])
         sharded = _steps(_plans(order, batch, world_size, accum))
-        uniform = _steps([ShardPlan(order.num_samples, batch, world_size, rank, accum)
+        uniform = _steps([SamplePlan(order.num_samples, batch, world_size, rank, accum)
                           for rank in range(world_size)])
         assert _cells(sharded, world_size) == _cells(uniform, world_size), (name, world_size, batch, accum, o)
 
@@ -190,7 +190,7 @@ def test_locality_each_rank_reads_few_shards_where_the_uniform_order_reads_most(
     for world_size in WORLD_SIZES:
         bound = 1.75 * len(shard_sizes) / world_size + 2
         for order in (sharded, uniform):
-            plans = [ShardPlan(order.num_samples, 8, world_size, rank, order=order)
+            plans = [SamplePlan(order.num_samples, 8, world_size, rank, order=order)
                      for rank in range(world_size)]
             touched = [len(_shards_read(sharded, plan)) for plan in plans]
             if order is sharded:
@@ -203,7 +203,7 @@ def test_at_a_world_size_that_divides_the_lanes_each_rank_reads_the_same_shards_
     # a node cache holding its ranks' share of the data then serves every epoch after the first
     order = ShardOrder((40,) * 64, lanes=16)
     for world_size in (1, 2, 4, 8, 16):
-        plans = [ShardPlan(order.num_samples, 16 // world_size, world_size, rank, order=order)
+        plans = [SamplePlan(order.num_samples, 16 // world_size, world_size, rank, order=order)
                  for rank in range(world_size)]
         for plan in plans:
             shards = [_shards_read(order, plan, epoch) for epoch in range(3)]
@@ -231,14 +231,14 @@ def test_the_default_window_is_part_of_the_fingerprint_as_resolved() -> None:
 
 def test_the_plans_fingerprint_ignores_world_size_and_batch_size() -> None:
     order = _order("uneven")
-    prints = {ShardPlan(order.num_samples, b, w, 0, a, seed=3, order=order).order_fingerprint()
+    prints = {SamplePlan(order.num_samples, b, w, 0, a, seed=3, order=order).order_fingerprint()
               for b, w, a in [(4, 1, 1), (2, 8, 3), (7, 3, 2)]}
     assert prints == {order.fingerprint(seed=3)}
 
 
 def test_a_plan_whose_order_covers_another_dataset_size_is_rejected() -> None:
     with pytest.raises(ValueError, match="covers 377 samples but the dataset has num_samples=376"):
-        ShardPlan(376, 4, 1, 0, order=_order("uneven"))
+        SamplePlan(376, 4, 1, 0, order=_order("uneven"))
 
 
 @pytest.mark.parametrize(("arguments", "message"), [
@@ -256,17 +256,17 @@ def test_only_empty_shards_make_an_empty_training_dataset() -> None:
     order = ShardOrder((0, 0))
     assert order.epoch_order(0, 0).tolist() == []
     with pytest.raises(ValueError, match="empty"):
-        ShardPlan(order.num_samples, 4, 1, 0, order=order)
+        SamplePlan(order.num_samples, 4, 1, 0, order=order)
 
 
 def test_an_order_describes_itself_in_the_manifest_with_the_keys_checkpoints_always_had() -> None:
     # checkpoints written before orders described themselves hold exactly these records: they still compare
     from hvdazure.core.trainer_checkpoints import data_order_record
 
-    sharded = ShardPlan(15, 2, 1, 0, seed=3, order=ShardOrder((5, 0, 10), lanes=2, window=4))
+    sharded = SamplePlan(15, 2, 1, 0, seed=3, order=ShardOrder((5, 0, 10), lanes=2, window=4))
     assert data_order_record(sharded, "abc")["order"] == {"seed": 3, "num_samples": 15, "lanes": 2,
                                                           "window": 4, "shards": 3}
-    uniform = ShardPlan(15, 2, 1, 0, seed=3)
+    uniform = SamplePlan(15, 2, 1, 0, seed=3)
     assert data_order_record(uniform, None) == {"order_fingerprint": uniform.order_fingerprint(),
                                                 "order": {"seed": 3, "num_samples": 15},
                                                 "data_fingerprint": None}

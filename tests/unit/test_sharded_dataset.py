@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from distributed.sharded_data import NUM_SAMPLES, SHARD_SIZES, regression, write_regression_shards
 
-from hvdazure.core.sharding import ShardPlan
+from hvdazure.core.sample_plan import SamplePlan
 from hvdazure.core.step_batches import EpochSteps
 from hvdazure.data import ShardedDataset, load_index
 from hvdazure.data import dataset as dataset_module
@@ -95,7 +95,7 @@ def test_read_ahead_steps_hands_over_the_coming_steps_samples_as_each_step_start
     data = with_shards(ShardedDataset(str(shards), prefetch_shards=10), recording)
     seen: list[list[int]] = []
     data.read_ahead = lambda samples: seen.append(list(samples))  # type: ignore[method-assign]
-    plan = ShardPlan(10, batch_size=2, world_size=1, rank=0, seed=4)
+    plan = SamplePlan(10, batch_size=2, world_size=1, rank=0, seed=4)
     steps = list(plan.epoch(0))
     samples = [step[0].indices for step in steps]
 
@@ -131,7 +131,7 @@ def test_a_copy_in_another_process_reads_through_its_own_readers_and_cache(shard
 
 def test_the_plan_of_a_sharded_dataset_follows_its_order(shards: Path) -> None:
     data = ShardedDataset(str(shards), lanes=2)
-    plans = [ShardPlan(len(data), 4, 2, rank, order=data.sample_order) for rank in range(2)]
+    plans = [SamplePlan(len(data), 4, 2, rank, order=data.sample_order) for rank in range(2)]
 
     used = sorted(i for plan in plans for step in plan.epoch(0) for mb in step for i in mb.indices)
 

@@ -25,7 +25,7 @@ from fakes.fake_backend import FakeTrainer, LinearProblem, ThreadWorld, initial_
 from hvdazure.core import training_loop as core_trainer
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.config import TrainConfig
-from hvdazure.core.sharding import SampleOrder
+from hvdazure.core.sample_plan import SampleOrder
 from hvdazure.data.shard_order import ShardOrder
 
 Trainers = list[FakeTrainer]
@@ -256,7 +256,7 @@ def test_a_resume_across_a_change_of_the_data_s_index_is_refused_on_every_rank(c
 
 
 def test_in_memory_data_records_its_order_and_a_changed_seed_is_refused(checkpoint_dir: str) -> None:
-    from hvdazure.core.sharding import UniformOrder
+    from hvdazure.core.sample_plan import UniformOrder
     order = UniformOrder(40)
     problem = first_run(checkpoint_dir, order)
 

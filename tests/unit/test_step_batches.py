@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from distributed.sharded_data import write_regression_shards
 
-from hvdazure.core.sharding import ShardPlan
+from hvdazure.core.sample_plan import SamplePlan
 from hvdazure.core.step_batches import EpochSteps, StepBatches, loaded_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class CountedPlan(ShardPlan):
+class CountedPlan(SamplePlan):
     """A plan that records every walk of an epoch: (epoch, start_sample)."""
 
     def epoch(self, epoch: int, start_sample: int = 0) -> Any:
@@ -35,15 +35,15 @@ def _no_walks_yet() -> None:
     WALKS.clear()
 
 
-def _cells(plan: ShardPlan, epoch: int, start: int = 0) -> list[list[int]]:
-    return [mb.indices for step in ShardPlan.epoch(plan, epoch, start) for mb in step if not mb.is_empty]
+def _cells(plan: SamplePlan, epoch: int, start: int = 0) -> list[list[int]]:
+    return [mb.indices for step in SamplePlan.epoch(plan, epoch, start) for mb in step if not mb.is_empty]
 
 
 @pytest.mark.parametrize(("samples", "batch", "world", "accum"),
                          [(37, 4, 2, 2), (10, 3, 4, 1), (50, 5, 3, 3), (7, 2, 8, 1), (64, 4, 4, 4)])
 def test_micro_batches_left_is_the_walks_count_of_micro_batches_with_samples(samples, batch, world, accum):
     for rank, start in itertools.product(range(world), range(0, samples + 1, 3)):
-        plan = ShardPlan(samples, batch, world, rank, accum, seed=1)
+        plan = SamplePlan(samples, batch, world, rank, accum, seed=1)
         assert plan.micro_batches_left(start) == len(_cells(plan, 0, start)), (rank, start)
 
 
@@ -53,7 +53,7 @@ def test_the_loop_and_the_loader_read_one_walk_of_the_plan_and_the_buffer_stays_
     loop, loader = walk.cursor(), walk.cursor()
     loaded = iter(loaded_cells(loader))
 
-    expected = list(ShardPlan.epoch(plan, 3, 10))
+    expected = list(SamplePlan.epoch(plan, 3, 10))
     given, buffered = [], []
     for step in loop:
         given.append(step)
@@ -69,7 +69,7 @@ def test_the_loop_and_the_loader_read_one_walk_of_the_plan_and_the_buffer_stays_
 
 
 def test_a_cursor_opened_during_a_step_starts_at_that_step() -> None:
-    plan = ShardPlan(20, batch_size=2, world_size=1, rank=0)
+    plan = SamplePlan(20, batch_size=2, world_size=1, rank=0)
     walk = EpochSteps(plan, 0, 0)
     loop = walk.cursor()
     first, second = next(loop), next(loop)
@@ -103,7 +103,7 @@ def test_step_batches_continue_the_open_walk_where_the_loop_left_it_else_walk_ag
 
 
 def test_an_empty_micro_batch_gets_no_batch_and_opens_no_stream() -> None:
-    batches = StepBatches(ShardPlan(2, batch_size=2, world_size=2, rank=1), lambda steps: iter(()))
+    batches = StepBatches(SamplePlan(2, batch_size=2, world_size=2, rank=1), lambda steps: iter(()))
     (step,) = batches.epoch(0, 0)  # 2 samples, both in a cell of rank 0: rank 1's is empty
 
     assert list(batches.of_step(step)) == [None]
@@ -146,13 +146,13 @@ class TestTorch:
         assert WALKS == [(1, 5)] and len(got) == len(cells)
         for batch, cell in zip(got, cells, strict=True):
             assert self.torch.equal(batch["y"], self.torch.as_tensor(np.stack([data[i]["y"] for i in cell])))
-        steps = [[mb.indices for mb in step] for step in ShardPlan.epoch(plan, 1, 5)]
+        steps = [[mb.indices for mb in step] for step in SamplePlan.epoch(plan, 1, 5)]
         assert asked[0] == [i for step in steps[:5] for cell in step for i in cell]  # this step and 4 ahead
 
     def test_a_map_style_dataset_gets_the_uniform_view(self) -> None:
         from torch.utils.data import TensorDataset
 
-        from hvdazure.core.sharding import UniformOrder
+        from hvdazure.core.sample_plan import UniformOrder
         from hvdazure.torch.data import MapStyleData, data_view
 
         view = data_view(TensorDataset(self.torch.zeros(6, 1)), "train_dataset()")
@@ -182,7 +182,7 @@ class TestTensorFlow:
         assert len(asked) == len(cells)
 
     def test_arrays_get_the_uniform_view(self) -> None:
-        from hvdazure.core.sharding import UniformOrder
+        from hvdazure.core.sample_plan import UniformOrder
         from hvdazure.tensorflow.data import ArrayData, data_view
 
         view = data_view(np.zeros((6, 2)), "train_dataset()")

@@ -67,7 +67,7 @@ class TestTorch:
     def test_a_map_style_dataset_gets_the_uniform_order_of_its_length(self) -> None:
         from torch.utils.data import TensorDataset
 
-        from hvdazure.core.sharding import UniformOrder
+        from hvdazure.core.sample_plan import UniformOrder
 
         assert self.load(TensorDataset(self.torch.zeros(7, 1))) == UniformOrder(7)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
-from hvdazure.core.sharding import ShardPlan  # noqa: E402
+from hvdazure.core.sample_plan import SamplePlan  # noqa: E402
 from hvdazure.tensorflow import data as tf_data  # noqa: E402
 
 
@@ -17,7 +17,7 @@ def test_batches_are_the_planned_micro_batches_samples_in_order(monkeypatch, pre
     rng = np.random.default_rng(0)
     arrays = tf_data.ArrayData({"x": rng.normal(size=(33, 4)), "index": np.arange(33)}, "train_dataset()")
     # 33 samples, global batch 16: the last step's single sample leaves rank 1 an empty micro-batch
-    plan = ShardPlan(33, batch_size=4, world_size=2, rank=1, grad_accum_steps=2, seed=5)
+    plan = SamplePlan(33, batch_size=4, world_size=2, rank=1, grad_accum_steps=2, seed=5)
     cells = [mb for step in plan.epoch(2) for mb in step]
 
     batches = list(arrays.batches(iter(cells)))

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from hvdazure.core.sharding import ShardPlan  # noqa: E402
+from hvdazure.core.sample_plan import SamplePlan  # noqa: E402
 from hvdazure.torch.data import make_loader, train_loader  # noqa: E402
 
 
@@ -28,7 +28,7 @@ def assert_same_batches(got: list, expected: list) -> None:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_tensor_dataset_gives_the_batches_of_the_default_collate_in_plan_order(num_workers):
-    data, plan = dataset(), ShardPlan(37, batch_size=4, world_size=2, rank=1, grad_accum_steps=2, seed=3)
+    data, plan = dataset(), SamplePlan(37, batch_size=4, world_size=2, rank=1, grad_accum_steps=2, seed=3)
 
     got = list(train_loader(data, plan, epoch=1, start_sample=5, collate_fn=None, num_workers=num_workers,
                             pin_memory=False))

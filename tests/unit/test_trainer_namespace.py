@@ -17,9 +17,9 @@ from hvdazure.core.config import TrainConfig
 from hvdazure.core.trainer import Trainer, loop_of
 from hvdazure.core.training_loop import TrainingLoop
 
-READ_ONLY = ("state", "rank", "world_size", "local_rank", "comm", "collectives", "shard_plan", "schedule",
-             "callbacks", "is_main", "global_batch_size", "steps_per_epoch", "schedule_step", "micro_batch",
-             "finished")
+READ_ONLY = ("state", "rank", "world_size", "local_rank", "comm", "collectives", "sample_plan", "shard_plan",
+             "schedule", "callbacks", "is_main", "global_batch_size", "steps_per_epoch", "schedule_step",
+             "micro_batch", "finished")
 
 
 def _own_private_names(cls: type) -> list[str]:

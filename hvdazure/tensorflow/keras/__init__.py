@@ -1,5 +1,5 @@
 """Keras 3 `model.fit` on several ranks: what horovod.tensorflow.keras did before Keras 3 broke it (Horovod
-issue #4290), on horovod.tensorflow's collectives and hvdazure's core (sharding plan, LR schedule,
+issue #4290), on horovod.tensorflow's collectives and hvdazure's core (sample plan, LR schedule,
 checkpoint manager)::
 
     import hvdazure.tensorflow.keras as hk

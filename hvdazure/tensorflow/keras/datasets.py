@@ -1,4 +1,4 @@
-"""This rank's part of the data for `model.fit` and `model.evaluate`, by the core's plan (core/sharding.py).
+"""This rank's part of the data for `model.fit` and `model.evaluate`, by the core's sample plan.
 
 Training: epoch e is the permutation of (seed, e); optimizer step t takes the next global batch of it and
 this rank its cell, so step t trains on the same samples at any world size, each sample exactly once per
@@ -21,7 +21,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.sharding import ShardPlan, eval_range
+from hvdazure.core.sample_plan import SamplePlan, eval_range
 from hvdazure.core.step_batches import EpochSteps
 from hvdazure.tensorflow.data import ShardedData, data_view
 from hvdazure.tensorflow.keras.training import STEP_SAMPLES
@@ -32,7 +32,7 @@ class FitData(NamedTuple):
 
     dataset: tf.data.Dataset  # endless: epoch after epoch, each one exactly steps_per_epoch batches
     steps_per_epoch: int  # the same on every rank
-    plan: ShardPlan  # this rank's plan, for inspection
+    plan: SamplePlan  # this rank's plan, for inspection
 
 
 def shard_for_fit(data: Any, batch_size: int, seed: int = 0, initial_epoch: int = 0) -> FitData:
@@ -46,7 +46,7 @@ def shard_for_fit(data: Any, batch_size: int, seed: int = 0, initial_epoch: int 
     shards fetched ahead). `batch_size` is per rank.
     The dataset never ends: give fit `steps_per_epoch`, so that each Keras epoch is one epoch of the plan."""
     arrays = data_view(data, "shard_for_fit(data)")
-    plan = ShardPlan(len(arrays), batch_size, hvd.size(), hvd.rank(), grad_accum_steps=1, seed=seed,
+    plan = SamplePlan(len(arrays), batch_size, hvd.size(), hvd.rank(), grad_accum_steps=1, seed=seed,
                      order=arrays.order)
 
     def batches() -> Iterator[dict[str, Any]]:

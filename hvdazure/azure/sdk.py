@@ -1,9 +1,9 @@
-"""What submission.py needs of an Azure ML SDK: the submit-backend protocol, which SDK v2 (submit_v2.py) and
-SDK v1 (submit_v1.py) each implement once, and the values both return. No Azure SDK here.
+"""What submission.py needs of an Azure ML SDK: the SubmitSdk protocol, which SDK v2 (submit_v2.py) and SDK v1
+(submit_v1.py) each implement once, and the values both return. No Azure SDK here.
 
-A backend works offline first (check, write, validate: what a dry run does) and then, connected to a
-workspace, looks up or creates the compute and submits. submission.py chooses the backend once, from
-`--sdk`; each backend dispatches once on the job's kind (resolved_job.py) to the form it sends that kind in.
+A SubmitSdk works offline first (check, write, validate: what a dry run does) and then, connected to a
+workspace, looks up or creates the compute and submits. submission.py chooses the SDK once, from
+`--sdk`; each dispatches once on the job's kind (resolved_job.py) to the form it sends that kind in.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class OfflineCheck:
 
 
 class WorkspaceConnection(Protocol):
-    """A backend connected to one workspace with one credential."""
+    """An SDK connected to one workspace with one credential."""
 
     def check_references(self, job: ResolvedJob) -> None:
         """Look up what the job names in the workspace (data assets, a registered environment): a missing
@@ -64,7 +64,7 @@ class WorkspaceConnection(Protocol):
         ...
 
 
-class SubmitBackend(Protocol):
+class SubmitSdk(Protocol):
     """One Azure ML SDK: the offline steps of a submission, and the connection for the rest."""
 
     sdk: str  # "v2" or "v1", as --sdk names it

@@ -1,4 +1,4 @@
-"""hvdazure.core.sharding: which samples each rank uses at each optimizer step, and the evaluation split."""
+"""hvdazure.core.sample_plan: which samples each rank uses at each step, and the evaluation split."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from hvdazure.core.sharding import (
+from hvdazure.core.sample_plan import (
     MicroBatch,
-    ShardPlan,
+    SamplePlan,
     UniformOrder,
     epoch_permutation,
     eval_range,
@@ -22,12 +22,12 @@ GRID = list(itertools.product((1, 2, 7, 16, 33, 100), (1, 3, 4), (1, 2, 3, 4), (
 
 
 def _plans(num_samples: int, batch_size: int, world_size: int, grad_accum_steps: int,
-           seed: int = 0) -> list[ShardPlan]:
-    return [ShardPlan(num_samples, batch_size, world_size, rank, grad_accum_steps, seed)
+           seed: int = 0) -> list[SamplePlan]:
+    return [SamplePlan(num_samples, batch_size, world_size, rank, grad_accum_steps, seed)
             for rank in range(world_size)]
 
 
-def _steps(plans: list[ShardPlan], epoch: int = 0) -> list[list[MicroBatch]]:
+def _steps(plans: list[SamplePlan], epoch: int = 0) -> list[list[MicroBatch]]:
     """Every cell of every step, step by step, each step in (micro-batch, rank) order."""
     per_rank = [list(plan.epoch(epoch)) for plan in plans]
     return [[rank_steps[t][k] for k in range(plans[0].grad_accum_steps) for rank_steps in per_rank]
@@ -52,7 +52,7 @@ def test_every_rank_runs_the_same_steps_with_one_micro_batch_per_accumulation_st
 
 def test_steps_per_epoch_counts_a_partial_last_step() -> None:
     for num_samples, batch_size, world_size, grad_accum_steps in GRID:
-        plan = ShardPlan(num_samples, batch_size, world_size, 0, grad_accum_steps)
+        plan = SamplePlan(num_samples, batch_size, world_size, 0, grad_accum_steps)
         global_batch = batch_size * world_size * grad_accum_steps
         assert plan.global_batch_size == global_batch
         assert plan.steps_per_epoch == (num_samples + global_batch - 1) // global_batch
@@ -152,7 +152,7 @@ def test_a_rank_can_get_an_empty_cell_with_loss_weight_zero() -> None:
 def test_smallest_micro_batch_is_that_of_the_short_last_step(num_samples: int, batch_size: int,
                                                              world_size: int, start: int,
                                                              smallest: int) -> None:
-    plan = ShardPlan(num_samples, batch_size, world_size, 0)
+    plan = SamplePlan(num_samples, batch_size, world_size, 0)
     assert plan.smallest_micro_batch(start) == smallest
     sizes = [len(cell.indices) for step in _steps(_plans(num_samples, batch_size, world_size, 1))
              for cell in step if not cell.is_empty]
@@ -173,16 +173,16 @@ def test_smallest_micro_batch_across_ranks_is_the_fewest_samples_of_one_micro_ba
 
 
 def test_one_sample_per_rank_is_no_one_sample_micro_batch_across_ranks() -> None:
-    assert ShardPlan(10, 1, 2, 0).smallest_micro_batch(across_ranks=True) == 2
-    assert ShardPlan(11, 1, 2, 0).smallest_micro_batch(across_ranks=True) == 1  # the last step: 1 sample
-    assert ShardPlan(11, 1, 2, 0).nearest_batch_sizes(2, across_ranks=True) == [2, 3]
+    assert SamplePlan(10, 1, 2, 0).smallest_micro_batch(across_ranks=True) == 2
+    assert SamplePlan(11, 1, 2, 0).smallest_micro_batch(across_ranks=True) == 1  # the last step: 1 sample
+    assert SamplePlan(11, 1, 2, 0).nearest_batch_sizes(2, across_ranks=True) == [2, 3]
 
 
 def test_nearest_batch_sizes_avoid_a_micro_batch_of_one() -> None:
-    plan = ShardPlan(33, 4, 2, 0)
+    plan = SamplePlan(33, 4, 2, 0)
     assert plan.nearest_batch_sizes(min_micro_batch=2) == [3, 5]
     for batch_size in plan.nearest_batch_sizes(min_micro_batch=2):
-        assert ShardPlan(33, batch_size, 2, 0).smallest_micro_batch() >= 2
+        assert SamplePlan(33, batch_size, 2, 0).smallest_micro_batch() >= 2
 
 
 def test_the_same_seed_and_epoch_give_the_same_order() -> None:
@@ -210,7 +210,7 @@ def test_the_plan_follows_its_seed() -> None:
 
 @pytest.mark.parametrize("start_step", [0, 1, 3, 6])
 def test_resuming_at_a_step_boundary_yields_the_rest_of_the_same_epoch(start_step: int) -> None:
-    plan = ShardPlan(num_samples=45, batch_size=2, world_size=2, rank=1, grad_accum_steps=2, seed=4)
+    plan = SamplePlan(num_samples=45, batch_size=2, world_size=2, rank=1, grad_accum_steps=2, seed=4)
     assert plan.steps_per_epoch == 6
     start_sample = min(start_step * plan.global_batch_size, plan.num_samples)  # the end of the epoch is n
     assert list(plan.epoch(2, start_sample=start_sample)) == list(plan.epoch(2))[start_step:]
@@ -221,14 +221,14 @@ def test_resuming_at_a_step_boundary_yields_the_rest_of_the_same_epoch(start_ste
 def test_resuming_with_another_world_size_uses_each_remaining_sample_exactly_once(before: int,
                                                                                   after: int) -> None:
     n, batch = 45, 2
-    first = [ShardPlan(n, batch, before, r, seed=3) for r in range(before)]
+    first = [SamplePlan(n, batch, before, r, seed=3) for r in range(before)]
     consumed_steps = 3
     used = {i for plan in first for step in list(plan.epoch(5))[:consumed_steps] for mb in step
             for i in mb.indices}
     position = consumed_steps * first[0].global_batch_size
     assert used == set(epoch_permutation(n, 3, 5)[:position].tolist())
 
-    second = [ShardPlan(n, batch, after, r, seed=3) for r in range(after)]
+    second = [SamplePlan(n, batch, after, r, seed=3) for r in range(after)]
     rest = [i for plan in second for step in plan.epoch(5, start_sample=position) for mb in step
             for i in mb.indices]
     assert sorted(rest) == sorted(set(range(n)) - used)
@@ -237,7 +237,7 @@ def test_resuming_with_another_world_size_uses_each_remaining_sample_exactly_onc
 
 
 def test_one_step_is_the_same_as_that_step_of_the_epoch() -> None:
-    plan = ShardPlan(num_samples=45, batch_size=2, world_size=2, rank=1, grad_accum_steps=2, seed=4)
+    plan = SamplePlan(num_samples=45, batch_size=2, world_size=2, rank=1, grad_accum_steps=2, seed=4)
     full = list(plan.epoch(1))
     assert [plan.step(1, t) for t in range(plan.steps_per_epoch)] == full
 
@@ -258,22 +258,22 @@ def test_eval_range_sizes_differ_by_at_most_one() -> None:
 @pytest.mark.parametrize("num_samples", [0, -1])
 def test_an_empty_training_dataset_is_rejected(num_samples: int) -> None:
     with pytest.raises(ValueError, match="empty"):
-        ShardPlan(num_samples=num_samples, batch_size=4, world_size=1, rank=0)
+        SamplePlan(num_samples=num_samples, batch_size=4, world_size=1, rank=0)
 
 
 @pytest.mark.parametrize(("rank", "world_size"), [(-1, 2), (2, 2), (5, 2)])
 def test_a_rank_outside_the_world_is_rejected(rank: int, world_size: int) -> None:
     with pytest.raises(ValueError, match=f"rank {rank}"):
-        ShardPlan(num_samples=10, batch_size=4, world_size=world_size, rank=rank)
+        SamplePlan(num_samples=10, batch_size=4, world_size=world_size, rank=rank)
 
 
 def test_an_empty_world_is_rejected() -> None:
     with pytest.raises(ValueError, match="world_size must be at least 1, got 0"):
-        ShardPlan(num_samples=10, batch_size=4, world_size=0, rank=0)
+        SamplePlan(num_samples=10, batch_size=4, world_size=0, rank=0)
 
 
 def test_a_step_past_the_end_of_the_epoch_is_rejected() -> None:
-    plan = ShardPlan(num_samples=10, batch_size=4, world_size=1, rank=0)
+    plan = SamplePlan(num_samples=10, batch_size=4, world_size=1, rank=0)
     with pytest.raises(ValueError, match=r"step 3 is not in 0\.\.2"):
         plan.step(epoch=0, step=3)
 
@@ -281,7 +281,7 @@ def test_a_step_past_the_end_of_the_epoch_is_rejected() -> None:
 @pytest.mark.parametrize(("batch_size", "grad_accum_steps"), [(0, 1), (-2, 1), (4, 0)])
 def test_a_batch_without_samples_is_rejected(batch_size: int, grad_accum_steps: int) -> None:
     with pytest.raises(ValueError):
-        ShardPlan(num_samples=10, batch_size=batch_size, world_size=1, rank=0,
+        SamplePlan(num_samples=10, batch_size=batch_size, world_size=1, rank=0,
                   grad_accum_steps=grad_accum_steps)
 
 
@@ -293,14 +293,14 @@ def test_eval_range_rejects_a_rank_outside_the_world(rank: int) -> None:
 
 def test_the_default_order_is_the_uniform_permutation_bit_for_bit() -> None:
     for case in GRID:
-        explicit = [ShardPlan(*case[:2], case[2], rank, case[3], 5, order=UniformOrder(case[0]))
+        explicit = [SamplePlan(*case[:2], case[2], rank, case[3], 5, order=UniformOrder(case[0]))
                     for rank in range(case[2])]
         assert _steps(explicit, epoch=2) == _steps(_plans(*case, seed=5), epoch=2), case
         assert UniformOrder(case[0]).epoch_order(5, 2).tolist() == epoch_permutation(case[0], 5, 2).tolist()
 
 
 class _SortedOrder:
-    """An order that groups a step by sorting it: shows where ShardPlan puts a grouped step's samples."""
+    """An order that groups a step by sorting it: shows where SamplePlan puts a grouped step's samples."""
 
     def __init__(self, num_samples: int) -> None:
         self.num_samples = num_samples
@@ -322,7 +322,7 @@ def test_a_grouped_step_gives_each_rank_one_stretch_dealt_in_turn_to_its_micro_b
     # global batch 12 = 2 per micro-batch x 3 ranks x 2 micro-batches: rank r takes the r-th 4 of the
     # sorted step, and its micro-batches take every other one of them
     order = _SortedOrder(12)
-    plans = [ShardPlan(12, 2, 3, rank, 2, order=order) for rank in range(3)]
+    plans = [SamplePlan(12, 2, 3, rank, 2, order=order) for rank in range(3)]
     step = sorted(epoch_permutation(12, 0, 0).tolist())
     assert [[mb.indices for mb in plan.step(0, 0)] for plan in plans] == [
         [[step[0], step[2]], [step[1], step[3]]], [[step[4], step[6]], [step[5], step[7]]],
@@ -331,7 +331,7 @@ def test_a_grouped_step_gives_each_rank_one_stretch_dealt_in_turn_to_its_micro_b
 
 def test_a_grouped_step_keeps_the_uniform_plans_cell_sizes_and_loss_weights() -> None:
     for case in GRID:
-        grouped = [ShardPlan(*case[:2], case[2], rank, case[3], order=_SortedOrder(case[0]))
+        grouped = [SamplePlan(*case[:2], case[2], rank, case[3], order=_SortedOrder(case[0]))
                    for rank in range(case[2])]
         sizes = [[(len(cell.indices), cell.step_samples) for cell in step] for step in _steps(grouped)]
         assert sizes == [[(len(cell.indices), cell.step_samples) for cell in step]
@@ -342,11 +342,11 @@ def test_a_grouped_step_keeps_the_uniform_plans_cell_sizes_and_loss_weights() ->
 
 def test_a_plan_whose_order_covers_another_dataset_size_is_rejected() -> None:
     with pytest.raises(ValueError, match="covers 11 samples but the dataset has num_samples=10"):
-        ShardPlan(num_samples=10, batch_size=4, world_size=1, rank=0, order=UniformOrder(11))
+        SamplePlan(num_samples=10, batch_size=4, world_size=1, rank=0, order=UniformOrder(11))
 
 
 def test_the_order_fingerprint_names_the_order_and_seed_not_the_world_or_batch() -> None:
-    prints = {ShardPlan(40, b, w, 0, a, seed=3).order_fingerprint() for b, w, a in [(4, 1, 1), (2, 8, 3)]}
+    prints = {SamplePlan(40, b, w, 0, a, seed=3).order_fingerprint() for b, w, a in [(4, 1, 1), (2, 8, 3)]}
     assert prints == {UniformOrder(40).fingerprint(seed=3)}
     assert UniformOrder(40).fingerprint(seed=3) != UniformOrder(40).fingerprint(seed=4)
     assert UniformOrder(40).fingerprint(seed=3) != UniformOrder(41).fingerprint(seed=3)

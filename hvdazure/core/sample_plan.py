@@ -116,7 +116,7 @@ class MicroBatch:
 
 
 @dataclass(frozen=True)
-class ShardPlan:
+class SamplePlan:
     """The sample plan of one rank for training epochs."""
 
     num_samples: int
