@@ -1,22 +1,23 @@
 """`hvdazure doctor`: what this machine can run, what is missing, and how to fix it.
 
-Versions are read from package metadata (no framework import); Horovod's build is read from
-`horovodrun --check-build`, the same report Horovod's own docs point to; mpi4py's MPI library from its
-extension module, without importing it (launch/mpi_libraries.py).
+Versions are read from package metadata (no framework import); Horovod's build from its framework
+extensions, each asked in one process of its own (`horovod_build`); mpi4py's MPI library from its extension
+module, without importing it (launch/mpi_libraries.py).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
+from typing import Any
 
 from hvdazure._version import __version__
-from hvdazure.launch.command import find_executable
 from hvdazure.launch.controller import mpi_unusable, mpi_version
 from hvdazure.launch.mpi_libraries import MpiLibraries, mpi_libraries
 
@@ -63,36 +64,66 @@ def package_version(name: str) -> str | None:
     return None
 
 
-def parse_check_build(text: str) -> HorovodBuild:
-    """Parse the `[X] Name` lines of `horovodrun --check-build` into its three sections."""
+# Horovod's build, as `horovodrun --check-build` reports it, asked of each framework's extension directly:
+# check-build forks a process per question, each importing the first framework it finds again (a dozen
+# TensorFlow imports, ~30 s on 2 cores); one process per framework answers every question (~5 s).
+FRAMEWORKS = (("TensorFlow", "tensorflow", "tensorflow"), ("PyTorch", "torch", "torch"),
+              ("MXNet", "mxnet", "mxnet"))  # check-build's order: (name, horovod's extension, distribution)
+OPERATIONS = (("NCCL", "nccl"), ("DDL", "ddl"), ("CCL", "ccl"), ("MPI", "mpi"), ("Gloo", "gloo"))
+_PROBE = """
+import json, sys
+try:
+    ext = __import__("horovod." + sys.argv[1], fromlist=["mpi_built"])
+    answer = {name: bool(getattr(ext, name + "_built")()) for name in sys.argv[2:]}
+except Exception as error:
+    answer = {"error": f"{type(error).__name__}: {error}".splitlines()[0]}
+print(json.dumps(answer))
+"""
+_PROBE_TIMEOUT_S = 120
+
+
+def build_from_answers(answers: dict[str, dict[str, Any]]) -> HorovodBuild:
+    """Horovod's build from each framework's answers (framework name -> {"mpi": True, ...} or {"error":
+    ...}): the frameworks whose extension loads; controllers and operations as the first of them (in
+    check-build's order) says, as check-build reads them."""
     build = HorovodBuild()
-    section: list[str] | None = None
-    for line in text.splitlines():
-        heading = line.strip().lower()
-        if heading.startswith("available frameworks"):
-            section = build.frameworks
-        elif heading.startswith("available controllers"):
-            section = build.controllers
-        elif heading.startswith("available tensor operations"):
-            section = build.tensor_operations
-        elif section is not None and (match := re.match(r"\s*\[X\]\s+(\S+)", line)):
-            section.append(match.group(1))
+    for name, _, _ in FRAMEWORKS:
+        if name in answers and "error" not in answers[name]:
+            build.frameworks.append(name)
+    if build.frameworks:
+        first = answers[build.frameworks[0]]
+        build.controllers = [name for name, key in (("MPI", "mpi"), ("Gloo", "gloo")) if first[key]]
+        build.tensor_operations = [name for name, key in OPERATIONS if first[key]]
     return build
 
 
-def horovod_build() -> tuple[HorovodBuild | None, str | None]:
-    """Horovod's compiled features, or None and the reason it could not be read."""
-    exe = find_executable("horovodrun")
-    if exe is None:
-        return None, f"horovod is not installed; {SETUP_HINT}"
-    try:
-        proc = subprocess.run([exe, "--check-build"], capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        return None, "`horovodrun --check-build` did not answer within 120 s"
-    if proc.returncode != 0:
-        last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return None, f"`horovodrun --check-build` failed: {last[0]}"
-    return parse_check_build(proc.stdout), None
+def horovod_build(packages: dict[str, str | None]) -> tuple[HorovodBuild | None, str | None]:
+    """Horovod's compiled features, or None and the reason they could not be read. `packages`: installed
+    versions by distribution; only the frameworks installed are asked, all at once."""
+    keys = [key for _, key in OPERATIONS]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}  # TensorFlow's start-up notices are not the report
+    probes = {name: subprocess.Popen([sys.executable, "-c", _PROBE, extension, *keys], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=env)
+              for name, extension, dist in FRAMEWORKS if packages.get(dist)}
+    answers: dict[str, dict[str, Any]] = {}
+    for name, proc in probes.items():
+        try:
+            out, _ = proc.communicate(timeout=_PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            answers[name] = {"error": f"no answer within {_PROBE_TIMEOUT_S} s"}
+            continue
+        try:
+            answers[name] = json.loads(out.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            answers[name] = {"error": f"the process ended with exit code {proc.returncode} and no answer"}
+    build = build_from_answers(answers)
+    if not build.frameworks:
+        why = "; ".join(f"horovod.{ext}: {answers[name]['error']}" for name, ext, _ in FRAMEWORKS
+                        if name in answers) or "neither torch nor tensorflow is installed"
+        return None, f"no Horovod framework extension loads ({why}): {SETUP_HINT}"
+    return build, None
 
 
 def visible_gpus() -> list[str]:
@@ -110,7 +141,7 @@ def visible_gpus() -> list[str]:
 def collect() -> Report:
     """Everything `hvdazure doctor` prints."""
     packages = {name: package_version(name) for name in ("torch", "tensorflow", "horovod", "azure-ai-ml")}
-    build, build_problem = horovod_build() if packages["horovod"] else (None, None)
+    build, build_problem = horovod_build(packages) if packages["horovod"] else (None, None)
     mpi = mpi_version()
     gpus = visible_gpus()
     libraries = mpi_libraries()

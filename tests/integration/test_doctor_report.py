@@ -17,8 +17,8 @@ PINS = read_versions_env()
 
 @pytest.fixture(scope="module")
 def doctor_runs() -> dict[str, subprocess.CompletedProcess]:
-    """`hvdazure doctor --json` and `hvdazure doctor`, run at the same time: each spends ~25 s in
-    `horovodrun --check-build`, mostly one core's work."""
+    """`hvdazure doctor --json` and `hvdazure doctor`, run at the same time (each asks Horovod's two
+    framework extensions in a process of its own, a few seconds)."""
     started = {name: subprocess.Popen([sys.executable, "-m", "hvdazure.cli", "doctor", *args],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for name, args in {"json": ["--json"], "human": []}.items()}

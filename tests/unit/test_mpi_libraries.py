@@ -123,7 +123,7 @@ def test_the_suggested_version_is_requirements_pin():
 
 
 def test_doctor_reports_mpi4py_and_its_libmpi(monkeypatch):
-    monkeypatch.setattr(doctor, "horovod_build", lambda: (HOROVOD_WITH_MPI, None))
+    monkeypatch.setattr(doctor, "horovod_build", lambda packages: (HOROVOD_WITH_MPI, None))
 
     report = doctor.collect()
 
@@ -136,7 +136,7 @@ def test_doctor_reports_mpi4py_and_its_libmpi(monkeypatch):
 def test_doctor_makes_a_libmpi_mismatch_a_problem(monkeypatch):
     mismatch = MpiLibraries("4.1.2", "/opt/x/libmpi.so.12", "/usr/lib/libmpi.so.40", False,
                             libmpi_problem("/opt/x/libmpi.so.12", "/usr/lib/libmpi.so.40"))
-    monkeypatch.setattr(doctor, "horovod_build", lambda: (HOROVOD_WITH_MPI, None))
+    monkeypatch.setattr(doctor, "horovod_build", lambda packages: (HOROVOD_WITH_MPI, None))
     monkeypatch.setattr(doctor, "mpi_libraries", lambda: mismatch)
 
     report = doctor.collect()
