@@ -5,6 +5,8 @@ gradient accumulation (whose short last step leaves a micro-batch without sample
 
 One job per framework and world size runs every case (workers/batchnorm_job.py), shared by the tests."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from harness import run_job
@@ -18,16 +20,19 @@ CASES = ["last step split 3 + 2", "last step 3 + none", "one sample per rank", "
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """(framework, world size) -> rank -> report: each job runs once for the whole module."""
-    reports = {}
-    for framework in ("torch", "tf"):
-        for np_ in (1, 2):
-            out = tmp_path_factory.mktemp(f"{framework}-{np_}")
-            job = run_job("batchnorm_job.py", "--set", f"extra.framework={framework}",
-                          "--set", f"extra.trainings={TRAININGS}", out_dir=out, np=np_, timeout=300)
-            assert job.returncode == 0, job.output
-            reports[framework, np_] = job.reports
-    return reports
+    """(framework, world size) -> rank -> report: each job runs once for the whole module, the four side by
+    side (a 1-rank job alone leaves a core idle; what they train does not depend on timing)."""
+    def run(framework: str, np_: int) -> dict:
+        out = tmp_path_factory.mktemp(f"{framework}-{np_}")
+        job = run_job("batchnorm_job.py", "--set", f"extra.framework={framework}",
+                      "--set", f"extra.trainings={TRAININGS}", out_dir=out, np=np_, timeout=300)
+        assert job.returncode == 0, job.output
+        return job.reports
+
+    keys = [(framework, np_) for framework in ("torch", "tf") for np_ in (1, 2)]
+    with ThreadPoolExecutor(len(keys)) as pool:
+        futures = {key: pool.submit(run, *key) for key in keys}
+        return {key: future.result() for key, future in futures.items()}
 
 
 def _assert_same_weights(ours, theirs, what):
