@@ -16,15 +16,19 @@ demo: setup
 demo-tf: setup
 	$(VENV)/bin/hvdazure run -np 2 samples/tf_digits.py
 
-# tests/docs/ reads the site docs-check built (HVDAZURE_DOCS_SITE) instead of building it again
+# The whole suite, what CI runs, in two parts: first test-fast's tests on every core (in-process work: no
+# job, no Azurite, no training), then every other test serially (a 2-rank job uses both cores; the signal,
+# timeout and partition tests measure bounded times). tests/docs/ reads the site docs-check built
+# (HVDAZURE_DOCS_SITE) instead of building it again.
+FAST = -m "(unit or docs) and not slow"
 test: setup lint docs-check
-	HVDAZURE_DOCS_SITE=$(SITE) $(VENV)/bin/pytest tests --durations=30
+	HVDAZURE_DOCS_SITE=$(SITE) $(VENV)/bin/pytest tests/unit tests/docs $(FAST) -q -n auto --dist loadfile
+	HVDAZURE_DOCS_SITE=$(SITE) $(VENV)/bin/pytest tests -m "not ((unit or docs) and not slow)" --durations=30
 
 # The edit-test loop (about 75 s on 2 cores): the unit tier and the docs' checks that run no training, no
-# real ranks, no Azurite, on every core (pytest-xdist, a file per worker). `make test` stays the whole suite,
-# serial (a 2-rank job uses both cores; the signal and timeout tests need them), and what CI runs.
+# real ranks, no Azurite, on every core (pytest-xdist, a file per worker).
 test-fast: setup
-	$(VENV)/bin/pytest tests/unit tests/docs -m "(unit or docs) and not slow" -q -n auto --dist loadfile
+	$(VENV)/bin/pytest tests/unit tests/docs $(FAST) -q -n auto --dist loadfile
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit
