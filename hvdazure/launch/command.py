@@ -54,7 +54,7 @@ class LaunchSpec:
     controller: str | None = None  # "gloo", "mpi", or None: the default, chosen as the job starts
     extra_env: Mapping[str, str] = field(default_factory=dict)
     network_interface: str | None = None  # for traffic between nodes: a name or a CIDR (launch/network.py)
-    timeline: str | None = None  # an absolute path: Horovod's timeline, written by rank 0 (launch/timeline.py)
+    timeline: str | None = None  # absolute: where rank 0 writes Horovod's timeline (launch/timeline.py)
 
     def __post_init__(self) -> None:
         if self.num_proc < 1:

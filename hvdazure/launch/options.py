@@ -74,12 +74,12 @@ def add_parser(sub: argparse._SubParsersAction[P]) -> P:
                                   "built with its MPI: `hvdazure doctor` says which)")
     add_job_arguments(run)
     run.add_argument("--timeline", metavar="FILE",
-                     help="record Horovod's timeline of the job's collectives (when each tensor was negotiated "
-                          "and allreduced, as rank 0 saw it) into FILE, a Chrome trace to open in "
-                          "chrome://tracing or https://ui.perfetto.dev. Sets HOROVOD_TIMELINE for every rank, "
-                          "over one already in the environment (set HOROVOD_TIMELINE_MARK_CYCLES=1 there to "
-                          "mark Horovod's cycles too). A relative FILE is from the current directory; its "
-                          "folder is created")
+                     help="record Horovod's timeline of the job's collectives (when each tensor was "
+                          "negotiated and allreduced, as rank 0 saw it) into FILE, a Chrome trace to open in "
+                          "chrome://tracing or https://ui.perfetto.dev. Sets HOROVOD_TIMELINE for every "
+                          "rank, over one already in the environment (set HOROVOD_TIMELINE_MARK_CYCLES=1 "
+                          "there to mark Horovod's cycles too). A relative FILE is from the current "
+                          "directory; its folder is created")
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or -- COMMAND [args]")
     run.set_defaults(controller=None)
     return run
@@ -89,7 +89,6 @@ def launch_spec(args: argparse.Namespace) -> LaunchSpec:
     """`hvdazure run`'s options as a LaunchSpec (a leading `--` before COMMAND dropped, --timeline made
     absolute); ValueError on a layout that cannot run."""
     from hvdazure.launch.command import LaunchSpec
-
     from hvdazure.launch.timeline import absolute_timeline
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -20,7 +20,8 @@ traceback: `verbose` keeps them); and one summary line. It names the rank that f
 on several) and the ranks that failed with the same error, or a node none of whose ranks said how they
 ended (each rank's wrapper says where it started and how it ended, in lines read here and not shown): that
 node, or the network to it, went down. Every line is also written to a log file, kept and named when some
-traceback was not shown in full.
+traceback was not shown in full. With --timeline, a successful job's last line says where Horovod's
+timeline is (launch/timeline.py).
 """
 
 from __future__ import annotations

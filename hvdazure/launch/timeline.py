@@ -64,8 +64,8 @@ class TimelineStamp:
         """The job's last line: where the timeline is and how to open it, or that none was written here."""
         if self.written():
             return f"hvdazure run: Horovod timeline written to {self.path}; open it in {VIEWERS}\n"
-        return (f"hvdazure run: no Horovod timeline was written to {self.path} on this machine (rank 0 writes "
-                f"it, on its own node, once it has called hvd.init())\n")
+        return (f"hvdazure run: no Horovod timeline was written to {self.path} on this machine (rank 0 "
+                f"writes it, on its own node, once it has called hvd.init())\n")
 
 
 def _stat(path: str) -> tuple[int, int] | None:
