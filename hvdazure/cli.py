@@ -22,10 +22,13 @@ def _run(args: argparse.Namespace) -> int:
     from hvdazure.launch.network import NetworkInterfaceError
     from hvdazure.launch.options import launch_spec
     from hvdazure.launch.supervisor import run_job
+    from hvdazure.launch.timeline import prepare_timeline
 
     try:
         spec = launch_spec(args)
         check_script_exists(spec)
+        if spec.timeline is not None:
+            prepare_timeline(spec.timeline)
     except ValueError as exc:
         return _fail(str(exc))
     try:

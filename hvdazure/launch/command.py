@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hvdazure.launch.network import CrossNodeInterface
+from hvdazure.launch.timeline import TIMELINE_ENV
 
 CONTROLLERS = ("gloo", "mpi")
 RANK_WRAPPER_MODULE = "hvdazure.launch.rank_wrapper"
@@ -53,6 +54,7 @@ class LaunchSpec:
     controller: str | None = None  # "gloo", "mpi", or None: the default, chosen as the job starts
     extra_env: Mapping[str, str] = field(default_factory=dict)
     network_interface: str | None = None  # for traffic between nodes: a name or a CIDR (launch/network.py)
+    timeline: str | None = None  # absolute: where rank 0 writes Horovod's timeline (launch/timeline.py)
 
     def __post_init__(self) -> None:
         if self.num_proc < 1:
@@ -190,6 +192,8 @@ def build_command(spec: LaunchSpec, env: Mapping[str, str] | None = None,
     between nodes (see launch/network.py for how `hvdazure run` chooses it)."""
     env = dict(os.environ if env is None else env)
     env.update(spec.extra_env)
+    if spec.timeline is not None:
+        env[TIMELINE_ENV] = spec.timeline  # over the environment's; mpirun forwards HOROVOD_* (-x)
     env.setdefault("PYTHONUNBUFFERED", "1")  # ranks' output reaches the terminal line by line
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines, times N ranks, drown the output
     is_root = hasattr(os, "geteuid") and os.geteuid() == 0

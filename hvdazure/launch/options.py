@@ -73,16 +73,25 @@ def add_parser(sub: argparse._SubParsersAction[P]) -> P:
     add_controller_arguments(run, "MPI controller via mpirun (default where mpirun is on PATH and Horovod is "
                                   "built with its MPI: `hvdazure doctor` says which)")
     add_job_arguments(run)
+    run.add_argument("--timeline", metavar="FILE",
+                     help="record Horovod's timeline of the job's collectives (when each tensor was "
+                          "negotiated and allreduced, as rank 0 saw it) into FILE, a Chrome trace to open in "
+                          "chrome://tracing or https://ui.perfetto.dev. Sets HOROVOD_TIMELINE for every "
+                          "rank, over one already in the environment (set HOROVOD_TIMELINE_MARK_CYCLES=1 "
+                          "there to mark Horovod's cycles too). A relative FILE is from the current "
+                          "directory; its folder is created")
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or -- COMMAND [args]")
     run.set_defaults(controller=None)
     return run
 
 
 def launch_spec(args: argparse.Namespace) -> LaunchSpec:
-    """`hvdazure run`'s options as a LaunchSpec (a leading `--` before COMMAND dropped); ValueError on a
-    layout that cannot run."""
+    """`hvdazure run`'s options as a LaunchSpec (a leading `--` before COMMAND dropped, --timeline made
+    absolute); ValueError on a layout that cannot run."""
     from hvdazure.launch.command import LaunchSpec
+    from hvdazure.launch.timeline import absolute_timeline
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    timeline = absolute_timeline(args.timeline) if args.timeline is not None else None
     return LaunchSpec(num_proc=args.np, command=command, hosts=args.hosts, hostfile=args.hostfile,
-                      controller=args.controller, network_interface=args.network_interface)
+                      controller=args.controller, network_interface=args.network_interface, timeline=timeline)

@@ -20,7 +20,8 @@ traceback: `verbose` keeps them); and one summary line. It names the rank that f
 on several) and the ranks that failed with the same error, or a node none of whose ranks said how they
 ended (each rank's wrapper says where it started and how it ended, in lines read here and not shown): that
 node, or the network to it, went down. Every line is also written to a log file, kept and named when some
-traceback was not shown in full.
+traceback was not shown in full. With --timeline, a successful job's last line says where Horovod's
+timeline is (launch/timeline.py).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from hvdazure.launch.exit_status import (
 from hvdazure.launch.lifetime import die_with_this_process, is_child_subreaper, set_child_subreaper
 from hvdazure.launch.network import CrossNodeInterface, choose_interface, host_names, this_machine
 from hvdazure.launch.rank_wrapper import GRACE_ENV
+from hvdazure.launch.timeline import TimelineStamp
 from hvdazure.launch.tracebacks import Tracebacks
 
 TIMEOUT_EXIT_CODE = 124  # as coreutils' timeout(1)
@@ -304,6 +306,7 @@ def run_job(
         err.write(_interface_line(spec, interface))
     argv, job_env = build_command(spec, env, interface)
     job_env[GRACE_ENV] = f"{grace_s:g}"  # ranks whose launcher dies stop within the same grace
+    timeline = TimelineStamp.of(spec.timeline) if spec.timeline is not None else None
     start = time.monotonic()
     job = _Job(verbose)
     pump = threading.Thread(target=job.pump_output, args=(out, err), daemon=True)
@@ -328,7 +331,10 @@ def run_job(
     if log is not None:
         err.write(f"hvdazure run: {_tracebacks(job.tracebacks.not_in_full)} not shown in full; every rank's "
                   f"output is in {log} (--verbose shows it all here)\n")
-    return _report(job, timed_out, timeout_s, time.monotonic() - start, err)
+    result = _report(job, timed_out, timeout_s, time.monotonic() - start, err)
+    if timeline is not None and result.exit_code == 0:
+        err.write(timeline.report_line())
+    return result
 
 
 def _tracebacks(count: int) -> str:
