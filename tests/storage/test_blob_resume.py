@@ -124,13 +124,14 @@ def test_a_rank_killed_mid_epoch_resumes_bit_identical_and_damaged_newest_checkp
 
 
 # --- another world size ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("controller", CONTROLLERS)
-def test_a_run_resized_2_1_2_ranks_trains_every_sample_of_every_epoch_once(blob_url: str, tmp_path: Path,
-                                                                          controller: str) -> None:
+def test_a_run_resized_2_1_2_ranks_trains_every_sample_of_every_epoch_once(blob_url: str,
+                                                                          tmp_path: Path) -> None:
+    # each controller saves and resumes once (Gloo on 2 ranks, MPI on 1), and the run changes controller
+    # twice, as a job moved between a laptop and a cluster may: one chain instead of one per controller
     settings = (*BASE, f"checkpoint_dir={blob_url}/run1")
-    runs = [train(tmp_path, "2 ranks", *settings, "max_steps=4", np=2, controller=controller),
-            train(tmp_path, "1 rank", *settings, "resume=auto", "max_steps=9", np=1, controller=controller),
-            train(tmp_path, "2 again", *settings, "resume=auto", np=2, controller=controller)]
+    runs = [train(tmp_path, "2 ranks", *settings, "max_steps=4", np=2, controller="gloo"),
+            train(tmp_path, "1 rank", *settings, "resume=auto", "max_steps=9", np=1, controller="mpi"),
+            train(tmp_path, "2 again", *settings, "resume=auto", np=2, controller="gloo")]
 
     for epoch in ("0", "1", "2"):
         used = [i for job in runs for report in job.reports.values() for i in report["seen"].get(epoch, [])]
