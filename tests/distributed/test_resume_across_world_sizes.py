@@ -4,7 +4,7 @@ epochs (every sample of every epoch exactly once) or after `max_steps` optimizer
 import json
 
 import pytest
-from harness import run_job
+from harness import run_job, run_trainings
 
 JOB = "torch_job.py"
 BASE = ("epochs=3", "batch_size=4", "extra.n_train=37", "lr=0.05", "checkpoint_every_steps=3",
@@ -20,7 +20,8 @@ def _train(tmp_path, name, *settings, np):
 
 
 def _seen(runs, epoch):
-    return sorted(i for run in runs for report in run.reports.values()
+    """The samples of `epoch` that `runs` (each rank -> report) trained on, all ranks together."""
+    return sorted(i for reports in runs for report in reports.values()
                   for i in report["seen"].get(str(epoch), []))
 
 
@@ -31,16 +32,18 @@ def test_a_run_resumed_on_another_number_of_ranks_trains_every_epoch_to_the_end(
     # computed for the new world size)
     run = torch_runs.get(*BASE, "max_steps=8", np=before)  # 1 -> 2 and 1 -> 3 start from the same run
     first, ckpt = run.job, run.copy_checkpoints(tmp_path / "ckpt")
-    second = _train(tmp_path, "second", *BASE, f"checkpoint_dir={ckpt}", "resume=auto", np=after)
+    # the resume, then the same resume of the finished run, one after the other in one job
+    resume = (*BASE, f"checkpoint_dir={ckpt}", "resume=auto")
+    trainings = run_trainings({"second": resume, "again": resume}, tmp_path / "jobs", np=after, timeout=180)
+    second, again = trainings["second"], trainings["again"]
 
     for epoch in range(3):
-        assert _seen([first, second], epoch) == list(range(37)), (epoch, second.output)
-    history = second.reports[0]["history"]
+        assert _seen([first.reports, second], epoch) == list(range(37)), (epoch, trainings.job.output)
+    history = second[0]["history"]
     assert [record["epoch"] for record in history] == [0, 1, 2]
     assert history[-1]["samples_seen"] == 3 * 37
 
-    again = _train(tmp_path, "again", *BASE, f"checkpoint_dir={ckpt}", "resume=auto", np=after)
-    assert again.reports[0]["history"] == history  # finished: nothing left to train
+    assert again[0]["history"] == history  # finished: nothing left to train
     assert _seen([again], 0) == _seen([again], 2) == []
 
 
