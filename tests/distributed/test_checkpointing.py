@@ -9,7 +9,16 @@ import time
 from functools import partial
 
 import pytest
-from harness import WORKERS, finish, processes_running, read_reports, run_job, start_job, wait_for
+from harness import (
+    WORKERS,
+    finish,
+    processes_running,
+    read_reports,
+    run_job,
+    run_trainings,
+    start_job,
+    wait_for,
+)
 from harness import set_args as _args
 from harness import train as train_job
 
@@ -72,23 +81,29 @@ def test_killing_rank0_while_it_writes_a_checkpoint_leaves_latest_valid(tmp_path
     assert not any(p.name.startswith(".tmp-") for p in ckpt.iterdir())  # leftovers cleaned on resume
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_bit"])
-def test_a_damaged_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, torch_runs, damage):
-    ckpt = torch_runs.get(*BASE).copy_checkpoints(tmp_path / "ckpt")  # the uninterrupted run's
-    latest = (ckpt / "latest").read_text().strip()
+def test_a_damaged_latest_checkpoint_is_skipped_for_the_previous_one(tmp_path, torch_runs):
+    # two copies of the uninterrupted run's checkpoints, the latest truncated in one and a bit flipped in the
+    # other; each resumed in turn in one job
+    runs = {}
+    for damage in ("truncate", "flip_bit"):
+        ckpt = torch_runs.get(*BASE).copy_checkpoints(tmp_path / damage)
+        latest = (ckpt / "latest").read_text().strip()
+        target = ckpt / latest / "model.pt"
+        data = bytearray(target.read_bytes())
+        if damage == "truncate":
+            data = data[: len(data) // 2]
+        else:
+            data[len(data) // 2] ^= 0x01
+        target.write_bytes(bytes(data))
+        runs[damage] = (*BASE, f"checkpoint_dir={ckpt}", "resume=auto", "epochs=4")
     previous = sorted(p.name for p in ckpt.glob("step-*") if p.name < latest)[-1]
-    target = ckpt / latest / "model.pt"
-    data = bytearray(target.read_bytes())
-    if damage == "truncate":
-        data = data[: len(data) // 2]
-    else:
-        data[len(data) // 2] ^= 0x01
-    target.write_bytes(bytes(data))
 
-    resumed = train(tmp_path, "resumed", *BASE, f"checkpoint_dir={ckpt}", "resume=auto", "epochs=4")
-    warning = next(line for line in resumed.stderr.splitlines() if "skipping invalid" in line)
-    assert latest in warning and "model.pt" in warning
-    assert f"resumed from {previous}" in resumed.stderr
+    resumed = run_trainings(runs, tmp_path / "resumed", script=JOB).job
+    warnings = [line for line in resumed.stderr.splitlines() if "skipping invalid" in line]
+    assert len(warnings) == 2, resumed.stderr  # one per damaged copy, each naming its latest's model.pt
+    assert all(latest in warning and "model.pt" in warning for warning in warnings), warnings
+    assert [damage in warning for damage, warning in zip(runs, warnings, strict=True)] == [True, True]
+    assert resumed.stderr.count(f"resumed from {previous}") == 2, resumed.stderr
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
