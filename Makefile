@@ -20,15 +20,15 @@ demo-tf: setup
 # job, no Azurite, no training), then every other test serially (a 2-rank job uses both cores; the signal,
 # timeout and partition tests measure bounded times). tests/docs/ reads the site docs-check built
 # (HVDAZURE_DOCS_SITE) instead of building it again.
-FAST = -m "(unit or docs) and not slow"
+FAST = (unit or docs) and not slow
 test: setup lint docs-check
-	HVDAZURE_DOCS_SITE=$(SITE) $(VENV)/bin/pytest tests/unit tests/docs $(FAST) -q -n auto --dist loadfile
-	HVDAZURE_DOCS_SITE=$(SITE) $(VENV)/bin/pytest tests -m "not ((unit or docs) and not slow)" --durations=30
+	HVDAZURE_DOCS_SITE=$(SITE) $(VENV)/bin/pytest tests/unit tests/docs -m "$(FAST)" -q -n auto --dist loadfile
+	HVDAZURE_DOCS_SITE=$(SITE) $(VENV)/bin/pytest tests -m "not ($(FAST))" --durations=30
 
 # The edit-test loop (about 75 s on 2 cores): the unit tier and the docs' checks that run no training, no
 # real ranks, no Azurite, on every core (pytest-xdist, a file per worker).
 test-fast: setup
-	$(VENV)/bin/pytest tests/unit tests/docs $(FAST) -q -n auto --dist loadfile
+	$(VENV)/bin/pytest tests/unit tests/docs -m "$(FAST)" -q -n auto --dist loadfile
 
 test-unit: setup
 	$(VENV)/bin/pytest tests/unit
