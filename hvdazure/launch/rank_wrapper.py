@@ -38,7 +38,7 @@ from hvdazure.launch.exit_status import (
     exited_line,
     started_line,
 )
-from hvdazure.launch.lifetime import die_with_parent, die_with_this_process
+from hvdazure.launch.lifetime import LAUNCHER_ENV, die_with_parent, die_with_this_process, process_gone
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 GRACE_ENV = "HVDAZURE_GRACE_S"  # set by `hvdazure run` from --grace
@@ -131,15 +131,17 @@ def _grace_s() -> float:
 
 
 class _OrphanWatch(threading.Thread):
-    """Stops the command if this wrapper is orphaned (its parent died): SIGTERM (the parent-death signal
-    has usually delivered it already), then SIGKILL after the grace period. Once the command has ended,
-    an orphaned wrapper still here a grace period later (stuck reporting to a launcher that is gone)
-    exits outright: nothing of the job outlives its launcher by more than that."""
+    """Stops the command if this wrapper is orphaned (its parent died), or if the `hvdazure run` that
+    started the job is gone (on its machine; lifetime.LAUNCHER_ENV): SIGTERM (the parent-death signal has
+    usually delivered it already), then SIGKILL after the grace period. Once the command has ended, an
+    orphaned wrapper still here a grace period later (stuck reporting to a launcher that is gone) exits
+    outright: nothing of the job outlives its launcher by more than that."""
 
     def __init__(self, child: subprocess.Popen, forward: _SignalForwarder) -> None:
         super().__init__(daemon=True)
         self.child, self.forward = child, forward
         self.parent = os.getppid()
+        self.launcher = os.environ.get(LAUNCHER_ENV)
         self.command_exited = threading.Event()
 
     def run(self) -> None:
@@ -156,7 +158,7 @@ class _OrphanWatch(threading.Thread):
         os._exit(1 if self.child.returncode is None else exit_code_of(self.child.returncode)[0])
 
     def _orphaned(self) -> bool:
-        return os.getppid() != self.parent
+        return os.getppid() != self.parent or (self.launcher is not None and process_gone(self.launcher))
 
 
 def main(argv: list[str] | None = None) -> int:

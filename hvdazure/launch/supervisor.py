@@ -54,7 +54,13 @@ from hvdazure.launch.exit_status import (
     parse_started,
     with_time_since_start,
 )
-from hvdazure.launch.lifetime import die_with_this_process, is_child_subreaper, set_child_subreaper
+from hvdazure.launch.lifetime import (
+    LAUNCHER_ENV,
+    die_with_this_process,
+    is_child_subreaper,
+    process_identity,
+    set_child_subreaper,
+)
 from hvdazure.launch.network import CrossNodeInterface, choose_interface, host_names, this_machine
 from hvdazure.launch.rank_wrapper import GRACE_ENV
 from hvdazure.launch.timeline import TimelineStamp
@@ -306,6 +312,8 @@ def run_job(
         err.write(_interface_line(spec, interface))
     argv, job_env = build_command(spec, env, interface)
     job_env[GRACE_ENV] = f"{grace_s:g}"  # ranks whose launcher dies stop within the same grace
+    if (identity := process_identity()) is not None:  # the rank wrappers watch this process itself
+        job_env[LAUNCHER_ENV] = identity
     timeline = TimelineStamp.of(spec.timeline) if spec.timeline is not None else None
     start = time.monotonic()
     job = _Job(verbose)

@@ -100,3 +100,38 @@ def _running(proc):
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+
+def test_ranks_stop_when_the_launcher_is_killed_even_if_the_controllers_processes_cannot_act(tmp_path):
+    """The ranks of a job whose `hvdazure run` is SIGKILLed must not depend on the controller's processes
+    (horovodrun, its per-rank middlemen) to be stopped: here those are frozen (SIGSTOP) before the kill,
+    as one that missed or mishandled its parent-death signal would be; each rank's wrapper sees that the
+    `hvdazure run` that started the job is gone, and gives its rank SIGTERM, then SIGKILL after --grace.
+    Before, the ranks ran on for as long as the frozen middlemen lived (1 run in ~10 of the test above)."""
+    cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", "2", "--gloo", "--grace", "3", SCRIPT,
+           "sigterm"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(tmp_path)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + NO_HANG_TIMEOUT
+    while len(read_reports(tmp_path)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    job = psutil.Process(proc.pid).children(recursive=True)
+    ranks = [p for p in job if p.cmdline()[1:2] == [SCRIPT]]  # python SCRIPT sigterm
+    controller = [p for p in job if p not in ranks and "hvdazure.launch.rank_wrapper" not in p.cmdline()
+                  and p.name() != "sh"]
+    try:
+        assert len(ranks) == 2 and controller, [p.cmdline() for p in job]
+        for frozen in controller:
+            frozen.send_signal(signal.SIGSTOP)
+        proc.kill()
+        proc.wait()
+        alive = _still_running(ranks, within_s=30)
+        described = [_describe(p) for p in alive]
+    finally:
+        for leftover in _still_running(job, within_s=0):
+            leftover.kill()
+
+    assert not alive, described
+    reports = read_reports(tmp_path)
+    assert all(report.get("got_sigterm") for report in reports.values()), reports
