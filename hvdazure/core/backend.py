@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 from hvdazure.core.config import ControllerError
 from hvdazure.core.errors import UserError
 from hvdazure.core.metrics import MetricAccumulator
+from hvdazure.core.predictions import Outputs
 from hvdazure.core.sample_plan import MicroBatch, SampleOrder
 from hvdazure.core.step_batches import StepCursor
 
@@ -187,11 +188,29 @@ class Backend(ABC):
         return the sum (0.0 without a vote)."""
 
     @abstractmethod
-    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False) -> bool:
+    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False, data: Any = None) -> bool:
         """Add this rank's evaluation metrics to `meter`; False if there is no evaluation dataset.
 
         `first_batch_only`: the sanity check before training (core/sample_plan.py's `first_eval_batch`),
-        which must leave the model as it found it (train or eval mode); the core restores the RNG streams."""
+        which must leave the model as it found it (train or eval mode); the core restores the RNG streams.
+        `data`: an `inference_data` view to evaluate instead of the evaluation dataset (`test`)."""
+
+    @abstractmethod
+    def inference_data(self, dataset: Any, purpose: str) -> Any:
+        """A view (with `len`) of `dataset` for `predict` or `test` (`purpose`); None: the user's
+        `predict_dataset()` / `test_dataset()` hook's. A DataError where there is none."""
+
+    @abstractmethod
+    def predict(self, data: Any, batches: list[range]) -> Iterator[Outputs]:
+        """predict_step's output for each of `batches` (sample indices of the `inference_data` view `data`),
+        as NumPy with one row per sample (core/predictions.py's as_outputs, check_rows), in order; the model
+        in inference mode (eval, no gradients) and left in the mode it had."""
+
+    @abstractmethod
+    def load_model_weights(self, checkpoint: str, which: str) -> str:
+        """Load the model's weights of a checkpoint (a checkpoint's directory, or `which` of a directory of
+        them), verified (core/checkpoint_export.py), on this rank; return the URL of the one loaded (as
+        logs show it). A CheckpointError if they do not fit."""
 
     @abstractmethod
     def set_lr(self, lr: float) -> None:

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterator
 
 from hvdazure.core.checkpoint_integrity import CheckpointError
-from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.checkpoint_store import Checkpoint, CheckpointManager
 from hvdazure.core.object_store import redact
 
 
@@ -24,6 +24,13 @@ def exported_file(checkpoint: str, which: str, file_name: str) -> Iterator[str]:
     the run `latest` belongs to). Every file of the checkpoint is verified before the path is yielded. The
     bindings' `load_weights` share it, and its one-line errors (a directory that does not exist is named as
     such)."""
+    with exported_checkpoint(checkpoint, which, file_name) as (_, path):
+        yield path
+
+
+@contextlib.contextmanager
+def exported_checkpoint(checkpoint: str, which: str, file_name: str) -> Iterator[tuple[Checkpoint, str]]:
+    """`exported_file`, with the checkpoint it chose (to say which one was loaded)."""
     manager = CheckpointManager(checkpoint)
     candidates = manager.checkpoints()
     if not candidates:  # `checkpoint` is itself one checkpoint's directory
@@ -34,5 +41,5 @@ def exported_file(checkpoint: str, which: str, file_name: str) -> Iterator[str]:
         config = manager._of_current_run(candidates)[-1].manifest.get("config", {})
         manager = CheckpointManager(checkpoint, monitor=config.get("monitor"),
                                     mode=config.get("monitor_mode", "min"))
-    with manager.open_valid(which, [file_name]) as (_, paths):
-        yield paths[file_name]
+    with manager.open_valid(which, [file_name]) as (chosen, paths):
+        yield chosen, paths[file_name]

@@ -148,6 +148,21 @@ class Trainer:
         may have been raised in between."""
         return self.__loop.fit()
 
+    def predict(self, dataset: Any = None, checkpoint: str | None = None) -> Any:
+        """predict_step's outputs for every sample of `dataset` (default: predict_dataset()), exactly once at
+        any world size, in dataset order, on every rank: one NumPy array with a row per sample, or a dict of
+        them where predict_step returns a dict. Each rank predicts a contiguous run of the set's batches of
+        `batch_size`, the same batches at any world size. `checkpoint`: "latest", "best" (of the config's
+        checkpoint_dir) or a checkpoint's path or URL, whose weights are loaded first; needed before any
+        fit(), after which the trained model is used without it. Every rank must call it."""
+        return self.__loop.predict(dataset, checkpoint)
+
+    def test(self, dataset: Any = None, checkpoint: str | None = None) -> dict[str, float]:
+        """validation_step's metrics over every sample of `dataset` (default: test_dataset(), by default
+        eval_dataset()), each the exact mean over all samples on all ranks, identical on every rank, as
+        fit()'s evaluations compute them. `checkpoint` as for `predict`. Every rank must call it."""
+        return self.__loop.test(dataset, checkpoint)
+
 
 def loop_of(trainer: Trainer) -> TrainingLoop:
     """The loop a trainer holds, for hvdazure's own tools and tests (benchmarks that stop before the first

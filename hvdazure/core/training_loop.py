@@ -32,6 +32,7 @@ from hvdazure.core.environments import Environment, detect_environment
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import MetricAccumulator, RunningMean
+from hvdazure.core.predictions import Outputs, gather_in_order, join_batches, prediction_batches
 from hvdazure.core.preemption_watcher import PreemptionWatcher
 from hvdazure.core.rank_logging import configure_logging, logger
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
@@ -74,6 +75,7 @@ class TrainingLoop:
         self.checkpoints: TrainerCheckpoints | None = None
         self.environment: Environment  # set by fit(): the environment that started this process
         self._fitted: tuple[str, TrainConfig] | None = None  # how the last fit() ended, and its config
+        self._built_for_inference = False  # a predict()/test() before any fit() started ranks, built a model
         self._signal: int | None = None  # a stop signal this rank received
         self._signal_reason: str | None = None  # what asked for it, when not a real signal
 
@@ -182,6 +184,66 @@ class TrainingLoop:
         self._emit("on_epoch_end")
         self._reduce_metrics_and_votes()  # agree on stops asked for in evaluation or by epoch-end callbacks
 
+    # --- predict and test, exact across ranks ----------------------------------------------------------
+    def predict(self, dataset: Any, checkpoint: str | None) -> Outputs:
+        """predict_step over every sample of `dataset` once (the trainer's predict_dataset() if None), the
+        outputs in dataset order on every rank (core/predictions.py); from `checkpoint`'s weights if given."""
+        self._ready_for_inference("predict", checkpoint)
+        data = self.backend.inference_data(dataset, "predict")
+        if not len(data):
+            raise DataError("predict(): the dataset holds no samples")
+        batches = prediction_batches(len(data), self.config.batch_size, self.world_size, self.rank)
+        mine = join_batches("predict_step", self.backend.predict(data, batches))
+        return gather_in_order(mine, self.collectives.allgather_bytes, len(data))
+
+    def test(self, dataset: Any, checkpoint: str | None) -> dict[str, float]:
+        """validation_step's metrics over `dataset` (the trainer's test_dataset() if None), the exact means
+        over all its samples as an evaluation in fit() computes them; from `checkpoint`'s weights if given."""
+        self._ready_for_inference("test", checkpoint)
+        data = self.backend.inference_data(dataset, "test")
+        meter = self._new_meter("validation_step")
+        self.backend.evaluate(meter, data=data)
+        reduced = meter.reduce(self.collectives.allgather_floats, self._gather_names)
+        if not reduced.count:
+            raise DataError("test(): the dataset holds no samples")
+        return reduced.means
+
+    def _ready_for_inference(self, what: str, checkpoint: str | None) -> None:
+        """The ranks started and the model built (by a fit() or here, without the training data), and the
+        weights of `checkpoint` loaded on rank 0 and sent to every rank."""
+        if self._fitted is None and not self._built_for_inference:
+            if checkpoint is None:
+                raise ConfigError(f"{what}() before fit() needs checkpoint=: 'latest', 'best' (of the "
+                                  "config's checkpoint_dir) or a checkpoint's path; the model as built is "
+                                  "untrained")
+            self._start_ranks()
+            self.backend.build(self.config.lr)
+            self._built_for_inference = True
+        if checkpoint is not None:
+            self._load_weights(checkpoint, what)
+
+    def _load_weights(self, checkpoint: str, what: str) -> None:
+        """Rank 0 loads the model's weights of `checkpoint` ("latest"/"best" of the checkpoint directory, or a
+        path or URL) and every rank gets them; a checkpoint that cannot be used is one line on every rank."""
+        which, where = "latest", checkpoint
+        if checkpoint in ("latest", "best"):
+            directory = default_checkpoint_dir(self.config.checkpoint_dir, self.environment)
+            if directory is None:
+                raise ConfigError(f"{what}(checkpoint={checkpoint!r}) needs checkpoint_dir in the config, or "
+                                  "give the checkpoint's path")
+            which, where = checkpoint, directory
+        outcome = b""  # rank 0's: "ok URL" or the error's message
+        if self.is_main:
+            try:
+                outcome = f"ok {self.backend.load_model_weights(where, which)}".encode()
+            except CheckpointError as exc:
+                outcome = str(exc).encode()
+        verdict = self.collectives.broadcast_bytes(outcome if self.is_main else None).decode()
+        if not verdict.startswith("ok "):
+            raise CheckpointError(verdict)
+        self.backend.broadcast_model_and_optimizer()
+        logger.info(f"{what}(): the model's weights of checkpoint {verdict[3:]}")
+
     # --- pieces of the loop --------------------------------------------------------------------------------
     def prepare(self) -> None:
         """What fit() does before the first step: start, build, resume if asked, broadcast from rank 0."""
@@ -210,6 +272,17 @@ class TrainingLoop:
     def _start(self) -> None:
         """Start the backend's ranks; this rank's place, data plan and LR schedule."""
         backend, c = self.backend, self.config
+        self._start_ranks()
+        order = backend.load_datasets()
+        self._check_global_batch(order.num_samples)
+        self.sample_plan = SamplePlan(order.num_samples, c.batch_size, self.world_size, self.rank,
+                                    c.grad_accum_steps, c.seed, order=order)
+        self._data_order = data_order_record(self.sample_plan, backend.data_fingerprint())
+        self.schedule = LRSchedule.from_config(c, self.world_size, self.sample_plan.steps_per_epoch)
+
+    def _start_ranks(self) -> None:
+        """Start the backend's ranks (once per fit() or first predict/test); this rank's place in them."""
+        backend, c = self.backend, self.config
         self.environment = detect_environment()  # once: what it answers is passed on from here
         self.collectives = backend.start(self.comm)
         if self._context is not None:
@@ -219,12 +292,6 @@ class TrainingLoop:
         self.rank, self.world_size = self.collectives.rank, self.collectives.size
         self.local_rank = self.collectives.local_rank
         configure_logging(self.rank)
-        order = backend.load_datasets()
-        self._check_global_batch(order.num_samples)
-        self.sample_plan = SamplePlan(order.num_samples, c.batch_size, self.world_size, self.rank,
-                                    c.grad_accum_steps, c.seed, order=order)
-        self._data_order = data_order_record(self.sample_plan, backend.data_fingerprint())
-        self.schedule = LRSchedule.from_config(c, self.world_size, self.sample_plan.steps_per_epoch)
 
     def _build(self) -> CheckpointPieces:
         """Build model and optimizer, seed this rank, set up the step's inputs and meters; returns what a

@@ -21,14 +21,24 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.backend import Backend, RankStep
+from hvdazure.core.backend import Backend, DataError, RankStep
+from hvdazure.core.checkpoint_export import exported_checkpoint
+from hvdazure.core.checkpoint_integrity import CheckpointError
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
+from hvdazure.core.object_store import redact
+from hvdazure.core.predictions import Outputs, as_outputs, check_rows
 from hvdazure.core.sample_plan import SampleOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
-from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights
+from hvdazure.tensorflow.checkpoint_content import (
+    MODEL_FILE,
+    KerasCheckpointContent,
+    broadcast_variables,
+    load_variables,
+    model_weights,
+)
 from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
-from hvdazure.tensorflow.data import data_view
+from hvdazure.tensorflow.data import DataView, data_view, output_as_numpy
 from hvdazure.tensorflow.gradients import (
     allreduce_gradients,
     allreduce_options,
@@ -52,6 +62,7 @@ class TensorFlowBackend(Backend):
         self.user = user
         self.model: keras.Model
         self.optimizer: keras.optimizers.Optimizer
+        self._eval_data: DataView | None = None
 
     @property
     def config(self) -> TrainConfig:
@@ -147,18 +158,43 @@ class TensorFlowBackend(Backend):
             votes = steps.apply(total, vote, with_vote)
         return float(votes) if with_vote else 0.0
 
-    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False) -> bool:
-        if self._eval_data is None:
+    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False, data: Any = None) -> bool:
+        data = data if data is not None else self._eval_data
+        if data is None:
             return False
         size, ranks, rank = self.config.batch_size, self.collectives.size, self.collectives.rank
-        mine = (first_eval_batch(len(self._eval_data), size, ranks, rank) if first_batch_only else
-                eval_range(len(self._eval_data), ranks, rank))
-        self._eval_data.read_ahead(np.arange(mine.start, mine.stop))  # sharded: its first shards, now
+        mine = (first_eval_batch(len(data), size, ranks, rank) if first_batch_only else
+                eval_range(len(data), ranks, rank))
+        data.read_ahead(np.arange(mine.start, mine.stop))  # sharded: its first shards, now
         for start in range(mine.start, mine.stop, size):  # a rank with no samples runs nothing
             indices = range(start, min(start + size, mine.stop))
-            metrics = self._compiled.evaluate(self._eval_data.take(indices))
+            metrics = self._compiled.evaluate(data, data.take(indices))
             meter.add(metrics, len(indices))
         return True
+
+    def inference_data(self, dataset: Any, purpose: str) -> DataView:
+        if dataset is None:
+            dataset = self.user.predict_dataset() if purpose == "predict" else self.user.test_dataset()
+            if dataset is None:
+                raise DataError(f"{purpose}() needs a dataset: pass one, or implement {purpose}_dataset()")
+        return data_view(dataset, f"{purpose}(dataset)")
+
+    def predict(self, data: DataView, batches: list[range]) -> Iterator[Outputs]:
+        if batches:
+            data.read_ahead(np.arange(batches[0].start, batches[-1].stop))  # sharded: its first shards, now
+        for indices in batches:
+            outputs = self._compiled.predict(data, data.take(indices))
+            outputs = as_outputs("predict_step", outputs, output_as_numpy)
+            yield check_rows("predict_step", outputs, len(indices))
+
+    def load_model_weights(self, checkpoint: str, which: str) -> str:
+        with exported_checkpoint(checkpoint, which, MODEL_FILE) as (chosen, path):
+            try:
+                load_variables(path, model_weights(self.model), MODEL_FILE)
+            except (OSError, ValueError, KeyError) as exc:
+                raise CheckpointError(f"{redact(checkpoint)}: its model does not fit this trainer's "
+                                      f"build_model(): {exc}") from None
+        return redact(chosen.url)
 
     def metric_to_float64(self, value: Any) -> Any:
         # On the host a metric is read as a Python float: the same float64 arithmetic as TensorFlow's, without
@@ -176,18 +212,29 @@ class _CompiledSteps:
         self.backend = backend
         c = backend.config
         self._allreduce_options = allreduce_options(c.reduce_op, c.compression, c.gradient_predivide_factor)
-        self._batch = backend._train_data.signature()
-        batch = tf.nest.flatten(self._batch)
-        scalar = tf.TensorSpec((), tf.float64)
-        gradients = [tf.TensorSpec(v.shape, v.dtype) for v in backend.model.trainable_variables]
-        self._gradients = _FlatFunction(self._gradients_of_flat, [*batch, scalar])
-        self._train = {with_vote: _FlatFunction(self._train_flat(with_vote), [*batch, scalar, scalar])
-                       for with_vote in (False, True)}
-        self._apply = {with_vote: _FlatFunction(self._apply_flat(with_vote), [*gradients, scalar])
-                       for with_vote in (False, True)}
-        if backend._eval_data is not None:
-            self._eval_batch = backend._eval_data.signature()
-            self._evaluate = _FlatFunction(self._evaluate_flat, tf.nest.flatten(self._eval_batch))
+        self._of_data: dict[tuple[str, int], tuple[Any, _FlatFunction]] = {}  # per hook and data view
+
+    # The training functions are made at the first step: predict() and test() before any fit() have no
+    # training data (the batch signature is the training data's).
+    @functools.cached_property
+    def _batch(self) -> Any:
+        return self.backend._train_data.signature()
+
+    @functools.cached_property
+    def _gradients(self) -> _FlatFunction:
+        return _FlatFunction(self._gradients_of_flat, [*tf.nest.flatten(self._batch), _SCALAR])
+
+    @functools.cached_property
+    def _train(self) -> dict[bool, _FlatFunction]:
+        return {with_vote: _FlatFunction(self._train_flat(with_vote),
+                                         [*tf.nest.flatten(self._batch), _SCALAR, _SCALAR])
+                for with_vote in (False, True)}
+
+    @functools.cached_property
+    def _apply(self) -> dict[bool, _FlatFunction]:
+        gradients = [tf.TensorSpec(v.shape, v.dtype) for v in self.backend.model.trainable_variables]
+        return {with_vote: _FlatFunction(self._apply_flat(with_vote), [*gradients, _SCALAR])
+                for with_vote in (False, True)}
 
     # --- what the backend calls (nested batches and gradient lists; flattened for the compiled calls) -----
     def train(self, batch: Any, weight: tf.Tensor, vote: tf.Tensor,
@@ -201,8 +248,22 @@ class _CompiledSteps:
     def apply(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool) -> tf.Tensor:
         return self._apply[with_vote](*gradients, vote)
 
-    def evaluate(self, batch: Any) -> dict[str, tf.Tensor]:
-        return self._evaluate(*tf.nest.flatten(batch))
+    def evaluate(self, data: Any, batch: Any) -> dict[str, tf.Tensor]:
+        """validation_step's metrics of `batch` of the data view `data` (a function per view's signature)."""
+        return self._of(data, "validation_step", self._evaluate_nested)(*tf.nest.flatten(batch))
+
+    def predict(self, data: Any, batch: Any) -> Any:
+        """predict_step's outputs for `batch` of the data view `data`."""
+        return self._of(data, "predict_step", self._predict_nested)(*tf.nest.flatten(batch))
+
+    def _of(self, data: Any, hook: str, body: Callable[[Any], Any]) -> _FlatFunction:
+        key = (hook, id(data))
+        if key not in self._of_data or self._of_data[key][0] is not data:
+            signature = data.signature()
+            function = _FlatFunction(lambda *args: body(tf.nest.pack_sequence_as(signature, args)),
+                                     tf.nest.flatten(signature))
+            self._of_data[key] = (data, function)  # the view is kept: its id is not reused while cached
+        return self._of_data[key][1]
 
     # --- the compiled bodies, on flat arguments ---------------------------------------------------------
     def _gradients_of_flat(self, *args: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
@@ -218,9 +279,13 @@ class _CompiledSteps:
     def _apply_flat(self, with_vote: bool) -> Callable[..., tf.Tensor]:
         return lambda *args: self._update(list(args[:-1]), args[-1], with_vote)
 
-    def _evaluate_flat(self, *args: tf.Tensor) -> dict[str, tf.Tensor]:
+    def _predict_nested(self, batch: Any) -> Any:
         b = self.backend
-        metrics = b.user.validation_step(b.model, tf.nest.pack_sequence_as(self._eval_batch, args))
+        return b.user.predict_step(b.model, batch)
+
+    def _evaluate_nested(self, batch: Any) -> dict[str, tf.Tensor]:
+        b = self.backend
+        metrics = b.user.validation_step(b.model, batch)
         if not isinstance(metrics, Mapping):
             raise HookReturnError(f"validation_step must return a dict of metrics, got "
                                   f"{type(metrics).__name__}")
@@ -285,6 +350,9 @@ class _FlatFunction:
                     raise
                 raise cause from None
         return self._concrete(*tensors)
+
+
+_SCALAR = tf.TensorSpec((), tf.float64)
 
 
 @functools.lru_cache(maxsize=64)

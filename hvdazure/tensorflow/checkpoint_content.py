@@ -60,7 +60,9 @@ def _writer(variables: Sequence[Any], copy: bool) -> Callable[[BinaryIO], None]:
     return lambda file: np.savez(file, **arrays)
 
 
-def _load(path: str, variables: Sequence[Any], what: str) -> None:
+def load_variables(path: str, variables: Sequence[Any], what: str) -> None:
+    """Assign `variables` the arrays of the .npz file at `path` (`what`: its name, in errors), refusing
+    another model's (a different count or shape)."""
     with np.load(path, allow_pickle=False) as stored:
         count = len(stored.files) - 1
         saved_paths = [str(p) for p in stored[_PATHS_KEY]]
@@ -88,8 +90,8 @@ class KerasCheckpointContent(FrameworkCheckpointContent):
                 OPTIMIZER_FILE: _writer(self.optimizer.variables, copy)}
 
     def load_files(self, paths: dict[str, str]) -> None:
-        _load(paths[MODEL_FILE], model_weights(self.model), MODEL_FILE)
-        _load(paths[OPTIMIZER_FILE], self.optimizer.variables, OPTIMIZER_FILE)
+        load_variables(paths[MODEL_FILE], model_weights(self.model), MODEL_FILE)
+        load_variables(paths[OPTIMIZER_FILE], self.optimizer.variables, OPTIMIZER_FILE)
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # the loss scale of mixed_float16 is an optimizer variable, in optimizer.npz

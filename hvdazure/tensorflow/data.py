@@ -162,6 +162,12 @@ def _sharded_view(data: ShardedDataset, what: str) -> DataView:
     return ShardedData(data)
 
 
+def output_as_numpy(value: Any) -> np.ndarray:
+    """A prediction (tensor or array) as NumPy; bfloat16, which a .npz holds only pickled, as float32."""
+    array = np.asarray(value.numpy() if isinstance(value, tf.Tensor | tf.Variable) else value)
+    return array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+
+
 def _as_array(value: Any) -> np.ndarray:
     if isinstance(value, tf.Tensor | tf.Variable):
         return value.numpy()

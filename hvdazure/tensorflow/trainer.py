@@ -54,6 +54,19 @@ class TensorFlowTrainer(Trainer):
         them by batch size. Runs once before training too, on one batch (TrainConfig.sanity_check)."""
         raise NotImplementedError("implement validation_step(model, batch) -> dict (or no eval_dataset)")
 
+    def predict_step(self, model: keras.Model, batch: Any) -> Any:
+        """The batch's predictions: a tensor with one row per sample, or a dict of them (for `predict`),
+        e.g. `model(batch[0], training=False)`. Runs inside a tf.function: use TensorFlow/Keras operations."""
+        raise NotImplementedError("implement predict_step(model, batch) -> tensor (one row per sample)")
+
+    def predict_dataset(self) -> Any:
+        """The data `predict()` predicts when given none, in the forms train_dataset takes; default: none."""
+        return None
+
+    def test_dataset(self) -> Any:
+        """The data `test()` evaluates when given none; default: eval_dataset()."""
+        return self.eval_dataset()
+
     # --- what the hooks may read, once fit() has built them ----------------------------------------------
     @property
     def model(self) -> keras.Model:

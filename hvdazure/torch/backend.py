@@ -18,14 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 import horovod
 import horovod.torch as hvd
+import numpy as np
 import torch
 
-from hvdazure.core.backend import Backend, RankStep
+from hvdazure.core.backend import Backend, DataError, RankStep
+from hvdazure.core.checkpoint_export import exported_checkpoint
+from hvdazure.core.checkpoint_integrity import CheckpointError
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
+from hvdazure.core.object_store import redact
+from hvdazure.core.predictions import Outputs, as_outputs, check_rows
 from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
-from hvdazure.torch.checkpoint_content import TorchCheckpointContent
+from hvdazure.torch.checkpoint_content import MODEL_FILE, TorchCheckpointContent, load_mapped
 from hvdazure.torch.collectives import TorchCollectives
 from hvdazure.torch.data import DataView, data_view, empty_batch, epoch_loader, eval_batches, to_device
 from hvdazure.torch.gradients import COMPRESSION, OPS, GradientsAfterBackward, overlaps_backward
@@ -49,6 +54,7 @@ class TorchBackend(Backend):
         self.optimizer: torch.optim.Optimizer  # Horovod's DistributedOptimizer around the user's
         self.scaler: torch.amp.GradScaler | None = None
         self.device = torch.device("cpu")
+        self._eval_data: DataView | None = None
 
     @property
     def config(self) -> TrainConfig:
@@ -182,32 +188,72 @@ class TorchBackend(Backend):
             self.scaler.update()
         opt.zero_grad()
 
-    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False) -> bool:
-        if self._eval_data is None:
+    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False, data: Any = None) -> bool:
+        data = data if data is not None else self._eval_data
+        if data is None:
             return False
         # A rank with no evaluation samples (fewer samples than ranks) runs nothing and reports no metric.
         c, size, rank = self.config, self.collectives.size, self.collectives.rank
         if first_batch_only:
-            first = first_eval_batch(len(self._eval_data), c.batch_size, size, rank)
+            first = first_eval_batch(len(data), c.batch_size, size, rank)
             batches = [list(first)] if first else []
         else:
-            batches = eval_batches(len(self._eval_data), c.batch_size, size, rank)
-        self._eval_data.read_ahead(i for batch in batches for i in batch)  # sharded: its first shards
-        workers = 0 if first_batch_only else c.num_workers  # no worker processes started for one batch
-        loader = self._eval_data.loader(batches, self.collate, workers)
-        modes = [(module, module.training) for module in self.model.modules()]
-        self.model.eval()
-        with torch.no_grad(), self._autocast():
-            for indices, batch in zip(batches, loader, strict=True):
-                metrics = self.user.validation_step(self.model, to_device(batch, self.device))
+            batches = eval_batches(len(data), c.batch_size, size, rank)
+        # first_batch_only: the modes the model had are put back (run_step sets them after evaluations)
+        with self._inference(keep_modes=first_batch_only):
+            for indices, batch in self._inference_batches(data, batches, workers=not first_batch_only):
+                metrics = self.user.validation_step(self.model, batch)
                 if not isinstance(metrics, Mapping):
                     raise HookReturnError("validation_step must return a dict of metrics, got "
                                           f"{type(metrics).__name__}")
                 meter.add(dict(metrics), len(indices))
-        if first_batch_only:  # training goes on in the modes it had (run_step sets them after evaluations)
-            for module, training in modes:
-                module.training = training
         return True
+
+    def inference_data(self, dataset: Any, purpose: str) -> DataView:
+        if dataset is None:
+            dataset = self.user.predict_dataset() if purpose == "predict" else self.user.test_dataset()
+            if dataset is None:
+                raise DataError(f"{purpose}() needs a dataset: pass one, or implement {purpose}_dataset()")
+        return data_view(dataset, f"{purpose}(dataset)")
+
+    def predict(self, data: DataView, batches: list[range]) -> Iterator[Outputs]:
+        with self._inference(keep_modes=True):
+            for indices, batch in self._inference_batches(data, [list(b) for b in batches], workers=True):
+                outputs = as_outputs("predict_step", self.user.predict_step(self.model, batch), _to_numpy)
+                yield check_rows("predict_step", outputs, len(indices))
+
+    def load_model_weights(self, checkpoint: str, which: str) -> str:
+        with exported_checkpoint(checkpoint, which, MODEL_FILE) as (chosen, path):
+            try:
+                self.model.load_state_dict(load_mapped(path, self.device))
+            except RuntimeError as exc:  # torch's message lists every key and shape; its first two lines say
+                what = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
+                raise CheckpointError(f"{redact(checkpoint)}: its model does not fit this trainer's "
+                                      f"build_model(): {what}") from None
+        return redact(chosen.url)
+
+    @contextlib.contextmanager
+    def _inference(self, keep_modes: bool) -> Iterator[None]:
+        """The model in eval mode, without gradients, under the config's autocast; with `keep_modes`, each
+        module's train/eval mode as it was afterwards."""
+        modes = [(module, module.training) for module in self.model.modules()]
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                yield
+        finally:
+            if keep_modes:
+                for module, training in modes:
+                    module.training = training
+
+    def _inference_batches(self, data: DataView, batches: list[list[int]],
+                           workers: bool) -> Iterator[tuple[list[int], Any]]:
+        """Each of `batches` with its batch of `data` on the device; with `workers`, loaded by the config's
+        num_workers (none are started for the sanity check's one batch)."""
+        data.read_ahead(i for batch in batches for i in batch)  # sharded: its first shards, now
+        loader = data.loader(batches, self.collate, self.config.num_workers if workers else 0)
+        for indices, batch in zip(batches, loader, strict=True):
+            yield indices, to_device(batch, self.device)
 
     def metric_to_float64(self, value: Any) -> Any:
         # On the CPU a metric is read as a Python float: the same float64 arithmetic as torch's, without a
@@ -247,3 +293,13 @@ def _loss_and_metrics(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:
                               f"{type(output).__name__}")
     check_metric_shape("training_step", "loss", tuple(getattr(loss, "shape", ())))
     return loss, metrics
+
+
+def _to_numpy(value: Any) -> Any:
+    """A predict_step output as NumPy, copied to the host (bf16, which NumPy lacks, as float32)."""
+    if not isinstance(value, torch.Tensor):
+        return np.asarray(value)
+    value = value.detach()
+    if value.dtype == torch.bfloat16:
+        value = value.float()
+    return value.cpu().numpy()

@@ -53,6 +53,19 @@ class TorchTrainer(Trainer):
         once before training too, on one batch (TrainConfig.sanity_check)."""
         raise NotImplementedError("implement validation_step(model, batch) -> dict (or no eval_dataset)")
 
+    def predict_step(self, model: torch.nn.Module, batch: Any) -> torch.Tensor | Mapping[str, torch.Tensor]:
+        """The batch's predictions: a tensor with one row per sample, or a dict of them (for `predict`).
+        Runs with the model in eval mode, without gradients."""
+        raise NotImplementedError("implement predict_step(model, batch) -> tensor (one row per sample)")
+
+    def predict_dataset(self) -> Dataset | None:
+        """The data `predict()` predicts when given none (map-style or a ShardedDataset); default: none."""
+        return None
+
+    def test_dataset(self) -> Dataset | None:
+        """The data `test()` evaluates when given none; default: eval_dataset()."""
+        return self.eval_dataset()
+
     def collate(self, samples: list[Any]) -> Any:
         """Make a batch of samples; default: torch's default_collate."""
         return _default_collate(samples)

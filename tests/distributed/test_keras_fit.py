@@ -44,6 +44,12 @@ def test_fit_ends_with_bit_identical_weights_on_every_rank(job):
     assert reports[0]["final_weights"] != reports[0]["initial_weights"]
 
 
+def test_predict_gives_every_rank_each_samples_prediction_once_in_order_as_one_rank_would(job):
+    for rank in (0, 1):
+        assert job[rank]["predictions_shape"] == [101, 1]
+        assert job[rank]["predictions_as_alone"]  # byte for byte, float64
+
+
 def test_epoch_metrics_are_the_ranks_sums_divided_once_and_identical_on_every_rank(job):
     reports = job
     metric_states = {"loss": "loss", "mae": "mean_absolute_error"}  # log name -> state variable prefix

@@ -11,6 +11,7 @@ checkpoint manager)::
               validation_data=hk.shard_for_evaluate((x_eval, y_eval), config.batch_size),
               callbacks=[hk.BroadcastInitialState(), hk.MetricAverage(),
                          hk.LearningRateSchedule(config, train.steps_per_epoch), hk.Checkpoint("ckpt")])
+    predictions = hk.predict(model, x_new, config.batch_size)  # every sample once, in order, on every rank
 """
 
 from hvdazure.tensorflow.keras.callbacks import (
@@ -21,9 +22,10 @@ from hvdazure.tensorflow.keras.callbacks import (
     sum_metric_states,
 )
 from hvdazure.tensorflow.keras.datasets import FitData, shard_for_evaluate, shard_for_fit
+from hvdazure.tensorflow.keras.prediction import predict
 from hvdazure.tensorflow.keras.training import data_parallel, init
 from hvdazure.tensorflow.sync_batchnorm import SyncBatchNormalization
 
 __all__ = ["BroadcastInitialState", "Checkpoint", "FitData", "LearningRateSchedule", "MetricAverage",
-           "SyncBatchNormalization", "data_parallel", "init", "shard_for_evaluate", "shard_for_fit",
-           "sum_metric_states"]
+           "SyncBatchNormalization", "data_parallel", "init", "predict", "shard_for_evaluate",
+           "shard_for_fit", "sum_metric_states"]

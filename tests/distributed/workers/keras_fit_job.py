@@ -79,7 +79,15 @@ def main() -> None:
                         validation_data=hk.shard_for_evaluate(eval_data, config.batch_size),
                         callbacks=callbacks, shuffle=False, verbose=0)
 
+    # hk.predict over 101 samples in batches of 8 (2 ranks: 7 and 6 batches), against the same batches
+    # predicted here alone: the same bytes, in the same order
+    unseen = np.random.default_rng(8).normal(size=(101, 3))
+    predictions = hk.predict(model, unseen, 8)
+    alone = np.concatenate([model.predict_on_batch(unseen[i : i + 8]) for i in range(0, 101, 8)])
+
     report_rank(hvd.rank(), {
+        "predictions_shape": list(predictions.shape),
+        "predictions_as_alone": predictions.tobytes() == alone.tobytes(),
         "x": x.tolist(), "y": y.tolist(), "steps_per_epoch": train.steps_per_epoch,
         "initial_weights": recorder.initial, "final_weights": [w.tolist() for w in model.get_weights()],
         "local_train_states": local.train, "local_val_states": local.val, "history": history.history,

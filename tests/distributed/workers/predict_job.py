@@ -1,0 +1,109 @@
+"""predict() and test() on real ranks: `predict_job.py torch|tensorflow train|load CHECKPOINT_DIR`.
+
+The regression trainers of torch_job.py / tf_job.py (float64), with a predict_step: the torch one returns a
+dict {"index", "y"}, the TensorFlow one one tensor [index, y] per sample, so the report shows which
+samples were predicted, in which order. 101 samples to predict, batch_size 8: neither divides the other
+or the world size.
+
+train: fit one epoch with checkpoints in CHECKPOINT_DIR, then predict and test with the trained model; a
+       second trainer predicts and tests from checkpoint="latest" without fit() (no training data read);
+       a third's predict() without a checkpoint and a fourth's from a checkpoint of another model are
+       refused (their one-line messages reported).
+load:  only a trainer's predict/test from the checkpoint directory (given as a path), as a separate
+       job at another world size would.
+Rank r writes its predictions to HVDAZURE_TEST_OUT/predictions-<r>-<name>.npz and reports the metrics.
+"""
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+from _report import report_rank
+
+from hvdazure import TrainConfig
+from hvdazure.core.checkpoint_store import CheckpointError
+from hvdazure.core.config import ConfigError
+
+FRAMEWORK, MODE, CHECKPOINTS = sys.argv[1], sys.argv[2], sys.argv[3]
+job = importlib.import_module({"torch": "torch_job", "tensorflow": "tf_job"}[FRAMEWORK])
+N_PREDICT = 101
+
+class Counting(job.RegressionTrainer):
+    """Counts the calls of train_dataset(): predict() and test() before any fit() must not read it."""
+
+    train_dataset_calls = 0
+
+    def train_dataset(self):
+        self.train_dataset_calls += 1
+        return super().train_dataset()
+
+
+if FRAMEWORK == "torch":
+    import torch
+
+    class Predicting(Counting):
+        def predict_step(self, model, batch):
+            index, x, _ = batch
+            return {"index": index, "y": model(x)}
+
+        def predict_dataset(self):
+            return job.Regression(N_PREDICT, 3, seed=3)
+
+    class OtherModel(Predicting):
+        def build_model(self):
+            return torch.nn.Linear(5, 1, dtype=torch.float64)
+else:
+    import keras
+
+    class Predicting(Counting):
+        def predict_step(self, model, batch):
+            index, x, _ = batch
+            index = keras.ops.cast(index[:, None], "float64")
+            return keras.ops.concatenate([index, model(x, training=False)], axis=1)
+
+        def predict_dataset(self):
+            return job.regression(N_PREDICT, 3, seed=3)
+
+    class OtherModel(Predicting):
+        def build_model(self):
+            return keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
+
+
+def save(trainer, name: str, predictions) -> None:
+    arrays = predictions if isinstance(predictions, dict) else {"all": predictions}
+    np.savez(Path(os.environ["HVDAZURE_TEST_OUT"]) / f"predictions-{trainer.rank}-{name}.npz", **arrays)
+
+
+def refusal(call) -> str | None:
+    try:
+        call()
+    except (ConfigError, CheckpointError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+if __name__ == "__main__":
+    config = TrainConfig(epochs=1, batch_size=8, lr=0.05, log_every=1, progress_bar=False,
+                         checkpoint_dir=CHECKPOINTS, extra={"n_train": 37, "n_eval": 23})
+    report = {}
+    if MODE == "train":
+        trained = Predicting(config)
+        trained.fit()
+        save(trained, "trained", trained.predict())
+        report["trained_test"] = trained.test()
+        last = trained.state.history[-1]
+        report["trained_eval"] = {k[len("eval_"):]: v for k, v in last.items() if k.startswith("eval_")}
+        loaded = Predicting(config)
+        save(loaded, "latest", loaded.predict(checkpoint="latest"))
+        report["latest_test"] = loaded.test()
+        report["train_dataset_calls"] = [trained.train_dataset_calls, loaded.train_dataset_calls]
+        report["unloaded"] = refusal(lambda: Predicting(config).predict())
+        report["other_model"] = refusal(lambda: OtherModel(config).predict(checkpoint="latest"))
+    else:
+        loaded = Predicting(config.replace(checkpoint_dir=None))
+        save(loaded, "loaded", loaded.predict(checkpoint=CHECKPOINTS))
+        report["loaded_test"] = loaded.test()
+        report["train_dataset_calls"] = [loaded.train_dataset_calls]
+    report_rank(loaded.rank, report)
