@@ -32,10 +32,13 @@ from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
-from hvdazure.core.backend import Backend, Collectives, FrameworkCheckpointContent, RankStep
+from hvdazure.core.backend import Backend, Collectives, DataError, FrameworkCheckpointContent, RankStep
 from hvdazure.core.callbacks import Callback
+from hvdazure.core.checkpoint_export import exported_checkpoint
+from hvdazure.core.checkpoint_integrity import CheckpointError
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
+from hvdazure.core.predictions import Outputs, as_outputs, check_rows
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SampleOrder, UniformOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
@@ -286,6 +289,21 @@ class LinearProblem:
         return float(np.mean(0.5 * residual**2)), x.T @ residual / len(indices)
 
 
+@dataclass(frozen=True)
+class FakeData:
+    """An evaluation or prediction set of the fake: inputs and targets."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def losses(self, w: np.ndarray, indices: Sequence[int]) -> np.ndarray:
+        residual = self.x[list(indices)] @ w - self.y[list(indices)]
+        return 0.5 * residual**2
+
+
 def initial_weights(dim: int, seed: int, rank: int) -> np.ndarray:
     """Each rank builds different weights: only a broadcast from rank 0 makes them equal."""
     return np.random.default_rng([seed, rank, 7]).normal(size=dim)
@@ -372,6 +390,7 @@ class FakeBackend(Backend):
         self.weights = np.zeros(self.problem.dim)
         self.velocity = np.zeros(self.problem.dim)
         self.rng = np.random.default_rng()
+        self.predicted_batches: list[list[int]] = []  # this rank's, in the order predicted
 
     # --- running the model ---------------------------------------------------------------------------------
     def start(self, comm: Any) -> FakeCollectives:
@@ -429,22 +448,48 @@ class FakeBackend(Backend):
                                      float(self.rng.random())))
         return votes()[0] if votes is not None else 0.0
 
-    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False) -> bool:
-        if self.problem.eval_y is None:
+    def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False,
+                 data: FakeData | None = None) -> bool:
+        if data is None and self.problem.eval_y is None:
             return False
+        data = data if data is not None else FakeData(self.problem.eval_x, self.problem.eval_y)
         c, size, rank = self.user.config, self.collectives.size, self.collectives.rank
-        mine = eval_range(len(self.problem.eval_y), size, rank)
+        mine = eval_range(len(data), size, rank)
         batches = [range(start, min(start + c.batch_size, mine.stop))
                    for start in range(mine.start, mine.stop, c.batch_size)]
         if first_batch_only:
             self.sanity_checks += 1
-            batches = [first_eval_batch(len(self.problem.eval_y), c.batch_size, size, rank)]
+            batches = [first_eval_batch(len(data), c.batch_size, size, rank)]
         for batch in batches:
             if batch:
-                losses = self.problem.sample_losses(self.weights, batch, eval_set=True)
-                metrics = {"loss": float(np.mean(losses)), **self.user.validation_metrics(batch)}
+                metrics = {"loss": float(np.mean(data.losses(self.weights, batch))),
+                           **self.user.validation_metrics(batch)}
                 meter.add(metrics, len(batch))
         return True
+
+    def inference_data(self, dataset: Any, purpose: str) -> FakeData:
+        """`dataset`: (x, y) arrays; None: the problem's evaluation set."""
+        if dataset is None:
+            if self.problem.eval_y is None:
+                raise DataError(f"{purpose}() needs a dataset: pass one, or implement {purpose}_dataset()")
+            return FakeData(self.problem.eval_x, self.problem.eval_y)
+        return FakeData(*dataset)
+
+    def predict(self, data: FakeData, batches: list[range]) -> Iterator[Outputs]:
+        """Each sample's index and prediction x @ w (as the real bindings, through core/predictions.py)."""
+        for batch in batches:
+            self.predicted_batches.append(list(batch))
+            outputs = {"index": np.array(list(batch)), "y": data.x[list(batch)] @ self.weights}
+            yield check_rows("predict_step", as_outputs("predict_step", outputs, np.asarray), len(batch))
+
+    def load_model_weights(self, checkpoint: str, which: str) -> str:
+        with exported_checkpoint(checkpoint, which, "model.npy") as (chosen, path):
+            weights = np.load(path, allow_pickle=False)
+        if weights.shape != self.weights.shape:
+            raise CheckpointError(f"{checkpoint}: its model does not fit: {weights.shape}, the model "
+                                  f"{self.weights.shape}")
+        self.weights = weights
+        return chosen.url
 
     def _allreduce_average(self, values: np.ndarray, name: str) -> np.ndarray:
         """As Horovod's Average: the sum over ranks (in rank order), divided by the world size."""
