@@ -12,7 +12,7 @@ from typing import Any
 
 from hvdazure.core.backend import Backend, Collectives
 from hvdazure.core.callbacks import Callback
-from hvdazure.core.config import TrainConfig
+from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
@@ -156,6 +156,38 @@ class Trainer:
         checkpoint_dir) or a checkpoint's path or URL, whose weights are loaded first; needed before any
         fit(), after which the trained model is used without it. Every rank must call it."""
         return self.__loop.predict(dataset, checkpoint)
+
+    @classmethod
+    def main(cls, argv: Sequence[str] | None = None, **defaults: Any) -> Any:
+        """Run the script's command line (core/script_modes.py): `fit` (the default), `test --checkpoint
+        C [--output metrics.json]` or `predict --checkpoint C --output predictions.npz`, then TrainConfig's
+        `--config` / `--set` over `defaults`. Builds `cls(config)`; returns what the mode's method returns
+        (rank 0 writes --output and logs the test metrics).
+
+            if __name__ == "__main__":
+                DigitsTrainer.main(epochs=15, lr=0.05)
+        """
+        import sys
+
+        from hvdazure.core.script_modes import parse_command, write_output
+
+        try:
+            command = parse_command(sys.argv[1:] if argv is None else argv)
+        except ConfigError as exc:  # as TrainConfig.from_cli says a bad argument: one line, on every rank
+            sys.stderr.write(f"hvdazure: error: {exc}\n")
+            raise SystemExit(2) from None
+        trainer = cls(TrainConfig.from_cli(command.config_args, **defaults))  # type: ignore[call-arg]
+        if command.mode == "fit":
+            return trainer.fit()
+        if command.mode == "test":
+            result: Any = trainer.test(checkpoint=command.checkpoint)
+            logger.info("test: " + " ".join(f"{k} {v:.6g}" for k, v in result.items()))
+        else:
+            result = trainer.predict(checkpoint=command.checkpoint)
+        if command.output is not None and trainer.is_main:
+            write_output(command.output, result)
+            logger.info(f"{command.mode}: wrote {command.output}")
+        return result
 
     def test(self, dataset: Any = None, checkpoint: str | None = None) -> dict[str, float]:
         """validation_step's metrics over every sample of `dataset` (default: test_dataset(), by default

@@ -2,6 +2,8 @@
 dataset order, byte for byte the same at 3 ranks as at 1 (float64), from the trained model, from a
 checkpoint without fit(), and the refusals (workers/predict_job.py)."""
 
+import json
+
 import numpy as np
 import pytest
 from distributed.harness import run_job
@@ -21,10 +23,13 @@ def _index_and_values(predictions):
     return predictions["all"][:, 0], predictions["all"][:, 1:]  # TensorFlow: one array [index, y]
 
 
-@pytest.mark.parametrize(("framework", "controller"), [("torch", "gloo"), ("tensorflow", "mpi")])
-def test_predict_and_test_are_exact_at_any_world_size(tmp_path, framework, controller):
-    checkpoints = tmp_path / "ckpt"
-    three, one = tmp_path / "three", tmp_path / "one"
+@pytest.fixture(scope="module", params=[("torch", "gloo"), ("tensorflow", "mpi")], ids=lambda p: p[0])
+def jobs(request, tmp_path_factory):
+    """A 3-rank job that trains, predicts and tests, then a 1-rank one that predicts and tests from its
+    checkpoints: (framework, the checkpoint directory, both jobs with their report folders)."""
+    framework, controller = request.param
+    tmp_path = tmp_path_factory.mktemp(framework)
+    checkpoints, three, one = tmp_path / "ckpt", tmp_path / "three", tmp_path / "one"
     three.mkdir(), one.mkdir()
     job = run_job("predict_job.py", framework, "train", str(checkpoints), out_dir=three, np=3,
                   controller=controller, timeout=240)
@@ -32,6 +37,11 @@ def test_predict_and_test_are_exact_at_any_world_size(tmp_path, framework, contr
     alone = run_job("predict_job.py", framework, "load", str(checkpoints), out_dir=one, np=1,
                     controller=controller, timeout=240)
     assert alone.returncode == 0, alone.output
+    return framework, checkpoints, (job, three), (alone, one)
+
+
+def test_predict_and_test_are_exact_at_any_world_size(jobs):
+    _, checkpoints, (job, three), (alone, one) = jobs
 
     reference = _predictions(one, 0, "loaded")
     index, values = _index_and_values(reference)
@@ -56,3 +66,23 @@ def test_predict_and_test_are_exact_at_any_world_size(tmp_path, framework, contr
         f"CheckpointError: {checkpoints}: its model does not fit this trainer's build_model(): ")
     assert "\n" not in report["other_model"]
     assert all(job.reports[rank] == report for rank in range(3))  # the same outcome on every rank
+
+
+@pytest.mark.parametrize("jobs", [("torch", "gloo")], indirect=True, ids=["torch"])  # main() is the core's
+def test_the_scripts_command_line_predicts_and_tests_from_a_checkpoint(jobs, tmp_path):
+    """Trainer.main() (workers/script_modes_job.py, the same torch trainer): `predict` at 2 ranks writes the
+    same predictions as predict() at 1, `test` at 1 rank the same metrics as at 3."""
+    _, checkpoints, (job, _), (_, one) = jobs
+    predicted, metrics = tmp_path / "out" / "predictions.npz", tmp_path / "metrics.json"
+    run = run_job("script_modes_job.py", "predict", "--checkpoint", str(checkpoints), "--output",
+                  str(predicted), out_dir=tmp_path, np=2)
+    assert run.returncode == 0, run.output
+    assert f"predict: wrote {predicted}" in run.output
+    with np.load(predicted) as stored:
+        assert sorted(stored.files) == ["index", "y"]
+        assert stored["y"].tobytes() == _predictions(one, 0, "loaded")["y"].tobytes()
+    run = run_job("script_modes_job.py", "test", "--checkpoint", str(checkpoints), "--output", str(metrics),
+                  "--set", "checkpoint_dir=null", out_dir=tmp_path, np=1)
+    assert run.returncode == 0, run.output
+    assert json.loads(metrics.read_text()) == pytest.approx(job.reports[0]["trained_test"], rel=1e-12)
+    assert not [p.name for p in tmp_path.rglob(".*")]  # written whole: no temporary file left
