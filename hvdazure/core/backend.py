@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from hvdazure.core.config import ControllerError
 from hvdazure.core.errors import UserError
 from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.predictions import Outputs
+from hvdazure.core.predictions import Outputs, PredictionWriter
 from hvdazure.core.sample_plan import MicroBatch, SampleOrder
 from hvdazure.core.step_batches import StepCursor
 
@@ -205,6 +205,10 @@ class Backend(ABC):
         """predict_step's output for each of `batches` (sample indices of the `inference_data` view `data`),
         as NumPy with one row per sample (core/predictions.py's as_outputs, check_rows), in order; the model
         in inference mode (eval, no gradients) and left in the mode it had."""
+
+    @abstractmethod
+    def prediction_writer(self, output: str) -> PredictionWriter:
+        """Where `predict(output=...)` writes: shards of a ShardedDataset at `output` (path or URL)."""
 
     @abstractmethod
     def load_model_weights(self, checkpoint: str, which: str) -> str:

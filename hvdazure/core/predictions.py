@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,6 +21,23 @@ from hvdazure.core.sample_plan import eval_range
 
 # A batch's predictions as NumPy: one array, or a dict of named arrays, each with one row per sample.
 Outputs = np.ndarray | dict[str, np.ndarray]
+
+
+class PredictionWriter(Protocol):
+    """Where predictions bigger than memory go (hvdazure.data.prediction_output.PredictionShards, which a
+    binding hands out): every rank writes its part, rank 0 commits them in rank order."""
+
+    def check_empty(self) -> None:
+        """Raise ValueError if the destination holds a dataset already (called on rank 0, first)."""
+
+    def write_part(self, rank: int, batches: Iterable[Outputs]) -> bytes:
+        """Write this rank's outputs, batch by batch, in order; what `commit` needs of them."""
+
+    def commit(self, parts: list[bytes]) -> None:
+        """Make every rank's part (in rank order) one dataset (called on rank 0, last)."""
+
+    def open(self) -> Any:
+        """The dataset written, for reading."""
 
 
 def prediction_batches(num_samples: int, batch_size: int, world_size: int, rank: int) -> list[range]:

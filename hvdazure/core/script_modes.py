@@ -3,6 +3,7 @@
     python train.py [fit] [--config cfg.yaml] [--set FIELD=VALUE ...]
     python train.py test --checkpoint best [--output metrics.json] [--set ...]
     python train.py predict --checkpoint latest --output predictions.npz [--set ...]
+    python train.py predict --checkpoint latest --output abfs://container/predictions   (shards)
 
 The mode is the first argument (default fit); `--checkpoint` and `--output` are the mode's, everything
 else TrainConfig.from_cli's. The same under `hvdazure run -np N`, mpirun or Azure ML: every rank parses
@@ -58,14 +59,23 @@ def parse_command(argv: Sequence[str]) -> ScriptCommand:
         option = "--checkpoint" if known.checkpoint else "--output"
         raise ConfigError(f"{option} is for test and predict; fit resumes with --set resume=auto (or a path)")
     if mode == "predict" and not known.output:
-        raise ConfigError("predict needs --output FILE.npz: where rank 0 writes the predictions")
-    if known.output and mode == "predict" and not known.output.endswith((".npz", ".npy")):
-        raise ConfigError(f"--output {known.output!r}: predictions are written as .npz (.npy: one array)")
+        raise ConfigError("predict needs --output: FILE.npz (rank 0 writes the predictions), or a new "
+                          "directory or URL for shards (each rank writes its part)")
+    if known.output and mode == "predict" and not is_shards_output(known.output) and \
+            not known.output.endswith((".npz", ".npy")):
+        raise ConfigError(f"--output {known.output!r}: predictions go to a .npz (.npy: one array) file, or "
+                          "to a directory or URL without an extension (shards)")
     if known.output and mode == "test" and not known.output.endswith(".json"):
         raise ConfigError(f"--output {known.output!r}: test metrics are written as .json")
-    if known.output:
+    if known.output and not is_shards_output(known.output):
         _check_writable(known.output)
     return ScriptCommand(mode, known.checkpoint, known.output, rest)
+
+
+def is_shards_output(output: str) -> bool:
+    """Whether predict's --output names where shards go (a URL, or a path without an extension) rather
+    than one file."""
+    return "://" in output or not Path(output).suffix
 
 
 def _check_writable(output: str) -> None:

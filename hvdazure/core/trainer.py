@@ -148,28 +148,30 @@ class Trainer:
         may have been raised in between."""
         return self.__loop.fit()
 
-    def predict(self, dataset: Any = None, checkpoint: str | None = None) -> Any:
+    def predict(self, dataset: Any = None, checkpoint: str | None = None, output: str | None = None) -> Any:
         """predict_step's outputs for every sample of `dataset` (default: predict_dataset()), exactly once at
         any world size, in dataset order, on every rank: one NumPy array with a row per sample, or a dict of
         them where predict_step returns a dict. Each rank predicts a contiguous run of the set's batches of
         `batch_size`, the same batches at any world size. `checkpoint`: "latest", "best" (of the config's
         checkpoint_dir) or a checkpoint's path or URL, whose weights are loaded first; needed before any
-        fit(), after which the trained model is used without it. Every rank must call it."""
-        return self.__loop.predict(dataset, checkpoint)
+        fit(), after which the trained model is used without it. `output`: a new directory or URL (e.g.
+        abfs://) to write the predictions to as a ShardedDataset instead, for more than memory holds (each
+        rank its part, the index last); the ShardedDataset is returned. Every rank must call it."""
+        return self.__loop.predict(dataset, checkpoint, output)
 
     @classmethod
     def main(cls, argv: Sequence[str] | None = None, **defaults: Any) -> Any:
         """Run the script's command line (core/script_modes.py): `fit` (the default), `test --checkpoint
-        C [--output metrics.json]` or `predict --checkpoint C --output predictions.npz`, then TrainConfig's
-        `--config` / `--set` over `defaults`. Builds `cls(config)`; returns what the mode's method returns
-        (rank 0 writes --output and logs the test metrics).
+        C [--output metrics.json]` or `predict --checkpoint C --output predictions.npz` (or a directory or
+        URL: shards), then TrainConfig's `--config` / `--set` over `defaults`. Builds `cls(config)`;
+        returns what the mode's method returns (rank 0 writes a file --output and logs the test metrics).
 
             if __name__ == "__main__":
                 DigitsTrainer.main(epochs=15, lr=0.05)
         """
         import sys
 
-        from hvdazure.core.script_modes import parse_command, write_output
+        from hvdazure.core.script_modes import is_shards_output, parse_command, write_output
 
         try:
             command = parse_command(sys.argv[1:] if argv is None else argv)
@@ -182,6 +184,8 @@ class Trainer:
         if command.mode == "test":
             result: Any = trainer.test(checkpoint=command.checkpoint)
             logger.info("test: " + " ".join(f"{k} {v:.6g}" for k, v in result.items()))
+        elif command.output is not None and is_shards_output(command.output):
+            return trainer.predict(checkpoint=command.checkpoint, output=command.output)
         else:
             result = trainer.predict(checkpoint=command.checkpoint)
         if command.output is not None and trainer.is_main:

@@ -18,7 +18,7 @@ import json
 import os
 import platform
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,17 @@ from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback,
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.environments import Environment, detect_environment
+from hvdazure.core.errors import exception_line
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import MetricAccumulator, RunningMean
-from hvdazure.core.predictions import Outputs, gather_in_order, join_batches, prediction_batches
+from hvdazure.core.predictions import (
+    Outputs,
+    PredictionWriter,
+    gather_in_order,
+    join_batches,
+    prediction_batches,
+)
 from hvdazure.core.preemption_watcher import PreemptionWatcher
 from hvdazure.core.rank_logging import configure_logging, logger
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
@@ -185,16 +192,56 @@ class TrainingLoop:
         self._reduce_metrics_and_votes()  # agree on stops asked for in evaluation or by epoch-end callbacks
 
     # --- predict and test, exact across ranks ----------------------------------------------------------
-    def predict(self, dataset: Any, checkpoint: str | None) -> Outputs:
+    def predict(self, dataset: Any, checkpoint: str | None, output: str | None = None) -> Any:
         """predict_step over every sample of `dataset` once (the trainer's predict_dataset() if None), the
-        outputs in dataset order on every rank (core/predictions.py); from `checkpoint`'s weights if given."""
+        outputs in dataset order on every rank (core/predictions.py); from `checkpoint`'s weights if given.
+        With `output`, written as shards there instead (each rank its part, then the index) and the
+        dataset returned."""
+        writer = self.backend.prediction_writer(output) if output is not None else None
         self._ready_for_inference("predict", checkpoint)
+        if writer is not None:
+            self._on_rank0_for_all(f"predict(output={output!r})", writer.check_empty)
         data = self.backend.inference_data(dataset, "predict")
         if not len(data):
             raise DataError("predict(): the dataset holds no samples")
         batches = prediction_batches(len(data), self.config.batch_size, self.world_size, self.rank)
-        mine = join_batches("predict_step", self.backend.predict(data, batches))
-        return gather_in_order(mine, self.collectives.allgather_bytes, len(data))
+        if writer is None:
+            mine = join_batches("predict_step", self.backend.predict(data, batches))
+            return gather_in_order(mine, self.collectives.allgather_bytes, len(data))
+        return self._write_predictions(writer, output or "", self.backend.predict(data, batches))
+
+    def _write_predictions(self, writer: PredictionWriter, output: str, batches: Iterator[Outputs]) -> Any:
+        """Every rank writes its part; all learn whether every part was written (a rank that failed raises
+        its own error, the others one line naming it); rank 0 then writes the index."""
+        part, failure = b"[]", None
+        try:
+            part = writer.write_part(self.rank, batches)
+        except Exception as exc:
+            failure = exc
+        told = json.dumps({"part": part.decode(), "error": exception_line(failure) if failure else ""})
+        reports = [json.loads(r) for r in self.collectives.allgather_bytes(told.encode())]
+        if failure is not None:
+            raise failure
+        if failed := [(rank, r["error"]) for rank, r in enumerate(reports) if r["error"]]:
+            rank, error = failed[0]
+            raise DataError(f"predict(output={output!r}): rank {rank} could not write its predictions "
+                            f"({error}); the directory has no index: predict into a new one")
+        self._on_rank0_for_all(f"predict(output={output!r})",
+                               lambda: writer.commit([r["part"].encode() for r in reports]))
+        logger.info(f"predict(): wrote the predictions as shards to {output}")
+        return writer.open()
+
+    def _on_rank0_for_all(self, what: str, action: Callable[[], None]) -> None:
+        """`action` on rank 0 (storage: once for the job); its ValueError or OSError a DataError on every
+        rank."""
+        failure = ""
+        if self.is_main:
+            try:
+                action()
+            except (ValueError, OSError) as exc:
+                failure = f"{what}: {exc}"
+        if verdict := self.collectives.broadcast_bytes(failure.encode() if self.is_main else None).decode():
+            raise DataError(verdict)
 
     def test(self, dataset: Any, checkpoint: str | None) -> dict[str, float]:
         """validation_step's metrics over `dataset` (the trainer's test_dataset() if None), the exact means

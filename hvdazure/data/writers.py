@@ -13,7 +13,7 @@ import io
 import json
 import os
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -49,6 +49,33 @@ def write_shards(samples: Any, output: str, format: str = "tar", shard_size: str
     torch Dataset) or an iterable, each item a dict sample, a tuple (fields "0", "1", ...) or one value
     (field "0"). Tensors become NumPy arrays and integer scalars ints. Shards fill up to `shard_size`
     (default 64MB) or hold `samples_per_shard` samples, one or the other."""
+    format_module(format)
+    check_no_shards(output, storage_options)
+    items: Iterable[dict[str, Any]] = _samples(samples)
+    if progress:
+        from tqdm import tqdm
+
+        items = tqdm(items, total=_length(samples), unit="sample", desc="writing shards", dynamic_ncols=True)
+    entries = write_shard_files(items, output, format, shard_size, samples_per_shard=samples_per_shard,
+                                prefix=prefix, storage_options=storage_options)
+    if not entries:
+        raise ValueError("no samples to write")
+    return write_index(output, entries, storage_options)
+
+
+def check_no_shards(output: str, storage_options: dict[str, Any] | None = None) -> None:
+    """A ValueError if `output` already holds shards or an index: shards are written into a new directory."""
+    _Output(output, storage_options).check_no_shards()
+
+
+def write_shard_files(samples: Iterable[dict[str, Any]], output: str, format: str = "tar",
+                      shard_size: str | int | None = None, *, samples_per_shard: int | None = None,
+                      prefix: str = "shard", storage_options: dict[str, Any] | None = None,
+                      ) -> list[ShardEntry]:
+    """The shards of dict `samples`, written in order as PREFIX-00000.EXT, ... into `output`, each whole
+    (a temporary name, or one upload); what an index records of them. No index is written: `write_index`
+    commits them (write_shards does both; ranks writing parts of one dataset call this each, and one of
+    them writes the index)."""
     module = format_module(format)
     if shard_size is not None and samples_per_shard is not None:
         raise ValueError("give shard_size or samples_per_shard, not both")
@@ -56,16 +83,10 @@ def write_shards(samples: Any, output: str, format: str = "tar", shard_size: str
         raise ValueError(f"samples_per_shard must be at least 1, got {samples_per_shard}")
     limit = parse_size(shard_size or DEFAULT_SHARD_SIZE) if samples_per_shard is None else None
     target = _Output(output, storage_options)
-    target.check_no_shards()
-    items: Iterable[dict[str, Any]] = _samples(samples)
-    if progress:
-        from tqdm import tqdm
-
-        items = tqdm(items, total=_length(samples), unit="sample", desc="writing shards", dynamic_ncols=True)
     entries: list[ShardEntry] = []
     shard: _Shard | None = None
     try:
-        for number, sample in enumerate(items):
+        for number, sample in enumerate(samples):
             payload, size = module.encode(sample, f"{number:09d}")
             if shard is not None and (shard.count == samples_per_shard or
                                       (limit is not None and shard.bytes + size > limit)):
@@ -80,10 +101,15 @@ def write_shards(samples: Any, output: str, format: str = "tar", shard_size: str
     finally:
         if shard is not None:
             shard.abandon()
-    if not entries:
-        raise ValueError("no samples to write")
-    index = ShardIndex(target.base, tuple(entries))
-    index.save(target.base, storage_options)
+    return entries
+
+
+def write_index(output: str, entries: Sequence[ShardEntry],
+                storage_options: dict[str, Any] | None = None) -> ShardIndex:
+    """Index `entries` (shards in `output`, in the order given) in `output`: the commit, written last."""
+    base = _Output(output, storage_options).base
+    index = ShardIndex(base, tuple(entries))
+    index.save(base, storage_options)
     return index
 
 

@@ -30,6 +30,7 @@ from hvdazure.core.object_store import redact
 from hvdazure.core.predictions import Outputs, as_outputs, check_rows
 from hvdazure.core.sample_plan import SampleOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
+from hvdazure.data.prediction_output import PredictionShards
 from hvdazure.tensorflow.checkpoint_content import (
     MODEL_FILE,
     KerasCheckpointContent,
@@ -186,6 +187,9 @@ class TensorFlowBackend(Backend):
             outputs = self._compiled.predict(data, data.take(indices))
             outputs = as_outputs("predict_step", outputs, output_as_numpy)
             yield check_rows("predict_step", outputs, len(indices))
+
+    def prediction_writer(self, output: str) -> PredictionShards:
+        return PredictionShards(output)
 
     def load_model_weights(self, checkpoint: str, which: str) -> str:
         with exported_checkpoint(checkpoint, which, MODEL_FILE) as (chosen, path):

@@ -30,6 +30,7 @@ from hvdazure.core.object_store import redact
 from hvdazure.core.predictions import Outputs, as_outputs, check_rows
 from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
+from hvdazure.data.prediction_output import PredictionShards
 from hvdazure.torch.checkpoint_content import MODEL_FILE, TorchCheckpointContent, load_mapped
 from hvdazure.torch.collectives import TorchCollectives
 from hvdazure.torch.data import DataView, data_view, empty_batch, epoch_loader, eval_batches, to_device
@@ -221,6 +222,9 @@ class TorchBackend(Backend):
             for indices, batch in self._inference_batches(data, [list(b) for b in batches], workers=True):
                 outputs = as_outputs("predict_step", self.user.predict_step(self.model, batch), _to_numpy)
                 yield check_rows("predict_step", outputs, len(indices))
+
+    def prediction_writer(self, output: str) -> PredictionShards:
+        return PredictionShards(output)
 
     def load_model_weights(self, checkpoint: str, which: str) -> str:
         with exported_checkpoint(checkpoint, which, MODEL_FILE) as (chosen, path):

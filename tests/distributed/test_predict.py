@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from distributed.harness import run_job
 
+from hvdazure.data import ShardedDataset
+
 N_PREDICT = 101  # workers/predict_job.py: batch_size 8, 3 ranks
 
 
@@ -70,8 +72,9 @@ def test_predict_and_test_are_exact_at_any_world_size(jobs):
 
 @pytest.mark.parametrize("jobs", [("torch", "gloo")], indirect=True, ids=["torch"])  # main() is the core's
 def test_the_scripts_command_line_predicts_and_tests_from_a_checkpoint(jobs, tmp_path):
-    """Trainer.main() (workers/script_modes_job.py, the same torch trainer): `predict` at 2 ranks writes the
-    same predictions as predict() at 1, `test` at 1 rank the same metrics as at 3."""
+    """Trainer.main() (workers/script_modes_job.py, the same torch trainer): `predict` at 2 ranks into a
+    .npz and at 3 ranks into shards writes the same predictions as predict() at 1, `test` at 1 rank the
+    same metrics as at 3."""
     _, checkpoints, (job, _), (_, one) = jobs
     predicted, metrics = tmp_path / "out" / "predictions.npz", tmp_path / "metrics.json"
     run = run_job("script_modes_job.py", "predict", "--checkpoint", str(checkpoints), "--output",
@@ -81,6 +84,14 @@ def test_the_scripts_command_line_predicts_and_tests_from_a_checkpoint(jobs, tmp
     with np.load(predicted) as stored:
         assert sorted(stored.files) == ["index", "y"]
         assert stored["y"].tobytes() == _predictions(one, 0, "loaded")["y"].tobytes()
+    shards = tmp_path / "as-shards"
+    run = run_job("script_modes_job.py", "predict", "--checkpoint", str(checkpoints), "--output", str(shards),
+                  out_dir=tmp_path, np=3, controller="mpi")
+    assert run.returncode == 0, run.output
+    written = ShardedDataset(str(shards))
+    assert [written[i]["index"] for i in range(len(written))] == list(range(N_PREDICT))
+    assert b"".join(written[i]["y"].tobytes() for i in range(N_PREDICT)) == \
+        _predictions(one, 0, "loaded")["y"].tobytes()
     run = run_job("script_modes_job.py", "test", "--checkpoint", str(checkpoints), "--output", str(metrics),
                   "--set", "checkpoint_dir=null", out_dir=tmp_path, np=1)
     assert run.returncode == 0, run.output

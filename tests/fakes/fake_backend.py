@@ -43,6 +43,7 @@ from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SampleOrder, UniformOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
 from hvdazure.core.trainer import Trainer, loop_of
+from hvdazure.data.prediction_output import PredictionShards
 
 T = TypeVar("T")
 
@@ -481,6 +482,9 @@ class FakeBackend(Backend):
             self.predicted_batches.append(list(batch))
             outputs = {"index": np.array(list(batch)), "y": data.x[list(batch)] @ self.weights}
             yield check_rows("predict_step", as_outputs("predict_step", outputs, np.asarray), len(batch))
+
+    def prediction_writer(self, output: str) -> PredictionShards:
+        return PredictionShards(output)  # hvdazure.data's, as the bindings: real shards
 
     def load_model_weights(self, checkpoint: str, which: str) -> str:
         with exported_checkpoint(checkpoint, which, "model.npy") as (chosen, path):

@@ -2,6 +2,7 @@
 a framework backend, ranks as threads), at many world sizes in milliseconds; the real bindings on real
 ranks: tests/distributed/test_predict.py."""
 
+import numpy as np
 import pytest
 from fakes.fake_backend import FakeTrainer, LinearProblem, ThreadWorld
 
@@ -9,6 +10,7 @@ from hvdazure import TrainConfig
 from hvdazure.core.backend import DataError
 from hvdazure.core.checkpoint_integrity import CheckpointError
 from hvdazure.core.config import ConfigError
+from hvdazure.data.index import INDEX_NAME
 
 PROBLEM = LinearProblem.make(num_samples=37, num_eval=23, dim=3, seed=4)
 UNSEEN = LinearProblem.make(num_samples=101, dim=3, seed=5)  # 101 samples: batches of 4, the last of 1
@@ -103,3 +105,61 @@ def test_no_dataset_and_no_hook_is_refused(tmp_path):
     outcome = world.run([lambda: (trainer.fit(), _outcome(lambda: trainer.predict()))])[0][1]
     assert outcome == "DataError: predict() needs a dataset: pass one, or implement predict_dataset()"
 
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 7])
+def test_predictions_written_as_shards_are_a_dataset_in_dataset_order(trained, tmp_path, world_size):
+    config, results = trained
+    output = tmp_path / "predictions"
+
+    def work(trainer):
+        return trainer.predict((UNSEEN.x, UNSEEN.y), checkpoint="latest", output=str(output))
+
+    datasets, _ = _run(world_size, config, work)
+    samples = [datasets[0][i] for i in range(len(datasets[0]))]
+    assert len(samples) == 101 and all(len(d) == 101 for d in datasets)
+    assert [s["index"] for s in samples] == list(range(101))
+    assert np.array([s["y"] for s in samples]).tobytes() == results[0][0]["y"].tobytes()
+    shards = sorted(p.name for p in output.glob("*.tar"))
+    assert {name.split("-")[1] for name in shards} == {f"{r:05d}" for r in range(min(world_size, 26))}
+
+
+def test_predictions_are_not_written_over_a_dataset(trained, tmp_path):
+    config, _ = trained
+    output = tmp_path / "predictions"
+
+    def work(trainer):
+        unseen = (UNSEEN.x, UNSEEN.y)
+        return _outcome(lambda: trainer.predict(unseen, checkpoint="latest", output=str(output)))
+
+    _run(2, config, work)
+    outcomes, _ = _run(2, config, work)
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0].startswith(f"DataError: predict(output='{output}'): {output} already holds shards")
+
+
+def test_a_rank_that_cannot_write_its_part_fails_every_rank_and_no_index_is_written(trained, tmp_path):
+    config, _ = trained
+    output = tmp_path / "predictions"
+    world = ThreadWorld(3)
+    trainers = [FakeTrainer(world, rank, PROBLEM, config) for rank in range(3)]
+    predict = trainers[1].backend.predict
+
+    def rank1_fails_midway(data, batches):
+        yield from predict(data, batches[:1])
+        raise OSError("disk full")
+
+    trainers[1].backend.predict = rank1_fails_midway  # rank 1 of the test double fails after one batch
+
+    def work(trainer):
+        try:
+            trainer.predict((UNSEEN.x, UNSEEN.y), checkpoint="latest", output=str(output))
+        except (OSError, DataError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    outcomes = world.run([lambda t=t: work(t) for t in trainers])
+    assert outcomes[1] == "OSError: disk full"  # its own error, raised where it happened
+    assert outcomes[0] == outcomes[2] == (
+        f"DataError: predict(output='{output}'): rank 1 could not write its predictions (OSError: disk "
+        "full); the directory has no index: predict into a new one")
+    assert not (output / INDEX_NAME).exists() and list(output.glob("*.tar"))

@@ -18,6 +18,9 @@ from hvdazure.core.script_modes import ScriptCommand, parse_command, write_outpu
      ScriptCommand("test", "best", None, ["--set", "batch_size=4"])),
     (["predict", "--set", "a=1", "--checkpoint", "abfs://c/ckpt", "--output", "p.npz"],
      ScriptCommand("predict", "abfs://c/ckpt", "p.npz", ["--set", "a=1"])),
+    (["predict", "--output", "abfs://c/predictions.v2"], ScriptCommand("predict", None,
+                                                                     "abfs://c/predictions.v2", [])),
+    (["predict", "--output", "out/predictions"], ScriptCommand("predict", None, "out/predictions", [])),
 ])
 def test_the_mode_and_its_options_are_taken_out_and_the_rest_is_the_configs(argv, expected, tmp_path,
                                                                             monkeypatch):
@@ -28,9 +31,10 @@ def test_the_mode_and_its_options_are_taken_out_and_the_rest_is_the_configs(argv
 @pytest.mark.parametrize(("argv", "message"), [
     (["train"], "unknown mode 'train': the first argument is one of fit, test, predict (default fit)"),
     (["--checkpoint", "best"], "--checkpoint is for test and predict; fit resumes with --set resume=auto"),
-    (["predict", "--checkpoint", "best"], "predict needs --output FILE.npz: where rank 0 writes the "
-                                          "predictions"),
-    (["predict", "--output", "p.csv"], "--output 'p.csv': predictions are written as .npz (.npy: one array)"),
+    (["predict", "--checkpoint", "best"], "predict needs --output: FILE.npz (rank 0 writes the predictions), "
+                                          "or a new directory or URL for shards"),
+    (["predict", "--output", "p.csv"], "--output 'p.csv': predictions go to a .npz (.npy: one array) file, "
+                                       "or to a directory or URL without an extension (shards)"),
     (["test", "--output", "m.npz"], "--output 'm.npz': test metrics are written as .json"),
     (["predict", "--checkp", "best", "--output", "p.npz"], None),  # no abbreviation: left to the config
 ])

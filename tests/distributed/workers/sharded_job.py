@@ -116,6 +116,10 @@ def torch_trainer(config: TrainConfig, trajectory: Trajectory):
             index, x, y = batch
             return {"mse": torch.nn.functional.mse_loss(model(x), y), "index": index.double().mean()}
 
+        def predict_step(self, model, batch):
+            index, x, _ = batch
+            return {"index": index, "y": model(x)}
+
         def params(self) -> list[np.ndarray]:
             return [p.detach().numpy() for p in self.model.parameters()]
 
@@ -210,10 +214,27 @@ def report(trainer, trajectory: Trajectory, history: list[dict], keras: dict | N
     })
 
 
+def predict_and_report(trainer, config: TrainConfig) -> None:
+    """extra.predict_to: predict the shards into that URL (a ShardedDataset), after fit() or, with
+    extra.predict_from (a checkpoint), without training; report the in-memory predictions too."""
+    extra = config.extra
+    checkpoint = extra.get("predict_from")
+    written = trainer.predict(dataset(config), checkpoint=checkpoint, output=extra["predict_to"])
+    in_memory = trainer.predict(dataset(config))
+    report_rank(trainer.rank, {"written_samples": len(written),
+                               "in_memory": {k: v.tolist() for k, v in in_memory.items()}})
+
+
 if __name__ == "__main__":
     config = TrainConfig.from_cli(log_every=1, progress_bar=False)
     make = {"torch": torch_trainer, "tensorflow": tensorflow_trainer}[config.extra["framework"]]
     trajectory = Trajectory()
     trainer = make(config, trajectory)
+    if config.extra.get("predict_from"):
+        predict_and_report(trainer, config)
+        raise SystemExit(0)
     history = trainer.fit()
+    if config.extra.get("predict_to"):
+        predict_and_report(trainer, config)
+        raise SystemExit(0)
     report(trainer, trajectory, history, keras_fit(config) if config.extra.get("keras") else None)
