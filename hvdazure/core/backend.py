@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from hvdazure.core.config import ControllerError
 from hvdazure.core.errors import UserError
 from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.predictions import Outputs, PredictionWriter
+from hvdazure.core.predictions import PredictionWriter
 from hvdazure.core.sample_plan import MicroBatch, SampleOrder
 from hvdazure.core.step_batches import StepCursor
 
@@ -197,24 +197,28 @@ class Backend(ABC):
 
     @abstractmethod
     def inference_data(self, dataset: Any, purpose: str) -> Any:
-        """A view (with `len`) of `dataset` for `predict` or `test` (`purpose`); None: the user's
-        `predict_dataset()` / `test_dataset()` hook's. A DataError where there is none."""
+        """The binding's view (with `len`) of the user's `dataset` for `predict` or `test` (`purpose`)."""
 
     @abstractmethod
-    def predict(self, data: Any, batches: list[range]) -> Iterator[Outputs]:
+    def predict(self, data: Any, batches: list[range]) -> Iterator[Any]:
         """predict_step's output for each of `batches` (sample indices of the `inference_data` view `data`),
-        as NumPy with one row per sample (core/predictions.py's as_outputs, check_rows), in order; the model
-        in inference mode (eval, no gradients) and left in the mode it had."""
+        as it returned it, in order; the model in inference mode (eval, no gradients) and left in the mode
+        it had. The core checks and converts them (core/predictions.py)."""
+
+    @abstractmethod
+    def output_as_numpy(self, value: Any) -> Any:
+        """One of predict_step's output tensors as a NumPy array, on the host."""
 
     @abstractmethod
     def prediction_writer(self, output: str) -> PredictionWriter:
         """Where `predict(output=...)` writes: shards of a ShardedDataset at `output` (path or URL)."""
 
+    model_file = "model"  # the name of the model's file in a checkpoint (FrameworkCheckpointContent's)
+
     @abstractmethod
-    def load_model_weights(self, checkpoint: str, which: str) -> str:
-        """Load the model's weights of a checkpoint (a checkpoint's directory, or `which` of a directory of
-        them), verified (core/checkpoint_export.py), on this rank; return the URL of the one loaded (as
-        logs show it). A CheckpointError if they do not fit."""
+    def load_model_file(self, path: str) -> None:
+        """Load the model's weights from `path`, a checkpoint's `model_file` already verified; a ValueError
+        saying what does not fit where the weights are not this model's."""
 
     @abstractmethod
     def set_lr(self, lr: float) -> None:

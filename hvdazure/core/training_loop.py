@@ -26,6 +26,7 @@ from hvdazure._version import __version__
 from hvdazure.core import run_context
 from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
+from hvdazure.core.checkpoint_export import exported_checkpoint
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.environments import Environment, detect_environment
@@ -33,9 +34,12 @@ from hvdazure.core.errors import exception_line
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import MetricAccumulator, RunningMean
+from hvdazure.core.object_store import redact
 from hvdazure.core.predictions import (
     Outputs,
     PredictionWriter,
+    as_outputs,
+    check_rows,
     gather_in_order,
     join_batches,
     prediction_batches,
@@ -201,14 +205,17 @@ class TrainingLoop:
         self._ready_for_inference("predict", checkpoint)
         if writer is not None:
             self._on_rank0_for_all(f"predict(output={output!r})", writer.check_empty)
-        data = self.backend.inference_data(dataset, "predict")
+        data = self.backend.inference_data(self._dataset_for("predict", dataset), "predict")
         if not len(data):
             raise DataError("predict(): the dataset holds no samples")
         batches = prediction_batches(len(data), self.config.batch_size, self.world_size, self.rank)
+        raw_outputs = zip(self.backend.predict(data, batches), batches, strict=True)
+        outputs = (check_rows("predict_step", as_outputs("predict_step", raw, self.backend.output_as_numpy),
+                              len(batch)) for raw, batch in raw_outputs)
         if writer is None:
-            mine = join_batches("predict_step", self.backend.predict(data, batches))
-            return gather_in_order(mine, self.collectives.allgather_bytes, len(data))
-        return self._write_predictions(writer, output or "", self.backend.predict(data, batches))
+            return gather_in_order(join_batches("predict_step", outputs), self.collectives.allgather_bytes,
+                                   len(data))
+        return self._write_predictions(writer, output or "", outputs)
 
     def _write_predictions(self, writer: PredictionWriter, output: str, batches: Iterator[Outputs]) -> Any:
         """Every rank writes its part; all learn whether every part was written (a rank that failed raises
@@ -247,13 +254,21 @@ class TrainingLoop:
         """validation_step's metrics over `dataset` (the trainer's test_dataset() if None), the exact means
         over all its samples as an evaluation in fit() computes them; from `checkpoint`'s weights if given."""
         self._ready_for_inference("test", checkpoint)
-        data = self.backend.inference_data(dataset, "test")
+        data = self.backend.inference_data(self._dataset_for("test", dataset), "test")
         meter = self._new_meter("validation_step")
         self.backend.evaluate(meter, data=data)
         reduced = meter.reduce(self.collectives.allgather_floats, self._gather_names)
         if not reduced.count:
             raise DataError("test(): the dataset holds no samples")
         return reduced.means
+
+    def _dataset_for(self, purpose: str, dataset: Any) -> Any:
+        """`dataset`, or the trainer's predict_dataset() / test_dataset() hook's; a DataError for none."""
+        if dataset is None:
+            dataset = self.trainer.predict_dataset() if purpose == "predict" else self.trainer.test_dataset()
+            if dataset is None:
+                raise DataError(f"{purpose}() needs a dataset: pass one, or implement {purpose}_dataset()")
+        return dataset
 
     def _ready_for_inference(self, what: str, checkpoint: str | None) -> None:
         """The ranks started and the model built (by a fit() or here, without the training data), and the
@@ -282,7 +297,13 @@ class TrainingLoop:
         outcome = b""  # rank 0's: "ok URL" or the error's message
         if self.is_main:
             try:
-                outcome = f"ok {self.backend.load_model_weights(where, which)}".encode()
+                with exported_checkpoint(where, which, self.backend.model_file) as (chosen, path):
+                    try:
+                        self.backend.load_model_file(path)
+                    except ValueError as exc:
+                        raise CheckpointError(f"{redact(where)}: its model does not fit this trainer's "
+                                              f"build_model(): {exc}") from None
+                outcome = f"ok {redact(chosen.url)}".encode()
             except CheckpointError as exc:
                 outcome = str(exc).encode()
         verdict = self.collectives.broadcast_bytes(outcome if self.is_main else None).decode()

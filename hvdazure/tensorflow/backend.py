@@ -21,13 +21,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.backend import Backend, DataError, RankStep
-from hvdazure.core.checkpoint_export import exported_checkpoint
-from hvdazure.core.checkpoint_integrity import CheckpointError
+from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
-from hvdazure.core.object_store import redact
-from hvdazure.core.predictions import Outputs, as_outputs, check_rows
 from hvdazure.core.sample_plan import SampleOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
 from hvdazure.data.prediction_output import PredictionShards
@@ -174,31 +170,26 @@ class TensorFlowBackend(Backend):
         return True
 
     def inference_data(self, dataset: Any, purpose: str) -> DataView:
-        if dataset is None:
-            dataset = self.user.predict_dataset() if purpose == "predict" else self.user.test_dataset()
-            if dataset is None:
-                raise DataError(f"{purpose}() needs a dataset: pass one, or implement {purpose}_dataset()")
         return data_view(dataset, f"{purpose}(dataset)")
 
-    def predict(self, data: DataView, batches: list[range]) -> Iterator[Outputs]:
+    def predict(self, data: DataView, batches: list[range]) -> Iterator[Any]:
         if batches:
             data.read_ahead(np.arange(batches[0].start, batches[-1].stop))  # sharded: its first shards, now
-        for indices in batches:
-            outputs = self._compiled.predict(data, data.take(indices))
-            outputs = as_outputs("predict_step", outputs, output_as_numpy)
-            yield check_rows("predict_step", outputs, len(indices))
+        return (self._compiled.predict(data, data.take(indices)) for indices in batches)
+
+    def output_as_numpy(self, value: Any) -> np.ndarray:
+        return output_as_numpy(value)
 
     def prediction_writer(self, output: str) -> PredictionShards:
         return PredictionShards(output)
 
-    def load_model_weights(self, checkpoint: str, which: str) -> str:
-        with exported_checkpoint(checkpoint, which, MODEL_FILE) as (chosen, path):
-            try:
-                load_variables(path, model_weights(self.model), MODEL_FILE)
-            except (OSError, ValueError, KeyError) as exc:
-                raise CheckpointError(f"{redact(checkpoint)}: its model does not fit this trainer's "
-                                      f"build_model(): {exc}") from None
-        return redact(chosen.url)
+    model_file = MODEL_FILE
+
+    def load_model_file(self, path: str) -> None:
+        try:
+            load_variables(path, model_weights(self.model), MODEL_FILE)
+        except (OSError, KeyError) as exc:
+            raise ValueError(f"{MODEL_FILE} is not a model of the TensorFlow binding ({exc})") from None
 
     def metric_to_float64(self, value: Any) -> Any:
         # On the host a metric is read as a Python float: the same float64 arithmetic as TensorFlow's, without

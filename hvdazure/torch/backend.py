@@ -21,13 +21,9 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvdazure.core.backend import Backend, DataError, RankStep
-from hvdazure.core.checkpoint_export import exported_checkpoint
-from hvdazure.core.checkpoint_integrity import CheckpointError
+from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
-from hvdazure.core.object_store import redact
-from hvdazure.core.predictions import Outputs, as_outputs, check_rows
 from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
 from hvdazure.data.prediction_output import PredictionShards
@@ -211,30 +207,30 @@ class TorchBackend(Backend):
         return True
 
     def inference_data(self, dataset: Any, purpose: str) -> DataView:
-        if dataset is None:
-            dataset = self.user.predict_dataset() if purpose == "predict" else self.user.test_dataset()
-            if dataset is None:
-                raise DataError(f"{purpose}() needs a dataset: pass one, or implement {purpose}_dataset()")
         return data_view(dataset, f"{purpose}(dataset)")
 
-    def predict(self, data: DataView, batches: list[range]) -> Iterator[Outputs]:
+    def predict(self, data: DataView, batches: list[range]) -> Iterator[Any]:
         with self._inference(keep_modes=True):
-            for indices, batch in self._inference_batches(data, [list(b) for b in batches], workers=True):
-                outputs = as_outputs("predict_step", self.user.predict_step(self.model, batch), _to_numpy)
-                yield check_rows("predict_step", outputs, len(indices))
+            for _, batch in self._inference_batches(data, [list(b) for b in batches], workers=True):
+                yield self.user.predict_step(self.model, batch)
+
+    def output_as_numpy(self, value: Any) -> np.ndarray:
+        """A predict_step output copied to the host as NumPy (bf16, which NumPy lacks, as float32)."""
+        if not isinstance(value, torch.Tensor):
+            return np.asarray(value)
+        value = value.detach()
+        return (value.float() if value.dtype == torch.bfloat16 else value).cpu().numpy()
 
     def prediction_writer(self, output: str) -> PredictionShards:
         return PredictionShards(output)
 
-    def load_model_weights(self, checkpoint: str, which: str) -> str:
-        with exported_checkpoint(checkpoint, which, MODEL_FILE) as (chosen, path):
-            try:
-                self.model.load_state_dict(load_mapped(path, self.device))
-            except RuntimeError as exc:  # torch's message lists every key and shape; its first two lines say
-                what = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2])
-                raise CheckpointError(f"{redact(checkpoint)}: its model does not fit this trainer's "
-                                      f"build_model(): {what}") from None
-        return redact(chosen.url)
+    model_file = MODEL_FILE
+
+    def load_model_file(self, path: str) -> None:
+        try:
+            self.model.load_state_dict(load_mapped(path, self.device))
+        except RuntimeError as exc:  # torch's message lists every key and shape; its first two lines say
+            raise ValueError(" ".join(line.strip() for line in str(exc).strip().splitlines()[:2])) from None
 
     @contextlib.contextmanager
     def _inference(self, keep_modes: bool) -> Iterator[None]:
@@ -298,12 +294,3 @@ def _loss_and_metrics(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     check_metric_shape("training_step", "loss", tuple(getattr(loss, "shape", ())))
     return loss, metrics
 
-
-def _to_numpy(value: Any) -> Any:
-    """A predict_step output as NumPy, copied to the host (bf16, which NumPy lacks, as float32)."""
-    if not isinstance(value, torch.Tensor):
-        return np.asarray(value)
-    value = value.detach()
-    if value.dtype == torch.bfloat16:
-        value = value.float()
-    return value.cpu().numpy()

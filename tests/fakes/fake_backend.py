@@ -32,13 +32,10 @@ from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
-from hvdazure.core.backend import Backend, Collectives, DataError, FrameworkCheckpointContent, RankStep
+from hvdazure.core.backend import Backend, Collectives, FrameworkCheckpointContent, RankStep
 from hvdazure.core.callbacks import Callback
-from hvdazure.core.checkpoint_export import exported_checkpoint
-from hvdazure.core.checkpoint_integrity import CheckpointError
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
-from hvdazure.core.predictions import Outputs, as_outputs, check_rows
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SampleOrder, UniformOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
@@ -351,6 +348,14 @@ class FakeTrainer(Trainer):
         """Evaluation metrics besides the loss for one batch of the evaluation set; none by default."""
         return {}
 
+    def predict_dataset(self) -> Any:
+        """The data predict() predicts when given none: none, as the bindings' default."""
+        return None
+
+    def test_dataset(self) -> Any:
+        """The data test() evaluates when given none: the problem's evaluation set, (x, y), if any."""
+        return None if self.problem.eval_y is None else (self.problem.eval_x, self.problem.eval_y)
+
     def receive_signal(self, signum: int = signal.SIGTERM) -> None:
         """What a real rank's SIGTERM/SIGINT handler does (TrainingLoop.note_signal)."""
         loop_of(self).note_signal(signum)
@@ -469,31 +474,28 @@ class FakeBackend(Backend):
         return True
 
     def inference_data(self, dataset: Any, purpose: str) -> FakeData:
-        """`dataset`: (x, y) arrays; None: the problem's evaluation set."""
-        if dataset is None:
-            if self.problem.eval_y is None:
-                raise DataError(f"{purpose}() needs a dataset: pass one, or implement {purpose}_dataset()")
-            return FakeData(self.problem.eval_x, self.problem.eval_y)
+        """`dataset`: (x, y) arrays."""
         return FakeData(*dataset)
 
-    def predict(self, data: FakeData, batches: list[range]) -> Iterator[Outputs]:
-        """Each sample's index and prediction x @ w (as the real bindings, through core/predictions.py)."""
+    def predict(self, data: FakeData, batches: list[range]) -> Iterator[Any]:
+        """Each sample's index and prediction x @ w."""
         for batch in batches:
             self.predicted_batches.append(list(batch))
-            outputs = {"index": np.array(list(batch)), "y": data.x[list(batch)] @ self.weights}
-            yield check_rows("predict_step", as_outputs("predict_step", outputs, np.asarray), len(batch))
+            yield {"index": np.array(list(batch)), "y": data.x[list(batch)] @ self.weights}
+
+    def output_as_numpy(self, value: Any) -> Any:
+        return np.asarray(value)
 
     def prediction_writer(self, output: str) -> PredictionShards:
         return PredictionShards(output)  # hvdazure.data's, as the bindings: real shards
 
-    def load_model_weights(self, checkpoint: str, which: str) -> str:
-        with exported_checkpoint(checkpoint, which, "model.npy") as (chosen, path):
-            weights = np.load(path, allow_pickle=False)
+    model_file = "model.npy"
+
+    def load_model_file(self, path: str) -> None:
+        weights = np.load(path, allow_pickle=False)
         if weights.shape != self.weights.shape:
-            raise CheckpointError(f"{checkpoint}: its model does not fit: {weights.shape}, the model "
-                                  f"{self.weights.shape}")
+            raise ValueError(f"weights of shape {weights.shape}, the model's {self.weights.shape}")
         self.weights = weights
-        return chosen.url
 
     def _allreduce_average(self, values: np.ndarray, name: str) -> np.ndarray:
         """As Horovod's Average: the sum over ranks (in rank order), divided by the world size."""
