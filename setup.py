@@ -41,6 +41,8 @@ setup(
                      "pathspec>=0.11"],  # azureml-train-core: HyperDriveConfig (hvdazure submit sweep)
         # hvdazure.data: Parquet shards (pyarrow); TFRecord framing checksums (CRC32C, google-crc32c)
         "data": ["pyarrow>=14", "google-crc32c>=1.5"],
+        # hvdazure.torch.export to ONNX: torch.onnx's exporter, and onnxruntime to check the artifact
+        "onnx": ["onnx>=1.17", "onnxscript>=0.5", "onnxruntime>=1.20"],
         "tensorboard": ["tensorboard>=2.14"],
         "mlflow": ["mlflow-skinny>=2.10", "sqlalchemy>=2", "alembic>=1.12"],
         # hvdazure sweep; mpi4py must be built from source against Horovod's MPI (scripts/setup_env.sh)

@@ -127,3 +127,4 @@ def load_weights(checkpoint: str, which: str = "latest") -> list[np.ndarray]:
         except (OSError, ValueError, KeyError) as exc:
             raise CheckpointError(f"{checkpoint}: {MODEL_FILE} is not a model of the TensorFlow binding "
                                   f"({exc})") from None
+

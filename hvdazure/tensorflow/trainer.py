@@ -10,8 +10,10 @@ import keras
 
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
+from hvdazure.core.model_export import Exported
 from hvdazure.core.trainer import Trainer
 from hvdazure.tensorflow.backend import TensorFlowBackend
+from hvdazure.tensorflow.model_export import export_model
 
 
 class TensorFlowTrainer(Trainer):
@@ -66,6 +68,14 @@ class TensorFlowTrainer(Trainer):
     def test_dataset(self) -> Any:
         """The data `test()` evaluates when given none; default: eval_dataset()."""
         return self.eval_dataset()
+
+    # --- after training ------------------------------------------------------------------------------------
+    def export(self, path: str, format: str = "keras", example_input: Any = None) -> Exported:
+        """Export the model (trained by fit(), or loaded by predict/test's checkpoint) to `path`: "keras" (a
+        .keras file) or "saved_model" (a TensorFlow SavedModel directory). The artifact is reloaded and must
+        compute what the model does on `example_input` (default: a batch made from the model's input
+        specs), or nothing is written (tensorflow/model_export.py). Call it on one rank (rank 0)."""
+        return export_model(self.model, path, format, example_input)
 
     # --- what the hooks may read, once fit() has built them ----------------------------------------------
     @property

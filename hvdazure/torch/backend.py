@@ -24,6 +24,7 @@ import torch
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
+from hvdazure.core.model_export import ExportError
 from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
 from hvdazure.data.prediction_output import PredictionShards
@@ -213,6 +214,36 @@ class TorchBackend(Backend):
         with self._inference(keep_modes=True):
             for _, batch in self._inference_batches(data, [list(b) for b in batches], workers=True):
                 yield self.user.predict_step(self.model, batch)
+
+    def example_model_input(self) -> tuple[Any, ...]:
+        """The model's positional inputs on the training data's first batch, as the user's own step gives
+        them (predict_step's, else validation_step's, else training_step's first forward call, caught by
+        a hook; nothing of it is kept), for tracing an export."""
+        if not hasattr(self, "model"):
+            raise ExportError("export() needs the model built: after fit(), or predict()/test() with a "
+                              "checkpoint; or use hvdazure.torch.export(checkpoint, path, model, example)")
+        data = getattr(self, "_train_data", None) or data_view(self.user.train_dataset(), "train_dataset()")
+        first = list(range(min(len(data), max(2, self.config.batch_size))))
+        seen: list[tuple[Any, ...]] = []
+
+        def capture(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            if not seen:
+                seen.append(tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args))
+
+        handle = self.model.register_forward_pre_hook(capture)
+        try:
+            with self._inference(keep_modes=True):
+                for _, batch in self._inference_batches(data, [first], workers=False):
+                    for step in (self.user.predict_step, self.user.validation_step, self.user.training_step):
+                        with contextlib.suppress(NotImplementedError):
+                            step(self.model, batch)
+                            break
+        finally:
+            handle.remove()
+        if not seen:
+            raise ExportError("no step called the model on the training data's first batch: give export() "
+                              "an example_input")
+        return seen[0]
 
     def output_as_numpy(self, value: Any) -> np.ndarray:
         """A predict_step output copied to the host as NumPy (bf16, which NumPy lacks, as float32)."""

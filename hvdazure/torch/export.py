@@ -1,11 +1,15 @@
-"""Model weights from a checkpoint, for inference without the trainer."""
+"""Model weights from a checkpoint, for inference without the trainer, and the model exported from one."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from hvdazure.core.checkpoint_export import exported_file
+from hvdazure.core.model_export import Exported
 from hvdazure.torch.checkpoint_content import MODEL_FILE, load_mapped
+from hvdazure.torch.model_export import export_model
 
 
 def load_weights(checkpoint: str, which: str = "latest", map_location: str | torch.device = "cpu",
@@ -21,3 +25,16 @@ def load_weights(checkpoint: str, which: str = "latest", map_location: str | tor
     """
     with exported_file(checkpoint, which, MODEL_FILE) as path:
         return load_mapped(path, map_location)
+
+
+def export(checkpoint: str, path: str, model: torch.nn.Module, example_input: tuple[Any, ...],
+           format: str = "onnx", which: str = "latest") -> Exported:
+    """`model` (as build_model makes it) with the weights of `checkpoint` (as `load_weights` takes it),
+    exported to `path` in `format` ("onnx", "torchscript", "exported_program"), traced on
+    `example_input` (a tuple of its positional inputs) and checked against the model on it before it is
+    put in place (torch/model_export.py). Without a trainer or Horovod:
+
+        hvdazure.torch.export("outputs/checkpoints", "model.onnx", Net(), (torch.randn(8, 64),), which="best")
+    """
+    model.load_state_dict(load_weights(checkpoint, which))
+    return export_model(model, example_input, path, format)

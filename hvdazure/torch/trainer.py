@@ -12,8 +12,10 @@ from torch.utils.data import default_collate as _default_collate
 
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
+from hvdazure.core.model_export import Exported
 from hvdazure.core.trainer import Trainer
 from hvdazure.torch.backend import TorchBackend
+from hvdazure.torch.model_export import export_model
 
 
 class TorchTrainer(Trainer):
@@ -69,6 +71,17 @@ class TorchTrainer(Trainer):
     def collate(self, samples: list[Any]) -> Any:
         """Make a batch of samples; default: torch's default_collate."""
         return _default_collate(samples)
+
+    # --- after training ------------------------------------------------------------------------------------
+    def export(self, path: str, format: str = "onnx", example_input: tuple[Any, ...] | None = None,
+               ) -> Exported:
+        """Export the model (trained by fit(), or loaded by predict/test's checkpoint) to `path`: "onnx"
+        (for onnxruntime, Azure ML managed endpoints), "torchscript" or "exported_program" (torch.export).
+        The example input to trace is the model's own input on the training data's first batch unless
+        given (a tuple of positional inputs); the artifact is reloaded and must compute what the model
+        does on it, or nothing is written (torch/model_export.py). Call it on one rank (rank 0)."""
+        example = example_input if example_input is not None else self.__backend.example_model_input()
+        return export_model(self.model, example, path, format)
 
     # --- what the hooks may read, once fit() has built them ----------------------------------------------
     @property

@@ -97,3 +97,37 @@ def test_the_scripts_command_line_predicts_and_tests_from_a_checkpoint(jobs, tmp
     assert run.returncode == 0, run.output
     assert json.loads(metrics.read_text()) == pytest.approx(job.reports[0]["trained_test"], rel=1e-12)
     assert not [p.name for p in tmp_path.rglob(".*")]  # written whole: no temporary file left
+
+
+def test_the_exports_compute_the_predictions(jobs):
+    """The trained model exported by trainer.export (ONNX, .keras) and the checkpoint's by export (an
+    ExportedProgram, a SavedModel), each loaded here on its own, predict the 101 samples as predict() did."""
+    framework, _, (_, three), (_, one) = jobs
+    _, values = _index_and_values(_predictions(one, 0, "loaded"))
+    x = _prediction_inputs()
+    if framework == "torch":
+        import onnxruntime
+        import torch
+
+        session = onnxruntime.InferenceSession(str(three / "model.onnx"), providers=["CPUExecutionProvider"])
+        by_onnx = session.run(None, {session.get_inputs()[0].name: x})[0]
+        with torch.no_grad():
+            by_program = torch.export.load(str(one / "model.pt2")).module()(torch.from_numpy(x)).numpy()
+        outputs = {"onnx": by_onnx, "exported_program": by_program}
+    else:
+        import keras
+        import tensorflow as tf
+
+        keras.config.set_floatx("float64")
+        saved = tf.saved_model.load(str(one / "saved_model"))
+        outputs = {"keras": np.asarray(keras.models.load_model(three / "model.keras")(x, training=False)),
+                   "saved_model": np.asarray(saved.serve(x))}
+    for format, got in outputs.items():
+        np.testing.assert_allclose(got, values, rtol=1e-12, atol=1e-12, err_msg=format)  # float64 all through
+    assert not list(three.glob(".*")) and not list(one.glob(".*"))  # no temporary artifact left behind
+
+
+def _prediction_inputs():
+    """The 101 inputs workers/predict_job.py predicts (its predict_dataset, seed 3), float64."""
+    rng = np.random.default_rng(3)
+    return rng.normal(size=(N_PREDICT, 3))

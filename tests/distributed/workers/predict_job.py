@@ -12,6 +12,8 @@ train: fit one epoch with checkpoints in CHECKPOINT_DIR, then predict and test w
 load:  only a trainer's predict/test from the checkpoint directory (given as a path), as a separate
        job at another world size would.
 Rank r writes its predictions to HVDAZURE_TEST_OUT/predictions-<r>-<name>.npz and reports the metrics.
+Exports: train, rank 0: the trained model (trainer.export: model.onnx, model.keras); load: from the
+checkpoint directory without a trainer (export: model.pt2, saved_model/).
 """
 
 import importlib
@@ -91,6 +93,9 @@ if __name__ == "__main__":
     if MODE == "train":
         trained = Predicting(config)
         trained.fit()
+        if trained.rank == 0:  # the trained model exported, the example input caught from its own step
+            out = Path(os.environ["HVDAZURE_TEST_OUT"])
+            trained.export(str(out / ("model.onnx" if FRAMEWORK == "torch" else "model.keras")))
         save(trained, "trained", trained.predict())
         report["trained_test"] = trained.test()
         last = trained.state.history[-1]
@@ -104,6 +109,16 @@ if __name__ == "__main__":
     else:
         loaded = Predicting(config.replace(checkpoint_dir=None))
         save(loaded, "loaded", loaded.predict(checkpoint=CHECKPOINTS))
+        out = Path(os.environ["HVDAZURE_TEST_OUT"])  # and exported from the checkpoint, without a trainer
+        if FRAMEWORK == "torch":
+            from hvdazure.torch import export
+
+            export(CHECKPOINTS, str(out / "model.pt2"), torch.nn.Linear(3, 1, dtype=torch.float64),
+                   (torch.zeros(4, 3, dtype=torch.float64),), format="exported_program")
+        else:
+            from hvdazure.tensorflow import export
+
+            export(CHECKPOINTS, str(out / "saved_model"), Predicting(config).build_model(), "saved_model")
         report["loaded_test"] = loaded.test()
         report["train_dataset_calls"] = [loaded.train_dataset_calls]
     report_rank(loaded.rank, report)
