@@ -92,14 +92,22 @@ class MetricAccumulator:
     def add(self, metrics: Mapping[str, Any], count: int) -> None:
         """Add one batch's metrics (means over its `count` samples, each one number: a HookReturnError
         otherwise). A batch of no samples adds nothing."""
+        self._add(metrics, count, self.hook)
+        self._samples += count
+
+    def add_logged(self, metrics: Mapping[str, Any], count: int) -> None:
+        """Add metrics a step logged besides its batch's (Trainer.log_metrics), weighted by `count`, the
+        samples they speak for; the samples themselves are counted with the batch."""
+        self._add(metrics, count, "log_metrics")
+
+    def _add(self, metrics: Mapping[str, Any], count: int, hook: str) -> None:
         if count:
             for name, value in metrics.items():
                 shape = getattr(value, "shape", ())  # a tensor's or array's, read without synchronising
                 if shape:
-                    check_metric_shape(self.hook, name, tuple(shape))
+                    check_metric_shape(hook, name, tuple(shape))
                 self._sums[name] = self._sums.get(name, 0.0) + self._to_float64(value) * count
                 self._counts[name] = self._counts.get(name, 0) + count
-        self._samples += count
 
     @property
     def names(self) -> list[str]:

@@ -127,6 +127,14 @@ class Trainer:
         """Log on rank 0 only."""
         logger.info(message)
 
+    def log_metrics(self, metrics: dict[str, Any]) -> None:
+        """Log scalar metrics beside those training_step returns, from training_step (PyTorch) or a
+        callback's on_step_begin / on_step_end: reduced over ranks with the step's metrics (each rank's
+        value weighted by its samples of the step, one fused collective per log interval), shown in the
+        log line, TensorBoard, MLflow and the epoch's history as train_<name>. Every rank may log
+        different names (each is averaged over the samples that reported it)."""
+        self.__loop.log_metrics(metrics)
+
     def set_lr(self, lr: float) -> None:
         """Set the optimizer's learning rate (LRScheduleCallback does, every step the schedule changes it)."""
         self.__loop.set_lr(lr)

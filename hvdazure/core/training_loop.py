@@ -33,7 +33,7 @@ from hvdazure.core.environments import Environment, detect_environment
 from hvdazure.core.errors import exception_line
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
-from hvdazure.core.metrics import MetricAccumulator, RunningMean
+from hvdazure.core.metrics import HookReturnError, MetricAccumulator, RunningMean
 from hvdazure.core.object_store import redact
 from hvdazure.core.predictions import (
     Outputs,
@@ -89,6 +89,8 @@ class TrainingLoop:
         self._built_for_inference = False  # a predict()/test() before any fit() started ranks, built a model
         self._signal: int | None = None  # a stop signal this rank received
         self._signal_reason: str | None = None  # what asked for it, when not a real signal
+        self._step_samples_here: int | None = None  # this rank's samples in the step running (log_metrics)
+        self._in_run_step = False  # inside the backend's step: training_step may be what logs
 
     # --- derived facts -----------------------------------------------------------------------------------
     @property
@@ -124,6 +126,24 @@ class TrainingLoop:
     def set_lr(self, lr: float) -> None:
         """Set the optimizer's learning rate (LRScheduleCallback does, every step the schedule changes it)."""
         self.backend.set_lr(lr)
+
+    def log_metrics(self, metrics: dict[str, Any]) -> None:
+        """Metrics besides training_step's, reduced with them: weighted by this rank's samples of the step
+        (of the micro-batch, from within training_step), in the interval's one collective, on to every
+        logger and the epoch's history. From training_step or a step's callbacks only; one number each."""
+        if self._step_samples_here is None:
+            raise ConfigError("log_metrics is for a training step: call it from training_step or a "
+                              "callback's on_step_begin / on_step_end (return evaluation metrics from "
+                              "validation_step)")
+        if "loss" in metrics:
+            raise ConfigError("log_metrics: 'loss' is training_step's own metric; log it under another name")
+        for name, value in metrics.items():
+            if isinstance(value, bool) or not (isinstance(value, int | float) or hasattr(value, "shape")):
+                raise HookReturnError(f"log_metrics: {name!r} is a {type(value).__name__}: log one number "
+                                      "(or a one-element tensor)")
+        micro_batch = self.backend.micro_batch if self._in_run_step else None
+        count = len(micro_batch.indices) if micro_batch is not None else self._step_samples_here
+        self._meter.add_logged(dict(metrics), count)
 
     def save_checkpoint(self, reason: str = "manual", wait: bool = True) -> str | None:
         """Checkpoint now; every rank must call this at the same step. With wait=False rank 0 writes in the
@@ -166,9 +186,14 @@ class TrainingLoop:
         s = self.state
         self._emit("on_epoch_start")
         for micro_batches in self._step_batches.epoch(s.epoch, start_sample=s.samples_in_epoch):
+            self._step_samples_here = sum(len(mb.indices) for mb in micro_batches)
             self._emit("on_step_begin")
-            signal_votes = self.backend.run_step(self._rank_step(micro_batches), self._meter,
-                                                  self._stop_vote())
+            self._in_run_step = True
+            try:
+                signal_votes = self.backend.run_step(self._rank_step(micro_batches), self._meter,
+                                                      self._stop_vote())
+            finally:
+                self._in_run_step = False
             s.step += 1
             s.step_in_epoch += 1
             s.samples_in_epoch += micro_batches[0].step_samples
@@ -177,6 +202,7 @@ class TrainingLoop:
             if s.metrics_reduced:
                 self._reduce_metrics_and_votes()
             self._emit("on_step_end")
+            self._step_samples_here = None
             if signal_votes > 0:
                 self._stop_for_signal()
             if s.should_stop or self._max_steps_reached():
@@ -574,6 +600,9 @@ class TrainingLoop:
                                      flags=[float(s.stop_requested)])
         if reduced.count:
             s.train_metrics = reduced.means
+        elif reduced.means:  # only metrics logged after the interval's last reduction (log_metrics)
+            s.train_metrics = {**s.train_metrics, **reduced.means}
+        if reduced.means:
             self._epoch_means.add(reduced)
         if reduced.flags[0]:
             s.should_stop = True

@@ -10,6 +10,7 @@ import keras
 
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
+from hvdazure.core.metrics import HookReturnError
 from hvdazure.core.model_export import Exported
 from hvdazure.core.trainer import Trainer
 from hvdazure.tensorflow.backend import TensorFlowBackend
@@ -68,6 +69,16 @@ class TensorFlowTrainer(Trainer):
     def test_dataset(self) -> Any:
         """The data `test()` evaluates when given none; default: eval_dataset()."""
         return self.eval_dataset()
+
+    def log_metrics(self, metrics: dict[str, Any]) -> None:
+        """As Trainer.log_metrics, from a callback: training_step runs compiled (a tf.function), where a
+        Python call would run once, when it is traced; return its metrics in training_step's dict."""
+        import tensorflow as tf
+
+        if tf.inside_function():
+            raise HookReturnError("log_metrics inside training_step, which runs compiled (tf.function): "
+                                  "return the metric in training_step's dict instead")
+        super().log_metrics(metrics)
 
     # --- after training ------------------------------------------------------------------------------------
     def export(self, path: str, format: str = "keras", example_input: Any = None) -> Exported:

@@ -43,7 +43,7 @@ def jobs(request, tmp_path_factory):
 
 
 def test_predict_and_test_are_exact_at_any_world_size(jobs):
-    _, checkpoints, (job, three), (alone, one) = jobs
+    framework, checkpoints, (job, three), (alone, one) = jobs
 
     reference = _predictions(one, 0, "loaded")
     index, values = _index_and_values(reference)
@@ -67,6 +67,11 @@ def test_predict_and_test_are_exact_at_any_world_size(jobs):
     assert report["other_model"].startswith(
         f"CheckpointError: {checkpoints}: its model does not fit this trainer's build_model(): ")
     assert "\n" not in report["other_model"]
+    assert report["train_seven"] == 7.0  # trainer.log_metrics from a callback, reduced into the history
+    if framework == "tensorflow":
+        assert report["log_in_compiled_step"] == (
+            "HookReturnError: log_metrics inside training_step, which runs compiled (tf.function): return "
+            "the metric in training_step's dict instead")
     assert all(job.reports[rank] == report for rank in range(3))  # the same outcome on every rank
 
 

@@ -441,6 +441,7 @@ class FakeBackend(Backend):
                 weights.append(None)
                 continue
             assert batch == micro_batch.indices, "the step's batches are not its micro-batches"
+            self.micro_batch = micro_batch  # as the bindings: training_step (here training_metrics) reads it
             self.forward_passes += 1
             loss, micro_gradient = self.problem.loss_and_gradient(self.weights, batch)
             gradient += weight * micro_gradient

@@ -9,6 +9,8 @@ train: fit one epoch with checkpoints in CHECKPOINT_DIR, then predict and test w
        second trainer predicts and tests from checkpoint="latest" without fit() (no training data read);
        a third's predict() without a checkpoint and a fourth's from a checkpoint of another model are
        refused (their one-line messages reported).
+       The trained run logs a metric with trainer.log_metrics from a callback (reported: its epoch mean);
+       TensorFlow: log_metrics inside the compiled training_step is refused (reported).
 load:  only a trainer's predict/test from the checkpoint directory (given as a path), as a separate
        job at another world size would.
 Rank r writes its predictions to HVDAZURE_TEST_OUT/predictions-<r>-<name>.npz and reports the metrics.
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from _report import report_rank
 
-from hvdazure import TrainConfig
+from hvdazure import Callback, TrainConfig
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.config import ConfigError
 
@@ -72,6 +74,18 @@ else:
         def build_model(self):
             return keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
 
+    class LogsInStep(Predicting):
+        def training_step(self, model, batch):
+            self.log_metrics({"in_step": 1.0})
+            return super().training_step(model, batch)
+
+
+class LogsEveryStep(Callback):
+    """trainer.log_metrics from a callback: 7 on every rank, so the epoch's mean is exactly 7."""
+
+    def on_step_end(self, trainer):
+        trainer.log_metrics({"seven": 7.0})
+
 
 def save(trainer, name: str, predictions) -> None:
     arrays = predictions if isinstance(predictions, dict) else {"all": predictions}
@@ -91,8 +105,9 @@ if __name__ == "__main__":
                          checkpoint_dir=CHECKPOINTS, extra={"n_train": 37, "n_eval": 23})
     report = {}
     if MODE == "train":
-        trained = Predicting(config)
+        trained = Predicting(config, callbacks=[LogsEveryStep()])
         trained.fit()
+        report["train_seven"] = trained.state.history[-1].get("train_seven")
         if trained.rank == 0:  # the trained model exported, the example input caught from its own step
             out = Path(os.environ["HVDAZURE_TEST_OUT"])
             trained.export(str(out / ("model.onnx" if FRAMEWORK == "torch" else "model.keras")))
@@ -106,6 +121,9 @@ if __name__ == "__main__":
         report["train_dataset_calls"] = [trained.train_dataset_calls, loaded.train_dataset_calls]
         report["unloaded"] = refusal(lambda: Predicting(config).predict())
         report["other_model"] = refusal(lambda: OtherModel(config).predict(checkpoint="latest"))
+        if FRAMEWORK == "tensorflow":  # training_step runs compiled: log_metrics there is refused
+            plain = config.replace(checkpoint_dir=None)
+            report["log_in_compiled_step"] = refusal(lambda: LogsInStep(plain).fit())
     else:
         loaded = Predicting(config.replace(checkpoint_dir=None))
         save(loaded, "loaded", loaded.predict(checkpoint=CHECKPOINTS))

@@ -55,9 +55,9 @@ class Recorder(Callback):
 
 
 class RegressionTrainer(TensorFlowTrainer):
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, callbacks=()) -> None:
         self.recorder = Recorder()
-        super().__init__(config, callbacks=[self.recorder])
+        super().__init__(config, callbacks=[self.recorder, *callbacks])
         self.seen: dict[int, list[int]] = {}
         self.not_the_planned_batch = 0  # batches whose indices differ from trainer.micro_batch's
         self.traces = {"training_step": 0, "validation_step": 0}

@@ -68,9 +68,9 @@ class Recorder(Callback):
 
 
 class RegressionTrainer(TorchTrainer):
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, callbacks=()) -> None:
         self.recorder = Recorder()
-        super().__init__(config, callbacks=[self.recorder])
+        super().__init__(config, callbacks=[self.recorder, *callbacks])
         self.seen: dict[int, list[int]] = {}
         self.training_step_calls = 0
 
