@@ -11,7 +11,7 @@ travel in one allgather and every rank returns the whole.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -58,6 +58,14 @@ def check_rows(hook: str, outputs: Outputs, rows: int) -> Outputs:
             raise HookReturnError(f"{what} of {shape} for a batch of {rows} samples: return one row per "
                                   "sample (the batch's first dimension)")
     return outputs
+
+
+def checked_outputs(hook: str, raw: Iterable[Any], batches: list[range],
+                    to_numpy: Callable[[Any], np.ndarray]) -> Iterator[Outputs]:
+    """What `hook` returned for each of `batches` (in order), as NumPy, each checked to hold a row per
+    sample (as_outputs, check_rows)."""
+    for value, batch in zip(raw, batches, strict=True):
+        yield check_rows(hook, as_outputs(hook, value, to_numpy), len(batch))
 
 
 def join_batches(hook: str, batches: Iterable[Outputs]) -> Outputs | None:

@@ -38,8 +38,7 @@ from hvdazure.core.object_store import redact
 from hvdazure.core.predictions import (
     Outputs,
     PredictionWriter,
-    as_outputs,
-    check_rows,
+    checked_outputs,
     gather_in_order,
     join_batches,
     prediction_batches,
@@ -230,14 +229,14 @@ class TrainingLoop:
         writer = self.backend.prediction_writer(output) if output is not None else None
         self._ready_for_inference("predict", checkpoint)
         if writer is not None:
-            self._on_rank0_for_all(f"predict(output={output!r})", writer.check_empty)
+            self._on_rank0_for_all(writer.check_empty, (ValueError, OSError), DataError,
+                                   f"predict(output={output!r}): ")
         data = self.backend.inference_data(self._dataset_for("predict", dataset), "predict")
         if not len(data):
             raise DataError("predict(): the dataset holds no samples")
         batches = prediction_batches(len(data), self.config.batch_size, self.world_size, self.rank)
-        raw_outputs = zip(self.backend.predict(data, batches), batches, strict=True)
-        outputs = (check_rows("predict_step", as_outputs("predict_step", raw, self.backend.output_as_numpy),
-                              len(batch)) for raw, batch in raw_outputs)
+        outputs = checked_outputs("predict_step", self.backend.predict(data, batches), batches,
+                                  self.backend.output_as_numpy)
         if writer is None:
             return gather_in_order(join_batches("predict_step", outputs), self.collectives.allgather_bytes,
                                    len(data))
@@ -259,22 +258,23 @@ class TrainingLoop:
             rank, error = failed[0]
             raise DataError(f"predict(output={output!r}): rank {rank} could not write its predictions "
                             f"({error}); the directory has no index: predict into a new one")
-        self._on_rank0_for_all(f"predict(output={output!r})",
-                               lambda: writer.commit([r["part"].encode() for r in reports]))
+        self._on_rank0_for_all(lambda: writer.commit([r["part"].encode() for r in reports]),
+                               (ValueError, OSError), DataError, f"predict(output={output!r}): ")
         logger.info(f"predict(): wrote the predictions as shards to {output}")
         return writer.open()
 
-    def _on_rank0_for_all(self, what: str, action: Callable[[], None]) -> None:
-        """`action` on rank 0 (storage: once for the job); its ValueError or OSError a DataError on every
-        rank."""
+    def _on_rank0_for_all(self, action: Callable[[], None], catch: tuple[type[Exception], ...],
+                          raise_as: Callable[[str], Exception], prefix: str = "") -> None:
+        """`action` on rank 0 only (storage: once for the job); an exception of `catch` it raises is raised
+        on every rank, as `raise_as(prefix + its message)` (one broadcast)."""
         failure = ""
         if self.is_main:
             try:
                 action()
-            except (ValueError, OSError) as exc:
-                failure = f"{what}: {exc}"
+            except catch as exc:
+                failure = f"{prefix}{exc}"
         if verdict := self.collectives.broadcast_bytes(failure.encode() if self.is_main else None).decode():
-            raise DataError(verdict)
+            raise raise_as(verdict)
 
     def test(self, dataset: Any, checkpoint: str | None) -> dict[str, float]:
         """validation_step's metrics over `dataset` (the trainer's test_dataset() if None), the exact means
@@ -320,23 +320,20 @@ class TrainingLoop:
                 raise ConfigError(f"{what}(checkpoint={checkpoint!r}) needs checkpoint_dir in the config, or "
                                   "give the checkpoint's path")
             which, where = checkpoint, directory
-        outcome = b""  # rank 0's: "ok URL" or the error's message
-        if self.is_main:
-            try:
-                with exported_checkpoint(where, which, self.backend.model_file) as (chosen, path):
-                    try:
-                        self.backend.load_model_file(path)
-                    except ValueError as exc:
-                        raise CheckpointError(f"{redact(where)}: its model does not fit this trainer's "
-                                              f"build_model(): {exc}") from None
-                outcome = f"ok {redact(chosen.url)}".encode()
-            except CheckpointError as exc:
-                outcome = str(exc).encode()
-        verdict = self.collectives.broadcast_bytes(outcome if self.is_main else None).decode()
-        if not verdict.startswith("ok "):
-            raise CheckpointError(verdict)
+        loaded = {"url": ""}  # rank 0's, for its log line
+
+        def load() -> None:
+            with exported_checkpoint(where, which, self.backend.model_file) as (chosen, path):
+                try:
+                    self.backend.load_model_file(path)
+                except ValueError as exc:
+                    raise CheckpointError(f"{redact(where)}: its model does not fit this trainer's "
+                                          f"build_model(): {exc}") from None
+            loaded["url"] = redact(chosen.url)
+
+        self._on_rank0_for_all(load, (CheckpointError,), CheckpointError)
         self.backend.broadcast_model_and_optimizer()
-        logger.info(f"{what}(): the model's weights of checkpoint {verdict[3:]}")
+        logger.info(f"{what}(): the model's weights of checkpoint {loaded['url']}")
 
     # --- pieces of the loop --------------------------------------------------------------------------------
     def prepare(self) -> None:

@@ -16,8 +16,7 @@ import numpy as np
 from hvdazure.core.backend import DataError
 from hvdazure.core.predictions import (
     Outputs,
-    as_outputs,
-    check_rows,
+    checked_outputs,
     gather_in_order,
     join_batches,
     prediction_batches,
@@ -38,7 +37,7 @@ def predict(model: keras.Model, data: Any, batch_size: int) -> Outputs:
     batches = prediction_batches(len(view), batch_size, hvd.size(), hvd.rank())
     if batches:
         view.read_ahead(np.arange(batches[0].start, batches[-1].stop))  # sharded: its first shards, now
-    outputs = (check_rows("the model", as_outputs("the model", model.predict_on_batch(view.take(b)),
-                                                  output_as_numpy), len(b)) for b in batches)
+    outputs = checked_outputs("the model", (model.predict_on_batch(view.take(b)) for b in batches), batches,
+                              output_as_numpy)
     return gather_in_order(join_batches("the model", outputs), TensorFlowCollectives().allgather_bytes,
                            len(view))
