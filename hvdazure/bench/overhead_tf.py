@@ -23,6 +23,7 @@ from hvdazure.bench.overhead_workload import (
     LOG_EVERY,
     LR,
     TRAINER,
+    UNTIMED,
     BlockTime,
     InStepTimer,
     StepClock,
@@ -110,14 +111,15 @@ def block_runners(steps: int, batch_size: int) -> dict[str, Callable[[], BlockTi
     init_horovod()  # the trainer's thread and device settings, for both variants
     data = arrays(steps * batch_size * hvd.size())
 
-    def trainer() -> BlockTime:
+    def trainer(step_times: bool) -> BlockTime:
         clock = StepClock()
         bench = BenchTrainer(TrainConfig(epochs=1, batch_size=batch_size, lr=LR, log_every=LOG_EVERY,
-                                         progress_bar=False), data, clock)
+                                         progress_bar=False, step_times=step_times), data, clock)
         bench.fit()
         return time_after_first_step(clock.durations, bench.in_step_s)
 
-    return {HAND: lambda: time_after_first_step(hand_written(data, batch_size)), TRAINER: trainer}
+    return {HAND: lambda: time_after_first_step(hand_written(data, batch_size)),
+            TRAINER: lambda: trainer(True), UNTIMED: lambda: trainer(False)}
 
 
 def slowest_rank(seconds: float) -> float:

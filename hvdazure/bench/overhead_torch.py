@@ -24,6 +24,7 @@ from hvdazure.bench.overhead_workload import (
     LOG_EVERY,
     LR,
     TRAINER,
+    UNTIMED,
     BlockTime,
     InStepTimer,
     StepClock,
@@ -101,12 +102,14 @@ class BenchTrainer(InStepTimer, TorchTrainer):
 
 
 def with_trainer(epochs: int, batch_size: int, lr: float = LR, log_every: int = LOG_EVERY,
-                 data: TensorDataset | None = None) -> tuple[list[float], list[float]]:
+                 data: TensorDataset | None = None,
+                 step_times: bool = True) -> tuple[list[float], list[float]]:
     """The same training through TorchTrainer: every step's wall time, and the time of each inside
     its backend's run_step."""
     clock = StepClock()
     trainer = BenchTrainer(TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, log_every=log_every,
-                                       progress_bar=False), data if data is not None else dataset(), clock)
+                                       progress_bar=False, step_times=step_times),
+                           data if data is not None else dataset(), clock)
     trainer.fit()
     return clock.durations, trainer.in_step_s
 
@@ -119,7 +122,8 @@ def block_runners(steps: int, batch_size: int) -> dict[str, Callable[[], BlockTi
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // hvd.local_size()))
     data = dataset(steps * batch_size * hvd.size())
     return {HAND: lambda: time_after_first_step(hand_written(1, batch_size, data=data)),
-            TRAINER: lambda: time_after_first_step(*with_trainer(1, batch_size, data=data))}
+            TRAINER: lambda: time_after_first_step(*with_trainer(1, batch_size, data=data)),
+            UNTIMED: lambda: time_after_first_step(*with_trainer(1, batch_size, data=data, step_times=False))}
 
 
 def slowest_rank(seconds: float) -> float:

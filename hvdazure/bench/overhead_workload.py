@@ -14,7 +14,10 @@ from hvdazure import Callback
 BATCH_SIZE = 64  # per rank
 FEATURES, HIDDEN, CLASSES = 256, 512, 10  # the MLP: FEATURES -> HIDDEN -> HIDDEN -> CLASSES
 LR, LOG_EVERY = 0.01, 10
-HAND, TRAINER = "hand-written", "trainer"  # the variants: Horovod's example loop, the binding's trainer
+# The variants: Horovod's example loop, the binding's trainer, and the trainer with step_times off (what
+# timing the step's phases costs: core/step_times.py)
+HAND, TRAINER, UNTIMED = "hand-written", "trainer", "trainer, step_times off"
+VARIANTS = (HAND, TRAINER, UNTIMED)
 
 
 class BlockSchedule(NamedTuple):
@@ -87,7 +90,7 @@ class OverheadSide(Protocol):
     """What a framework's side of the benchmark (overhead_torch, overhead_tf: modules) offers its ranks."""
 
     def block_runners(self, steps: int, batch_size: int) -> dict[str, Callable[[], BlockTime]]:
-        """Start Horovod; per variant (HAND, TRAINER), a function that trains one block of `steps` steps."""
+        """Start Horovod; per variant (VARIANTS), a function that trains one block of `steps` steps."""
         ...
 
     def slowest_rank(self, seconds: float) -> float:

@@ -26,6 +26,7 @@ from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.predictions import PredictionWriter
 from hvdazure.core.sample_plan import MicroBatch, SampleOrder
 from hvdazure.core.step_batches import StepCursor
+from hvdazure.core.step_times import StepTimes
 
 
 class DataError(UserError, ValueError):
@@ -142,6 +143,9 @@ class Backend(ABC):
 
     framework_name = "none"  # recorded in checkpoints: a resume refuses another framework's
     micro_batch: MicroBatch | None = None  # the one being trained on (training_step may read it)
+    # The loop's clock of the step's phases (core/step_times.py): run_step charges its compute, exchange
+    # and optimizer time (or one compiled step's) to it; the loop times the data wait itself.
+    step_times: StepTimes = StepTimes(enabled=False)
 
     @abstractmethod
     def start(self, comm: Any) -> Collectives:

@@ -154,11 +154,13 @@ class ProgressLogger(Callback):
         rate = (samples - self._mark[1]) / max(now - self._mark[0], 1e-9)
         self._mark = (now, samples)
         fields = {**s.train_metrics, "lr": s.lr, "samples/s": rate}
+        times = trainer.step_times
         if self.bar is not None:
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in fields.items()}, refresh=False)
         else:
+            shares = f" | {times.compact()}" if times is not None and times.steps else ""
             trainer.log(f"epoch {s.epoch + 1} step {s.step_in_epoch}/{trainer.steps_per_epoch} "
-                        f"{format_metrics(fields)}")
+                        f"{format_metrics(fields)}{shares}")
 
     def on_epoch_end(self, trainer: Trainer) -> None:
         if self.bar is not None:

@@ -160,6 +160,10 @@ class TrainConfig:
     `sqlite:///` `output_dir/mlflow.db`."""
     progress_bar: bool = True
     """Rank 0 shows a progress bar on a terminal (a line per interval otherwise); false: lines only."""
+    step_times: bool = True
+    """Time each step's phases (data wait, forward+backward, allreduce wait, optimizer, checkpoint stalls,
+    evaluation) and report their shares per log interval, and as a table after the first interval and at
+    the end of fit(); false: nothing timed."""
     # your own settings
     extra: dict[str, Any] = field(default_factory=dict)
     """Your own settings, read as `self.config.extra`: `--set extra.hidden=64`."""

@@ -36,6 +36,8 @@ class TensorBoardLogger(Callback):
         if s.metrics_reduced:
             for name, value in {**s.train_metrics, "lr": s.lr}.items():
                 self.writer.add_scalar(f"train/{name}", value, step=s.step)
+            for name, value in _time_scalars(trainer).items():
+                self.writer.add_scalar(f"time/{name.removeprefix('time_')}", value, step=s.step)
             self.writer.flush()
 
     def on_eval_end(self, trainer: Trainer) -> None:
@@ -115,7 +117,7 @@ class MLflowLogger(Callback):
         s = trainer.state
         if s.metrics_reduced:
             metrics = {f"train_{k}": v for k, v in s.train_metrics.items()}
-            mlflow.log_metrics({**metrics, "lr": s.lr}, step=s.step)
+            mlflow.log_metrics({**metrics, "lr": s.lr, **_time_scalars(trainer)}, step=s.step)
 
     def on_eval_end(self, trainer: Trainer) -> None:
         import mlflow
@@ -127,3 +129,9 @@ class MLflowLogger(Callback):
         import mlflow
 
         mlflow.end_run()
+
+
+def _time_scalars(trainer: Trainer) -> dict[str, float]:
+    """The last log interval's phase shares and samples/s (core/step_times.py); none when not timed."""
+    times = trainer.step_times
+    return times.scalars() if times is not None and times.steps else {}

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
+from hvdazure.core.step_times import StepTimes
 
 
 class EpochSteps:
@@ -107,8 +108,10 @@ class StepBatches:
     """The loop's steps of each epoch, and each step's batches: those of the backend's stream that
     `open_epoch(cursor)` opens over a cursor of the same walk."""
 
-    def __init__(self, plan: SamplePlan, open_epoch: Callable[[StepCursor], Iterator[Any]]) -> None:
+    def __init__(self, plan: SamplePlan, open_epoch: Callable[[StepCursor], Iterator[Any]],
+                 times: StepTimes | None = None) -> None:
         self._plan, self._open_epoch = plan, open_epoch
+        self._times = times if times is not None else StepTimes(enabled=False)  # the data wait's clock
         self._walk: EpochSteps | None = None
         self._loop: StepCursor | None = None
         self._batches: Iterator[Any] | None = None
@@ -124,12 +127,16 @@ class StepBatches:
 
     def of_step(self, micro_batches: list[MicroBatch]) -> Iterator[Any]:
         """The batches of the step the loop's cursor gave last (None for an empty micro-batch), read as
-        iterated: the stream is opened by the first one, inside the backend's step."""
+        iterated: the stream is opened by the first one, inside the backend's step. The wait for each is
+        the step's data wait (core/step_times.py)."""
         for micro_batch in micro_batches:
             if micro_batch.is_empty:
                 yield None
                 continue
+            since = self._times.now()
             if self._batches is None:
                 assert self._walk is not None, "of_step before epoch()"
                 self._batches = self._open_epoch(self._walk.cursor())
-            yield next(self._batches)
+            batch = next(self._batches)
+            self._times.add("data", since)
+            yield batch

@@ -17,6 +17,7 @@ from hvdazure.core.lr import LRSchedule
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 from hvdazure.core.state import TrainState
+from hvdazure.core.step_times import Breakdown
 from hvdazure.core.training_loop import TrainingLoop
 
 
@@ -116,6 +117,12 @@ class Trainer:
     def micro_batch(self) -> MicroBatch | None:
         """The micro-batch being trained on (its sample indices and loss weight), for training_step."""
         return self.__loop.micro_batch
+
+    @property
+    def step_times(self) -> Breakdown | None:
+        """Where the last log interval's time went (means over ranks; config field step_times), on every
+        rank: `.shares()`, `.seconds`, `.samples_per_second`, `.table(title)`; None before the first."""
+        return self.__loop.last_times
 
     @property
     def finished(self) -> bool:

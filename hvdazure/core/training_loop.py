@@ -49,6 +49,7 @@ from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 from hvdazure.core.seeds import RankRandomState, rank_seed, resume_seed
 from hvdazure.core.state import TrainState
 from hvdazure.core.step_batches import StepBatches
+from hvdazure.core.step_times import Breakdown, StepTimes
 from hvdazure.core.stop_signals import stop_signals_caught
 from hvdazure.core.trainer_checkpoints import (
     CallbackStates,
@@ -90,6 +91,11 @@ class TrainingLoop:
         self._signal_reason: str | None = None  # what asked for it, when not a real signal
         self._step_samples_here: int | None = None  # this rank's samples in the step running (log_metrics)
         self._in_run_step = False  # inside the backend's step: training_step may be what logs
+        self.times = StepTimes(enabled=False)  # set by fit(): this rank's clock of the phases (step_times)
+        self._interval = Breakdown()  # the reduced phase times since the last log line
+        self._fit_times = Breakdown()  # and since this fit() began
+        self.last_times: Breakdown | None = None  # the last log interval's, for the loggers
+        self._fit_steps = 0  # optimizer steps this fit() has taken (its first is start-up)
 
     # --- derived facts -----------------------------------------------------------------------------------
     @property
@@ -150,7 +156,10 @@ class TrainingLoop:
         if self.checkpoints is None:
             raise CheckpointError("checkpointing is off: set checkpoint_dir")
         self._reduce_metrics_and_votes()  # the interval's metrics go into the epoch's means, which it keeps
-        return self.checkpoints.save(reason, self.state.step, wait=wait)
+        since = self.times.now()
+        saved = self.checkpoints.save(reason, self.state.step, wait=wait)
+        self.times.add("checkpoint", since)
+        return saved
 
     # --- the loop ------------------------------------------------------------------------------------------
     def fit(self) -> list[dict[str, Any]]:
@@ -162,6 +171,8 @@ class TrainingLoop:
         else:
             self._continue_run()
         self._fitted = ("left", self.config)  # until it returns: a fit() that raised is not continued
+        self._fit_steps, self._fit_times, self._interval = 0, Breakdown(), Breakdown()
+        self.times.row()  # the clock starts here: what came before is not this fit's
         with self._stop_signals_caught():
             try:
                 self._emit("on_train_start")
@@ -176,7 +187,10 @@ class TrainingLoop:
             if self.checkpoints is not None:
                 if self.checkpoints.last_saved_step != self.state.step:
                     self.save_checkpoint("final")
+                since = self.times.now()
                 self.checkpoints.finish_pending()  # a background write of this very step
+                self.times.add("checkpoint", since)
+            self._end_times()
             self._emit("on_train_end")
         self._fitted = ("returned", self.config)
         return self.state.history
@@ -193,6 +207,8 @@ class TrainingLoop:
                                                       self._stop_vote())
             finally:
                 self._in_run_step = False
+            self.times.step_done(micro_batches[0].step_samples, first_of_fit=self._fit_steps == 0)
+            self._fit_steps += 1
             s.step += 1
             s.step_in_epoch += 1
             s.samples_in_epoch += micro_batches[0].step_samples
@@ -200,6 +216,7 @@ class TrainingLoop:
             s.metrics_reduced = s.step % self.config.log_every == 0
             if s.metrics_reduced:
                 self._reduce_metrics_and_votes()
+                self._log_interval_times()
             self._emit("on_step_end")
             self._step_samples_here = None
             if signal_votes > 0:
@@ -210,7 +227,10 @@ class TrainingLoop:
         epoch_done = s.samples_in_epoch == self.sample_plan.num_samples
         train = {f"train_{k}": v for k, v in self._epoch_means.means().items()}
         record = {"epoch": s.epoch, "step": s.step, "samples_seen": s.samples_seen, "lr": s.lr, **train}
-        if self._eval_due(epoch_done) and self._run_evaluation():
+        since = self.times.now()
+        evaluated = self._eval_due(epoch_done) and self._run_evaluation()
+        self.times.add("eval", since)
+        if evaluated:
             record.update({f"eval_{k}": v for k, v in s.eval_metrics.items()})
             self._emit("on_eval_end")
         s.history.append(record)
@@ -394,7 +414,8 @@ class TrainingLoop:
         # Average divides the summed gradients by the world size; the loss weights are shares of the whole
         # step, so multiply that division back out.
         self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
-        self._step_batches = StepBatches(self.sample_plan, backend.epoch_batches)
+        self.times = backend.step_times = StepTimes(enabled=c.step_times)
+        self._step_batches = StepBatches(self.sample_plan, backend.epoch_batches, self.times)
         self._meter, self._epoch_means = self._new_meter(), RunningMean()
         return CheckpointPieces(
             stateful={"state": self.state, "epoch_train": self._epoch_means,
@@ -594,7 +615,9 @@ class TrainingLoop:
         """One fused collective: the interval's metric sums and counts, and the ranks' stop votes."""
         s = self.state
         reduced = self._meter.reduce(self.collectives.allgather_floats, self._gather_names,
-                                     flags=[float(s.stop_requested)])
+                                     flags=[float(s.stop_requested), *self.times.row()])
+        if len(reduced.flags) > 1:
+            self._interval.add_row(reduced.flags[1:], self.world_size)
         if reduced.count:
             s.train_metrics = reduced.means
         elif reduced.means:  # only metrics logged after the interval's last reduction (log_metrics)
@@ -604,6 +627,29 @@ class TrainingLoop:
         if reduced.flags[0]:
             s.should_stop = True
             s.stop_reason = s.stop_reason or "stop requested by another rank"
+
+    def _log_interval_times(self) -> None:
+        """A log interval ends: its phase times are the loggers' (`last_times`) and the fit's; after the
+        fit's first interval, rank 0 logs them as a table, so that a starved loader shows within seconds."""
+        if not self.times.enabled:
+            return
+        self.last_times, first = self._interval, not self._fit_times.steps
+        self._fit_times.add(self._interval)
+        self._interval = Breakdown()
+        if first and self.is_main and self.last_times.steps:
+            logger.info(self.last_times.table(f"where the time went, steps 2-{self._fit_steps}"))
+
+    def _end_times(self) -> None:
+        """fit() ends: what is left of the phase times is reduced (one collective) and rank 0 logs the
+        table of the whole fit()."""
+        if not self.times.enabled:
+            return
+        self._interval.add_row([sum(values) for values in zip(
+            *self.collectives.allgather_floats(self.times.row()), strict=True)], self.world_size)
+        self._fit_times.add(self._interval)
+        self._interval = Breakdown()
+        if self.is_main and self._fit_times.steps:
+            logger.info(self._fit_times.table("where the time went in fit() (the first step apart)"))
 
     def _run_evaluation(self) -> bool:
         meter = self._new_meter("validation_step")

@@ -129,8 +129,9 @@ class TensorFlowBackend(Backend):
 
     def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:
         with_vote, vote = stop_vote is not None, _float64(stop_vote or 0.0)
-        steps = self._compiled
-        work = list(step)
+        steps, times = self._compiled, self.step_times
+        work = list(step)  # the batches, each wait timed as it is taken (data)
+        since = times.now()  # then forward, backward, exchange and update: one compiled step, one phase
         if self._forward_empty:  # synchronized BatchNorm layers must meet the other ranks' here too
             work = [(mb, self._train_data.take([]) if batch is None else batch, w) for mb, batch, w in work]
         if len(work) == 1 and work[0][1] is not None:  # forward, backward and update in one call
@@ -153,7 +154,9 @@ class TensorFlowBackend(Backend):
             if total is None:
                 total = [tf.zeros_like(v) for v in self.model.trainable_variables]
             votes = steps.apply(total, vote, with_vote)
-        return float(votes) if with_vote else 0.0
+        vote_sum = float(votes) if with_vote else 0.0
+        times.add("step", since)
+        return vote_sum
 
     def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False, data: Any = None) -> bool:
         data = data if data is not None else self._eval_data

@@ -145,7 +145,9 @@ class TorchBackend(Backend):
         votes = None if stop_vote is None else self.collectives.allreduce_sum_async([stop_vote], "stop_vote")
         if not self.model.training:  # after an evaluation (a recursive call; not needed every step)
             self.model.train()
-        for micro_batch, batch, weight in step:
+        times = self.step_times
+        for micro_batch, batch, weight in step:  # each batch's wait is timed as it is taken (data)
+            since = times.now()
             if batch is None:
                 if not self._forward_empty:
                     # Nothing to train on: no forward pass (BatchNorm statistics and gradients stay
@@ -159,8 +161,16 @@ class TorchBackend(Backend):
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             if not micro_batch.is_empty:  # an empty batch's mean loss is NaN, and counts for nothing
                 meter.add({"loss": loss.detach(), **metrics}, len(micro_batch.indices))
+            if times.enabled and self.device.type == "cuda":
+                # the kernels queued by backward, charged to it rather than to the allreduce wait that
+                # would otherwise absorb them (the exchange waits for the gradients anyway)
+                torch.cuda.synchronize(self.device)
+            times.add("compute", since)
         self._optimizer_step()
-        return votes()[0] if votes is not None else 0.0
+        since = times.now()
+        vote = votes()[0] if votes is not None else 0.0
+        times.add("exchange", since)
+        return vote
 
     def _no_samples(self) -> Any:
         """A training batch of no samples, in the structure of the data's batches (made once, of sample 0)."""
@@ -169,8 +179,10 @@ class TorchBackend(Backend):
         return self._empty_batch
 
     def _optimizer_step(self) -> None:
-        opt, clip = self.optimizer, self.config.grad_clip_norm
+        opt, clip, times = self.optimizer, self.config.grad_clip_norm, self.step_times
+        since = times.now()
         self._allreduce_gradients()  # averaged across ranks before they are unscaled or clipped
+        since = times.add("exchange", since)
         if self.scaler is not None:
             self.scaler.unscale_(opt)
         if clip is not None:
@@ -185,6 +197,7 @@ class TorchBackend(Backend):
         if self.scaler is not None:
             self.scaler.update()
         opt.zero_grad()
+        times.add("optimizer", since)
 
     def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False, data: Any = None) -> bool:
         data = data if data is not None else self._eval_data

@@ -112,6 +112,13 @@ def test_overhead_pairs_blocks_and_reports_a_finite_ratio_with_its_interval(over
     assert s["target"]["verdict"] in ("met", "not met", "undecided")
     assert s["trainer_bookkeeping_us_per_step"]["n"] == torch_run["pairs"]
     assert "target <= 1.02" in stdout and png.stat().st_size > 0
+    # and what timing the step's phases costs: the trainer against itself with step_times off
+    assert len(blocks["trainer, step_times off"]) == torch_run["pairs"]
+    timing = s["step_times"]
+    assert len(timing["ratio_per_pair"]) == torch_run["pairs"]
+    assert timing["ratio_ci95"][0] <= timing["ratio_median"] <= timing["ratio_ci95"][1]
+    assert timing["target"]["verdict"] in ("met", "not met", "undecided")
+    assert "timing the step's phases (trainer / step_times off)" in stdout and "target <= 1.01" in stdout
     assert_machine_facts(result)
 
 

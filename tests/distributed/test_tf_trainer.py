@@ -146,6 +146,26 @@ def test_a_tensorflow_run_writes_tensorboard_events_of_the_reduced_metrics(runs)
     assert [e.step for e in events.Tensors("train/loss")] == list(range(1, steps + 1))
     evals = [make_ndarray(e.tensor_proto).item() for e in events.Tensors("eval/mse")]
     assert evals == pytest.approx([r["eval_mse"] for r in reports[0]["history"]], rel=1e-6)  # float32
+    # where the time went, from the second step on (the first is start-up): TensorFlow's compiled step
+    assert [e.step for e in events.Tensors("time/step")] == list(range(2, steps + 1))
+    assert {"time/data", "time/other", "time/samples_per_s"} <= set(events.Tags()["tensors"])
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
+def test_where_the_time_went_is_the_same_on_every_rank_and_rank_0_tables_it(runs, controller):
+    variant = next(name for name, (_, used) in VARIANTS.items() if used == controller)
+    job = runs(variant, 2)
+    times = [job.reports[rank]["step_times"] for rank in (0, 1)]
+
+    assert times[0] == times[1]  # reduced over the ranks in the interval's collective
+    assert times[0]["ranks"] == 2 and times[0]["steps"] == 1  # log_every=1: the last interval's one step
+    assert set(times[0]["shares"]) <= {"data", "step", "eval", "other"} and "step" in times[0]["shares"]
+    assert all(0.0 <= share <= 1.0 for share in times[0]["shares"].values())
+    assert sum(times[0]["shares"].values()) == pytest.approx(1.0)
+    trainings = len(_trainings(2, controller))
+    assert job.output.count("[0]<stderr>:hvdazure: where the time went in fit()") == trainings
+    assert "[1]<stderr>:hvdazure: where the time went" not in job.output
+    assert "compiled step" in job.output and "| time data " in job.output
 
 
 def test_evaluation_on_a_set_smaller_than_the_world_size_reports_it_on_every_rank(runs):

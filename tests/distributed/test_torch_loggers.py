@@ -26,6 +26,9 @@ def test_tensorboard_mlflow_and_quiet_ranks(tmp_path):
     events.Reload()
     assert [e.step for e in events.Tensors("train/loss")] == list(range(1, steps + 1))
     assert [e.step for e in events.Tensors("eval/mse")] == [steps // 2, steps]
+    # where the time went, from the second step on (the first is start-up, kept out of the shares)
+    for phase in ("data", "compute", "exchange", "optimizer", "other", "samples_per_s"):
+        assert [e.step for e in events.Tensors(f"time/{phase}")] == list(range(2, steps + 1)), phase
     last_eval = make_ndarray(events.Tensors("eval/mse")[-1].tensor_proto).item()
     assert last_eval == pytest.approx(reports[0]["history"][-1]["eval_mse"], rel=1e-6)  # stored as float32
     # TensorBoard's own writers import TensorFlow where it is installed (seconds, banners); ours does not
@@ -40,10 +43,19 @@ def test_tensorboard_mlflow_and_quiet_ranks(tmp_path):
     assert run.data.params["world_size"] == "2"
     assert run.data.params["global_batch_size"] == "8"
     assert run.data.metrics["eval_mse"] == reports[0]["history"][-1]["eval_mse"]
-    assert {"train_loss", "lr"} <= set(run.data.metrics)
+    assert {"train_loss", "lr", "time_data", "time_compute", "time_exchange", "samples_per_s"} <= set(
+        run.data.metrics)
+    times = [reports[rank]["step_times"] for rank in (0, 1)]
+    assert times[0] == times[1] and times[0]["ranks"] == 2  # reduced over the ranks: the same on each
+    assert run.data.metrics["time_exchange"] == times[0]["shares"]["exchange"]
+    assert sum(times[0]["shares"].values()) == pytest.approx(1.0)
 
     # a warning raised on every rank is shown once, by rank 0; rank 1 prints no progress either
     assert job.stderr.count("UserWarning: a warning raised on every rank") == 1
     assert "[1]<stderr>:" not in "".join(line for line in job.stderr.splitlines(True) if "warning" in line)
     assert "[1]<stderr>:hvdazure:" not in job.stderr
     assert "[0]<stderr>:hvdazure: epoch 2 done" in job.stderr
+    # the step-time tables: after the first timed interval and at the end of fit(), by rank 0 alone
+    assert job.stderr.count("[0]<stderr>:hvdazure: where the time went, steps 2-2:") == 1
+    assert job.stderr.count("[0]<stderr>:hvdazure: where the time went in fit()") == 1
+    assert "[0]<stderr>:  allreduce wait " in job.stderr and "| time data " in job.stderr

@@ -326,7 +326,10 @@ class FakeTrainer(Trainer):
 
     What it ran is kept for the tests: `steps` (a StepRecord per optimizer step), `weights`, `velocity`,
     `forward_passes`, `sanity_checks`. Override `training_metrics` and `validation_metrics` (hooks, as
-    training_step and validation_step are) to report more metrics than the loss."""
+    training_step and validation_step are) to report more metrics than the loss. `data_delay`: seconds each
+    training batch takes to load (a slow loader)."""
+
+    data_delay = 0.0
 
     def __init__(self, world: ThreadWorld, rank: int, problem: LinearProblem, config: TrainConfig,
                  callbacks: Sequence[Callback] = (), momentum: float = 0.0, order: SampleOrder | None = None,
@@ -428,15 +431,21 @@ class FakeBackend(Backend):
         self.lr = lr
 
     def epoch_batches(self, steps: StepCursor) -> Iterator[Any]:
-        """The batches are the micro-batches' sample indices: the model reads the problem's arrays."""
-        return (micro_batch.indices for micro_batch in loaded_cells(steps))
+        """The batches are the micro-batches' sample indices: the model reads the problem's arrays. Each
+        is ready after the trainer's `data_delay` seconds (a slow loader)."""
+        delay = self.user.data_delay
+        for micro_batch in loaded_cells(steps):
+            if delay:
+                time.sleep(delay)
+            yield micro_batch.indices
 
     def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:
         votes = None if stop_vote is None else self.collectives.allreduce_sum_async([stop_vote], "stop_vote")
         gradient = np.zeros(self.problem.dim)
         weights: list[float | None] = []
-        state = self.user.state
+        state, times = self.user.state, self.step_times  # the phases charged as the bindings charge them
         for micro_batch, batch, weight in step:
+            since = times.now()
             if batch is None:  # no forward pass; this rank still joins the gradient average
                 weights.append(None)
                 continue
@@ -447,9 +456,13 @@ class FakeBackend(Backend):
             gradient += weight * micro_gradient
             weights.append(weight)
             meter.add({"loss": loss, **self.user.training_metrics(batch)}, len(batch))
+            times.add("compute", since)
+        since = times.now()
         averaged = self._allreduce_average(gradient, "gradients")
+        since = times.add("exchange", since)
         self.velocity = self.momentum * self.velocity + averaged
         self.weights = self.weights - self.lr * self.velocity
+        times.add("optimizer", since)
         self.steps.append(StepRecord(state.epoch, state.step, self.lr,
                                      [mb.indices for mb in step.micro_batches], weights,
                                      float(self.rng.random())))

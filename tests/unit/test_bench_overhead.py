@@ -15,7 +15,8 @@ def test_a_block_leaves_out_its_first_step_and_bookkeeping_is_the_rest_of_each_s
 
 
 def test_summary_takes_the_median_of_per_pair_ratios_and_judges_it_against_the_target():
-    seconds = {"hand-written": [1.0, 2.0, 1.0, 1.0, 1.0], "trainer": [1.01, 2.0, 0.99, 1.0, 1.01]}
+    seconds = {"hand-written": [1.0, 2.0, 1.0, 1.0, 1.0], "trainer": [1.01, 2.0, 0.99, 1.0, 1.01],
+               "trainer, step_times off": [1.0, 1.0, 0.99, 1.0, 1.01]}
 
     s = overhead.summarize(seconds, [1e-4] * 5, steps=10)
 
@@ -24,3 +25,13 @@ def test_summary_takes_the_median_of_per_pair_ratios_and_judges_it_against_the_t
     assert s["target"]["verdict"] == "met"
     assert s["ms_per_step_median"]["hand-written"] == pytest.approx(100.0)
     assert s["trainer_bookkeeping_us_per_step"]["median"] == pytest.approx(100.0)
+    timing = s["step_times"]  # the trainer against itself with step_times off, pair by pair
+    assert timing["ratio_per_pair"] == pytest.approx([1.01, 2.0, 1.0, 1.0, 1.0])
+    assert timing["ratio_median"] == pytest.approx(1.0)
+    assert timing["target"] == {"trainer / step_times off <=": 1.01, "verdict": "undecided"}
+
+
+def test_every_variant_leads_a_set_of_blocks_in_turn():
+    orders = [overhead.block_order(pair) for pair in range(3)]
+    assert {order[0] for order in orders} == set(orders[0])
+    assert all(sorted(o) == sorted(orders[0]) for o in orders)

@@ -15,6 +15,13 @@ def report_rank(rank: int, data: dict) -> None:
     tmp.rename(out / f"rank-{rank}.json")
 
 
+def step_times(trainer) -> dict | None:
+    """What `trainer.step_times` holds after fit(): the last log interval's breakdown."""
+    times = trainer.step_times
+    return None if times is None else {"shares": times.shares(), "steps": times.steps,
+                                       "samples": times.samples, "ranks": times.ranks}
+
+
 def main(train_and_report: Callable[[list[str] | None], None]) -> None:
     """One training from the command line (`--set ...`), or, given `--runs RUNS.json` (a JSON object of
     name -> list of FIELD=VALUE settings), each training in turn on the same ranks, each reporting into

@@ -22,7 +22,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import tensorflow as tf
-from _report import main, report_rank
+from _report import main, report_rank, step_times
 from squatter import squatting
 
 from hvdazure import Callback, TrainConfig
@@ -126,6 +126,7 @@ def train_and_report(argv: list[str] | None = None) -> None:
         "steps_per_epoch": trainer.steps_per_epoch,
         "traces": trainer.traces,
         "output_dir": trainer.config.output_dir,
+        "step_times": step_times(trainer),
         **({"loaded": loaded_weights(trainer)} if trainer.is_main and trainer.config.extra.get("load_weights")
            else {}),
     })

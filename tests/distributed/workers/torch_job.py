@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _report import main, report_rank
+from _report import main, report_rank, step_times
 from squatter import squatting
 from torch.utils.data import Dataset
 
@@ -152,6 +152,7 @@ def train_and_report(argv: list[str] | None = None) -> None:
         "batchnorm_batches": [int(m.num_batches_tracked) for m in trainer.model.modules()
                               if isinstance(m, torch.nn.BatchNorm1d)],
         "tensorflow_imported": "tensorflow" in sys.modules,
+        "step_times": step_times(trainer),
     })
 
 

@@ -1,0 +1,165 @@
+"""Where the training time goes: each rank's seconds per phase, summed per log interval, reduced over ranks in
+the interval's one fused collective (they ride with the metrics' flags: no collective of their own), and
+shown as shares of the wall time in the log line, TensorBoard and MLflow, and as a table after the first
+interval and at the end of fit(), with a line of advice when one phase stands out.
+
+Phases are timed with the host's clock at their edges (a few `perf_counter` calls per step): the loop times
+the data wait (the step's batches taken from the loader), evaluation and checkpoint stalls; the backend its
+step's phases: `compute` (forward and backward), `exchange` (waiting for the gradients' allreduce, what is
+left of it after the overlap with backward) and `optimizer` (the update), or `step` for TensorFlow's one
+compiled function holding all three. `other` is the rest of the wall time: callbacks, logging, the metric
+reduction. The first step of each fit() is `startup` (the loader's workers starting, compilation, the first
+allocations): reported in seconds, kept out of the shares so that it does not read as a slow loader.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+# The phases a rank times, in the order of the reduced row; "other" and "startup" are derived.
+PHASES = ("data", "compute", "exchange", "optimizer", "step", "checkpoint", "eval")
+_LABELS = {"data": "data wait", "compute": "forward+backward", "exchange": "allreduce wait",
+           "optimizer": "optimizer", "step": "compiled step", "checkpoint": "checkpoint stall",
+           "eval": "evaluation", "other": "other"}
+ROW_LENGTH = 4 + len(PHASES)  # wall, startup, steps, samples, then each phase's seconds
+
+
+class StepTimes:
+    """This rank's clock for the loop and the backend: `since = times.now()` at a phase's start, then
+    `times.add(phase, since)` at its end. Off (`enabled=False`), both are one attribute test."""
+
+    def __init__(self, enabled: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.enabled, self._clock = enabled, clock
+        self._seconds = dict.fromkeys(PHASES, 0.0)
+        self._start = clock()
+        self._startup = 0.0
+        self._steps = self._samples = 0
+
+    def now(self) -> float:
+        return self._clock() if self.enabled else 0.0
+
+    def add(self, phase: str, since: float) -> float:
+        """Charge the time since `since` to `phase`; returns the clock's reading (the next phase's start)."""
+        if not self.enabled:
+            return 0.0
+        now = self._clock()
+        self._seconds[phase] += now - since
+        return now
+
+    def step_done(self, samples: int, first_of_fit: bool) -> None:
+        """An optimizer step of `samples` samples (all ranks together) has ended. The first of a fit() is
+        start-up: the interval's time so far is `startup` (part of the wall time), not the phases'."""
+        if not self.enabled:
+            return
+        if first_of_fit:
+            self._startup = self._clock() - self._start
+            self._seconds = dict.fromkeys(PHASES, 0.0)
+            return
+        self._steps += 1
+        self._samples += samples
+
+    def row(self) -> list[float]:
+        """This rank's interval since the last row (see ROW_LENGTH; the wall time includes the start-up),
+        then a new interval; [] when off."""
+        if not self.enabled:
+            return []
+        now = self._clock()
+        row = [now - self._start, self._startup, float(self._steps), float(self._samples),
+               *(self._seconds[p] for p in PHASES)]
+        self._seconds, self._start, self._startup, self._steps, self._samples = (
+            dict.fromkeys(PHASES, 0.0), now, 0.0, 0, 0)
+        return row
+
+
+@dataclass
+class Breakdown:
+    """Reduced intervals added up: every phase's seconds and the wall time, means over the ranks."""
+
+    ranks: int = 1
+    wall: float = 0.0
+    startup: float = 0.0
+    steps: int = 0
+    samples: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+
+    def add_row(self, summed: Sequence[float], ranks: int) -> None:
+        """Add an interval's row summed over `ranks` ranks (steps and samples are the same on every rank)."""
+        self.ranks = ranks
+        self.wall += summed[0] / ranks
+        self.startup += summed[1] / ranks
+        self.steps += round(summed[2] / ranks)
+        self.samples += round(summed[3] / ranks)
+        for i, phase in enumerate(PHASES):
+            self.seconds[phase] += summed[4 + i] / ranks
+
+    def add(self, other: Breakdown) -> None:
+        self.ranks = other.ranks
+        self.wall += other.wall
+        self.startup += other.startup
+        self.steps += other.steps
+        self.samples += other.samples
+        for phase in PHASES:
+            self.seconds[phase] += other.seconds[phase]
+
+    @property
+    def timed(self) -> float:
+        """The wall time the shares are of: all but start-up."""
+        return max(self.wall - self.startup, 0.0)
+
+    def shares(self) -> dict[str, float]:
+        """Each phase's share of the timed wall time (phases never timed left out), and `other`'s."""
+        timed = self.timed
+        if timed <= 0.0:
+            return {}
+        shares = {p: s / timed for p, s in self.seconds.items() if s > 0.0 or p == "data"}
+        shares["other"] = max(0.0, 1.0 - sum(shares.values()))
+        return shares
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.timed if self.timed > 0.0 else 0.0
+
+    def compact(self) -> str:
+        """The log line's part: `time data 12% compute 61% ... other 4%`."""
+        return "time " + " ".join(f"{p} {100 * s:.0f}%" for p, s in self.shares().items())
+
+    def scalars(self) -> dict[str, float]:
+        """For TensorBoard and MLflow: each share (0..1) as `time_<phase>`, and `samples_per_s`."""
+        shares = {f"time_{p}": s for p, s in self.shares().items()}
+        return {**shares, "samples_per_s": self.samples_per_second}
+
+    def table(self, title: str) -> str:
+        """Seconds per step and shares, start-up apart, and advice where a phase stands out."""
+        shares, steps = self.shares(), max(self.steps, 1)
+        lines = [f"{title}: {self.steps} steps in {self.timed:.3g} s on {self.ranks} rank(s) "
+                 f"(mean over ranks), {self.samples_per_second:.4g} samples/s",
+                 f"  {'phase':<18}{'ms/step':>10}{'share':>8}"]
+        for phase, share in shares.items():
+            seconds = self.seconds.get(phase, share * self.timed)
+            lines.append(f"  {_LABELS[phase]:<18}{1000 * seconds / steps:>10.3g}{100 * share:>7.1f}%")
+        if self.startup:
+            lines.append(f"  {'first step':<18}{1000 * self.startup:>10.3g}   (start-up, not in the shares)")
+        lines.extend(f"  {line}" for line in advice(shares))
+        return "\n".join(lines)
+
+
+# What a phase's large share usually means, and where to look first (docs: guides/performance.md).
+_ADVICE = (
+    ("data", 0.25, "the model waits for data: more loader workers (num_workers), a sharded dataset's "
+                   "read-ahead, or lighter per-sample work"),
+    ("exchange", 0.30, "the gradient exchange dominates: a larger batch_size (fewer exchanges per "
+                       "sample), MPI instead of Gloo across machines, grad_allreduce overlap on GPUs"),
+    ("checkpoint", 0.10, "checkpoints stall training: checkpoint_async true, or checkpoint less often"),
+    ("eval", 0.30, "evaluation takes much of the time: eval_every, or a smaller evaluation set"),
+    ("other", 0.25, "time goes outside the step: callbacks, logging (log_every), or Python work "
+                    "between steps"),
+)
+
+
+def advice(shares: dict[str, float]) -> list[str]:
+    """One line per phase above its usual threshold, the largest first; none for a healthy breakdown."""
+    found = [(shares[p], f"{_LABELS[p]} {100 * shares[p]:.0f}%: {text} (see 'Why is my training slow?')")
+             for p, threshold, text in _ADVICE if shares.get(p, 0.0) > threshold]
+    return [line for _, line in sorted(found, reverse=True)]

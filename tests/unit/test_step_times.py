@@ -1,0 +1,96 @@
+"""core/step_times.py on a clock the test moves: what each phase is charged, start-up kept apart, the
+reduced rows' means over ranks, shares, the log line's part, the table and its advice."""
+
+import pytest
+
+from hvdazure.core.step_times import PHASES, ROW_LENGTH, Breakdown, StepTimes, advice
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _steps(times: StepTimes, clock: Clock, count: int, data: float, compute: float, first: bool) -> None:
+    for i in range(count):
+        since = times.now()
+        clock.t += data
+        since = times.add("data", since)
+        clock.t += compute
+        times.add("compute", since)
+        times.step_done(samples=8, first_of_fit=first and i == 0)
+
+
+def test_each_phase_gets_its_own_time_and_the_first_step_is_start_up():
+    clock = Clock()
+    times = StepTimes(clock=clock)
+    _steps(times, clock, 1, data=5.0, compute=1.0, first=True)  # start-up: loader workers, compilation
+    _steps(times, clock, 4, data=0.25, compute=0.75, first=False)
+    clock.t += 1.0  # between steps: callbacks, logging
+    row = times.row()
+    assert len(row) == ROW_LENGTH
+    seconds = dict(zip(PHASES, row[4:], strict=True))
+    assert row[:4] == [11.0, 6.0, 4.0, 32.0]  # wall (start-up included), start-up, steps, samples
+    assert seconds["data"] == pytest.approx(1.0) and seconds["compute"] == pytest.approx(3.0)
+    assert times.row()[:4] == [0.0, 0.0, 0.0, 0.0]  # a new interval
+
+
+def test_a_reduced_row_is_the_mean_over_ranks_and_shares_add_up_to_one():
+    # two ranks' rows summed: rank 0 waited 1 s for data, rank 1 3 s, of 10 s each
+    summed = [20.0, 0.0, 10.0, 160.0, 4.0, 12.0, 2.0, 1.0, 0.0, 0.0, 0.0]
+    b = Breakdown()
+    b.add_row(summed, ranks=2)
+    assert (b.wall, b.steps, b.samples) == (10.0, 5, 80)
+    shares = b.shares()
+    assert shares == pytest.approx({"data": 0.2, "compute": 0.6, "exchange": 0.1, "optimizer": 0.05,
+                                    "other": 0.05})
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert b.samples_per_second == 8.0
+    assert b.compact() == "time data 20% compute 60% exchange 10% optimizer 5% other 5%"
+    assert b.scalars()["time_exchange"] == pytest.approx(0.1) and b.scalars()["samples_per_s"] == 8.0
+
+
+def test_start_up_is_left_out_of_the_shares_and_shown_in_seconds():
+    b = Breakdown()
+    b.add_row([12.0, 2.0, 10.0, 80.0, 9.0, 1.0, 0, 0, 0, 0, 0], ranks=1)  # 2 s of the 12 were start-up
+    assert b.timed == 10.0
+    assert b.shares()["data"] == pytest.approx(0.9)
+    table = b.table("where the time went")
+    assert "first step" in table and "2e+03" in table  # 2000 ms, in the table's own line
+    assert table.splitlines()[0] == ("where the time went: 10 steps in 10 s on 1 rank(s) (mean over ranks), "
+                                     "8 samples/s")
+
+
+def test_intervals_add_up_into_the_fit():
+    fit = Breakdown()
+    for data in (1.0, 3.0):
+        interval = Breakdown()
+        interval.add_row([4.0, 0.0, 2.0, 16.0, data, 4.0 - data, 0, 0, 0, 0, 0], ranks=1)
+        fit.add(interval)
+    assert (fit.wall, fit.steps, fit.samples) == (8.0, 4, 32)
+    assert fit.shares()["data"] == pytest.approx(0.5)
+
+
+def test_advice_names_the_phase_that_stands_out_largest_first_and_none_when_healthy():
+    assert advice({"data": 0.05, "compute": 0.9, "other": 0.05}) == []
+    lines = advice({"data": 0.6, "exchange": 0.35, "other": 0.05})
+    assert lines[0].startswith("data wait 60%: the model waits for data: more loader workers (num_workers)")
+    assert lines[1].startswith("allreduce wait 35%: the gradient exchange dominates")
+    assert all(line.endswith("(see 'Why is my training slow?')") for line in lines)
+
+
+def test_off_it_times_nothing_and_reports_no_row():
+    clock = Clock()
+    times = StepTimes(enabled=False, clock=clock)
+    since = times.now()
+    clock.t += 1.0
+    times.add("data", since)
+    times.step_done(8, first_of_fit=False)
+    assert times.row() == []
+
+
+def test_an_interval_without_timed_wall_time_has_no_shares():
+    assert Breakdown().shares() == {} and Breakdown().samples_per_second == 0.0
