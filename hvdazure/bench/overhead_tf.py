@@ -84,12 +84,12 @@ def hand_written(data: tuple[np.ndarray, np.ndarray], batch_size: int) -> list[f
     return durations
 
 
-class BenchTrainer(InStepTimer, TensorFlowTrainer):
+class BenchTrainer(TensorFlowTrainer, InStepTimer):
     """The same model, data and optimizer; times its run_step (the rest of a step is its bookkeeping)."""
 
     def __init__(self, config: TrainConfig, data: tuple[np.ndarray, np.ndarray], clock: StepClock) -> None:
         super().__init__(config, callbacks=[clock])
-        self.data, self.in_step_s = data, []
+        self.data = data
 
     def build_model(self) -> keras.Model:
         return model()

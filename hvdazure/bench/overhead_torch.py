@@ -79,13 +79,13 @@ def hand_written(epochs: int, batch_size: int, lr: float = LR, log_every: int = 
     return durations
 
 
-class BenchTrainer(InStepTimer, TorchTrainer):
+class BenchTrainer(TorchTrainer, InStepTimer):
     """The same model, data and optimizer as the hand-written loop; times its run_step, so that what
     the loop does around the step (its bookkeeping) is the rest of the step's time."""
 
     def __init__(self, config: TrainConfig, data: TensorDataset, clock: StepClock) -> None:
         super().__init__(config, callbacks=[clock])
-        self.data, self.in_step_s = data, []
+        self.data = data
 
     def build_model(self) -> torch.nn.Module:
         return model()

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from hvdazure import Callback
+from hvdazure.core.trainer import Trainer
 
 BATCH_SIZE = 64  # per rank
 FEATURES, HIDDEN, CLASSES = 256, 512, 10  # the MLP: FEATURES -> HIDDEN -> HIDDEN -> CLASSES
@@ -48,15 +49,16 @@ class StepClock(Callback):
         self.mark = now
 
 
-class InStepTimer:
-    """Mixin for a binding's Trainer (listed before it): the time of each step of its backend's `run_step`,
-    the step itself, so that what the trainer does around it can be told apart. Framework-free: both
+class InStepTimer(Trainer):
+    """Between a binding's Trainer and the core's (`class BenchTrainer(TorchTrainer, InStepTimer)`): the
+    time of each step of the backend's `run_step`, the step itself, so that what the trainer does around
+    it can be told apart. It wraps the backend the binding passes to the core Trainer. Framework-free: both
     benchmarks use it."""
 
     in_step_s: list[float]
 
-    def _create_backend(self) -> Any:
-        backend = super()._create_backend()  # type: ignore[misc]
+    def __init__(self, config: Any = None, callbacks: Any = (), comm: Any = None, *, backend: Any) -> None:
+        self.in_step_s = []
         run_step = backend.run_step
 
         def timed(*args: Any) -> float:
@@ -67,7 +69,7 @@ class InStepTimer:
                 self.in_step_s.append(time.perf_counter() - start)
 
         backend.run_step = timed
-        return backend
+        super().__init__(config, callbacks, comm, backend=backend)
 
 
 class BlockTime(NamedTuple):
