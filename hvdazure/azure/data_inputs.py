@@ -1,5 +1,5 @@
-"""What an `--input` or an `--output` names, parsed strictly: the forms azure-ai-ml 1.35.2 passes to Azure ML,
-and nothing it would turn into a wrong path. No Azure SDK here.
+r"""What an `--input` or an `--output` names, parsed strictly: the forms azure-ai-ml 1.35.2 passes to Azure
+ML, and nothing it would turn into a wrong path. No Azure SDK here.
 
 `NAME=[TYPE:]URI[:MODE]`. TYPE is uri_folder (the default) or uri_file. URI is one of:
 
@@ -26,11 +26,18 @@ asset; any other relative path is uploaded. So a local input is written as its a
 holding an '@' would be looked up as an asset), and a URL as it is, never with azure-ai-ml's own `azureml:`
 prefix (submit_v2.write_yaml).
 
-`--output NAME[:MODE]` or `NAME=[TYPE:]URI[:MODE]`: Azure ML writes an output to a datastore path
-(`azureml://datastores/DS/paths/PATH`, or its long form), or, without a URI, to a place of its own in the
-workspace's default datastore. TYPE is uri_folder (the default) or uri_file; MODE rw_mount (the default),
-upload or direct, azure-ai-ml's `OutputSchema` modes (its `mount` is rw_mount's other name). A data asset, a
-storage URL, a local path or an input's mode is refused in one line naming the value.
+`--output NAME[:MODE]`, `NAME=TYPE[:MODE]` or `NAME=[TYPE:]URI[:MODE]`, each optionally followed by
+`,name=ASSET[,version=VERSION]`: Azure ML writes an output to a datastore path (`azureml://datastores/DS/
+paths/PATH`, or its long form), or, without a URI, to a place of its own in the workspace's default
+datastore. TYPE is uri_folder (the default), uri_file (one file, so its path is required), mlflow_model or
+custom_model, the output types Azure ML documents for command jobs (azure-ai-ml's `OutputSchema` also takes
+mltable and triton_model, which hvdazure does not write); MODE rw_mount (the default), upload or direct,
+`OutputSchema`'s modes (its `mount` is rw_mount's other name). `name=` registers what the job wrote, once it
+ends, as that asset (`outputs.NAME.name` and `.version` in the job: a model for the model types, else a data
+asset), `version=` as that version, else the asset's next. Asset names follow azure-ai-ml's model client
+(`^(?![\-_.])[a-zA-Z0-9\-_.]{1,255}(?<!\.)$`), versions the rule of inputs' versions. Only name= and version=
+follow a comma: a comma and any other `word=` is refused, so a misspelt setting is not taken for a path. A
+data asset, a storage URL, a local path or an input's mode is refused in one line naming the value.
 """
 
 from __future__ import annotations
@@ -40,10 +47,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hvdazure.azure.errors import JobSpecError
-from hvdazure.azure.resolved_job import InputSpec, OutputSpec
+from hvdazure.azure.resolved_job import MODEL_TYPES, InputSpec, OutputSpec
 
 INPUT_TYPES = ("uri_folder", "uri_file")
-OUTPUT_TYPES = INPUT_TYPES
+OUTPUT_TYPES = (*INPUT_TYPES, *MODEL_TYPES)
 OUTPUT_MODES = ("rw_mount", "upload", "direct")  # azure-ai-ml's OutputSchema (and "mount", rw_mount's alias)
 DEFAULT_OUTPUT_MODE = "rw_mount"
 INPUT_MODES = ("ro_mount", "download", "direct")  # for both types: azure-ai-ml's DataInputSchema
@@ -58,6 +65,9 @@ URL_SCHEMES = ("https", "http", "abfss", "abfs", "wasbs", "wasb", "adl")
 _ASSET_NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]*"
 _ASSET = re.compile(rf"^azureml:(?P<name>{_ASSET_NAME})(?:@(?P<label>[^:@/]*)|:(?P<version>[^:@/]*))?$")
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_OUTPUT_ASSET_NAME = re.compile(r"^(?![\-_.])[A-Za-z0-9\-_.]{1,255}(?<!\.)$")  # azure-ai-ml's model client
+_SETTING = re.compile(r"^(?P<key>[A-Za-z_]+)=(?P<value>.*)$")  # `,name=...` after an output
+_REGISTRATION = {"name": "asset_name", "version": "asset_version"}
 _MODE_LIKE = re.compile(r"^[A-Za-z][A-Za-z_\-]*$")  # a word that can only be meant as a mode
 _SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
 _DATASTORE_PATHS = [re.compile(p, re.I) for p in (
@@ -95,23 +105,50 @@ def parse_input_value(name: str, value: str) -> InputSpec:
 
 
 def parse_output_value(text: str) -> OutputSpec:
-    """The OutputSpec of `--output TEXT`: `NAME`, `NAME:MODE` or `NAME=[TYPE:]URI[:MODE]`, split into its
-    parts (check_output checks them)."""
+    """The OutputSpec of `--output TEXT`: `NAME`, `NAME:MODE`, `NAME=TYPE[:MODE]` or
+    `NAME=[TYPE:]URI[:MODE]`, then `,name=ASSET[,version=VERSION]` to register it, split into its parts
+    (check_output checks them)."""
+    text, registration = _split_registration(text)
     name, equals, value = text.partition("=")
     if not equals:
         name, colon, given = text.partition(":")
         if colon and not given:
             raise JobSpecError(f"--output {text!r}: no mode after ':' (one of {', '.join(OUTPUT_MODES)})")
-        return OutputSpec(name=name, mode=_output_mode(given) if given else DEFAULT_OUTPUT_MODE)
+        return OutputSpec(name=name, mode=_output_mode(given) if given else DEFAULT_OUTPUT_MODE,
+                          **registration)
     option = f"--output {name}"
     if not value:
-        raise JobSpecError(f"{option}: no URI after '=': give NAME, NAME:MODE or NAME={DATASTORE_PATH_FORM}")
-    kind, uri = _split_type(option, value, OUTPUT_TYPES)
+        raise JobSpecError(f"{option}: nothing after '=': give NAME, NAME:MODE, NAME=TYPE or "
+                           f"NAME={DATASTORE_PATH_FORM}")
+    kind, uri = (value, "") if value in (*OUTPUT_TYPES, *_OTHER_TYPES) else _split_type(option, value,
+                                                                                        OUTPUT_TYPES)
+    typed = uri != value
     uri, mode = _split_mode(uri)
-    if not uri:
+    if typed and mode is None and _MODE_LIKE.match(uri):  # TYPE:MODE, in Azure ML's default place
+        uri, mode = "", uri
+    if not uri and not typed:
         raise JobSpecError(f"{option}: no URI before ':{mode}': give NAME:{mode} or "
                            f"NAME={DATASTORE_PATH_FORM}:{mode}")
-    return OutputSpec(name=name, uri=uri, type=kind, mode=_output_mode(mode) if mode else DEFAULT_OUTPUT_MODE)
+    return OutputSpec(name=name, uri=uri or None, type=kind,
+                      mode=_output_mode(mode) if mode else DEFAULT_OUTPUT_MODE, **registration)
+
+
+def _split_registration(text: str) -> tuple[str, dict[str, str]]:
+    """`--output`'s text without its trailing `,name=ASSET` and `,version=VERSION`, and those settings as
+    OutputSpec's fields."""
+    parts = text.split(",")
+    option = f"--output {re.split('[=:]', parts[0], maxsplit=1)[0]}"
+    found: dict[str, str] = {}
+    while len(parts) > 1 and (setting := _SETTING.match(parts[-1])):
+        key, value = setting["key"], setting["value"]
+        if key not in _REGISTRATION:
+            raise JobSpecError(f"{option}: unknown setting {key}= (name=ASSET and version=VERSION register "
+                               "the output)")
+        if _REGISTRATION[key] in found:
+            raise JobSpecError(f"{option}: {key}= is given twice")
+        found[_REGISTRATION[key]] = value
+        parts.pop()
+    return ",".join(parts), found
 
 
 def _check_type_and_mode(option: str, kind: str, mode: str,
@@ -133,7 +170,11 @@ def check_output(spec: OutputSpec) -> None:
     option = f"--output {spec.name}"
     _check_type_and_mode(option, spec.type, spec.mode, (OUTPUT_TYPES, OUTPUT_MODES, _OTHER_OUTPUT_MODES),
                          "an output")
+    _check_registration(option, spec)
     if spec.uri is None:
+        if spec.type == "uri_file":
+            raise JobSpecError(f"{option}: a uri_file output is one file: give its datastore path, "
+                               f"{spec.name}=uri_file:{DATASTORE_PATH_FORM}")
         return
     uri = spec.uri
     way_on = (f"Azure ML writes outputs to a datastore path, {DATASTORE_PATH_FORM}, or, without a URI, to "
@@ -153,6 +194,22 @@ def check_output(spec: OutputSpec) -> None:
     if scheme or ":" in uri.split("/", 1)[0]:
         raise JobSpecError(f"{option}: {uri} is not a datastore path: {way_on}")
     raise JobSpecError(f"{option}: {uri} is a local path, which a job cannot write to: {way_on}")
+
+
+def _check_registration(option: str, spec: OutputSpec) -> None:
+    """The asset `spec` is registered as, if any: a name Azure ML takes, and a version it takes."""
+    name, version = spec.asset_name, spec.asset_version
+    if name is None:
+        if version is not None:
+            raise JobSpecError(f"{option}: version={version} goes with name=ASSET, the asset the output is "
+                               "registered as")
+        return
+    if not _OUTPUT_ASSET_NAME.match(name):
+        raise JobSpecError(f"{option}: name={name!r}: 1 to 255 letters, digits, '-', '_' and '.', not "
+                           "starting with '-', '_' or '.' nor ending with '.' (Azure ML's asset names)")
+    if version is not None and (not _VERSION.match(version) or version == "latest"):
+        raise JobSpecError(f"{option}: version={version!r}: letters, digits, '_', '.' and '-', not 'latest' "
+                           "(without version=, Azure ML registers the asset's next version)")
 
 
 def resolution(path: str, is_arm_id: bool = False) -> str:

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdazure.azure import credential_check, data_inputs, sweep_spec, vm_sizes
+from hvdazure.azure import credential_check, data_inputs, job_settings, sweep_spec, vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.compute import check_compute_name
 from hvdazure.azure.errors import JobSpecError, check_count
 from hvdazure.azure.job_identity import with_identity
-from hvdazure.azure.resolved_job import InputSpec, JobEnvironment, OutputSpec, ResolvedJob
+from hvdazure.azure.resolved_job import SERVERLESS, InputSpec, JobEnvironment, OutputSpec, ResolvedJob
 from hvdazure.azure.script_args import argument_names
 from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
 from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
@@ -76,6 +76,12 @@ class JobSpec:
     vm_size: str | None = None  # the compute's VM size, when known before asking Azure
     sweep: SweepSpec | InJobSweepSpec | None = None  # hvdazure submit sweep | in-job-sweep
     identity: str | None = None  # user, managed or managed:CLIENT_ID (job_identity.py); None: Azure ML's
+    # the job's own settings (job_settings.py)
+    name: str | None = None  # the job's name, its id in the workspace; None: Azure ML names it
+    description: str | None = None
+    max_duration: int | None = None  # seconds, at least 60: Azure ML cancels the job (a sweep job) then
+    job_tier: str | None = None  # spot or standard, with compute "serverless"
+    priority: str | None = None  # low, medium or high, with compute "serverless"
 
 
 # --- credentials: none in any field of the job -------------------------------------------------------------
@@ -104,8 +110,8 @@ def _spec_fields(spec: JobSpec) -> Iterator[tuple[str, object, str]]:
     options: list[tuple[str, str | None]] = [
         ("--compute", spec.compute), ("--code", spec.code_dir), ("--image", spec.image),
         ("--environment", spec.environment), ("--experiment", spec.experiment),
-        ("--display-name", spec.display_name), ("--shm-size", spec.shm_size),
-        ("--docker-args", spec.docker_args)]
+        ("--display-name", spec.display_name), ("--name", spec.name), ("--description", spec.description),
+        ("--shm-size", spec.shm_size), ("--docker-args", spec.docker_args)]
     if spec.sweep is not None:
         options += [("--space", spec.sweep.space), ("--metric", spec.sweep.metric)]
     for option, text in options:
@@ -167,8 +173,11 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
     check_credentials(spec)  # first: later checks name values in their messages
     vm_size = vm_size or spec.vm_size
     nodes = check_count(spec.nodes, "--nodes")
-    processes = _processes_per_node(spec.processes_per_node, vm_size)
     compute = check_compute_name(spec.compute, "--compute")
+    if compute == SERVERLESS and not vm_size:
+        raise JobSpecError("--compute serverless needs --vm-size, the VM each node is (e.g. "
+                           "Standard_NC24ads_A100_v4): Azure ML would pick a CPU VM")
+    processes = _processes_per_node(spec.processes_per_node, vm_size)
     code_dir, script = _code_and_script(spec, cwd)
     if snapshot is None or snapshot.code_dir != code_dir:
         snapshot = scan(code_dir)
@@ -202,7 +211,10 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
         processes_per_node=processes, environment=_environment(spec, cwd), env=env, inputs=inputs,
         outputs=outputs, experiment=experiment, display_name=spec.display_name or f"{Path(script).name} "
         f"{nodes}x{processes}", tags=tags, shm_size=shm, docker_args=spec.docker_args or None,
-        vm_size=vm_size, snapshot=snapshot, warnings=tuple(warnings))
+        vm_size=vm_size, snapshot=snapshot, warnings=tuple(warnings),
+        name=job_settings.check_job_name(spec.name), description=spec.description or None,
+        max_duration=job_settings.check_duration(spec.max_duration, "--max-duration"),
+        queue=job_settings.queue_settings(spec.job_tier, spec.priority, compute))
     job = with_identity(job, spec.identity)
     if spec.sweep is None:
         return job

@@ -107,9 +107,6 @@ def _add_sweep_job_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-concurrent-trials", type=int, metavar="K",
                         help="trials running at once, each on --nodes nodes (default: every trial; the "
                              "cluster's size queues the rest)")
-    limits.add_argument("--max-duration", type=int, metavar="SECONDS",
-                        help="end the sweep job after this long, cancelling running trials (they get no "
-                             "grace to save a checkpoint, unlike `hvdazure sweep --timeout`)")
     limits.add_argument("--trial-timeout", type=int, metavar="SECONDS",
                         help="cancel a trial that runs longer than this, at least 60 (SDK v1: the trial "
                              "run's max_run_duration_seconds); the sweep goes on with the next")
@@ -139,13 +136,16 @@ def _add_submit_arguments(parser: argparse.ArgumentParser,
     parser.add_argument("script", help="the training script: a path in the code directory (--code), as the "
                                        "job runs it (or from here into it)")
     layout = parser.add_argument_group("layout")
-    layout.add_argument("--compute", required=True, help="the Azure ML compute cluster")
+    layout.add_argument("--compute", required=True,
+                        help="the Azure ML compute cluster, or serverless (Azure ML's serverless compute, "
+                             "with --vm-size; SDK v2)")
     layout.add_argument("--nodes", type=int, default=1, help="nodes (default: 1)")
     layout.add_argument("--processes-per-node", "-ppn", type=int, metavar="N",
                         help="ranks per node, usually one per GPU (default: the GPUs of the compute's VM "
                              "size when hvdazure knows it)")
     layout.add_argument("--vm-size", metavar="SIZE",
-                        help="the compute's VM size, for a dry run's defaults and for --create-compute")
+                        help="the compute's VM size, for a dry run's defaults and for --create-compute; "
+                             "with --compute serverless, the VM each node is")
     layout.add_argument("--create-compute", action="store_true",
                         help="create the compute if it does not exist (--vm-size, up to --nodes nodes, or "
                              "--nodes x --max-concurrent-trials for a sweep job; scaling to 0 when idle); "
@@ -170,12 +170,27 @@ def _add_submit_arguments(parser: argparse.ArgumentParser,
                           "an https/abfss URL, a local path (uploaded); TYPE uri_folder (default) or "
                           "uri_file; MODE ro_mount (default), download or direct; read it with "
                           "${{inputs.NAME}}")
-    job.add_argument("--output", action="append", default=[], metavar="NAME[=[TYPE:]URI][:MODE]",
+    job.add_argument("--output", action="append", default=[],
+                     metavar="NAME[=[TYPE:][URI]][:MODE][,name=ASSET]",
                      help="output (repeatable): a datastore path, azureml://datastores/DS/paths/PATH, or "
-                          "none for Azure ML's default place; TYPE uri_folder (default) or uri_file; MODE "
-                          "rw_mount (default), upload or direct; write to ${{outputs.NAME}}")
+                          "none for Azure ML's default place; TYPE uri_folder (default), uri_file, "
+                          "mlflow_model or custom_model; MODE rw_mount (default), upload or direct; "
+                          ",name=ASSET[,version=V] registers it when the job ends (a model for the model "
+                          "types, else a data asset; SDK v2); write to ${{outputs.NAME}}")
     job.add_argument("--experiment", help="experiment name (default: the code directory's name)")
+    job.add_argument("--name", help="the job's name, its id in the workspace (unique; letters, digits, '_', "
+                                    "'-'; default: Azure ML's); SDK v1: the run's id")
     job.add_argument("--display-name", help="the job's display name")
+    job.add_argument("--description", metavar="TEXT", help="the job's description")
+    job.add_argument("--max-duration", type=int, metavar="SECONDS",
+                     help="cancel the job after this long, at least 60 (a sweep job: all of it, its running "
+                          "trials with it; they get no grace to save a checkpoint, unlike `hvdazure sweep "
+                          "--timeout`); SDK v1: the run's max_run_duration_seconds")
+    job.add_argument("--job-tier", metavar="spot|standard",
+                     help="with --compute serverless: spot (preemptible, cheaper) or standard (dedicated, "
+                          "the default) VMs; SDK v2")
+    job.add_argument("--priority", metavar="low|medium|high",
+                     help="with --compute serverless: the job's scheduling priority within its tier; SDK v2")
     job.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag (repeatable)")
     job.add_argument("--identity", metavar="user|managed|managed:CLIENT_ID",
                      help="what the job runs as: the submitting user's identity, or the compute's managed "
@@ -228,8 +243,7 @@ def sweep_job_spec(args: argparse.Namespace) -> SweepSpec:
                                args.slack_factor, args.truncation_percentage)
     return SweepSpec(space=args.space, metric=args.metric, mode=args.mode, trials=args.trials,
                      max_concurrent_trials=args.max_concurrent_trials, sampler=args.sampler, seed=args.seed,
-                     early_termination=policy, max_duration=args.max_duration,
-                     trial_timeout=args.trial_timeout)
+                     early_termination=policy, trial_timeout=args.trial_timeout)
 
 
 def in_job_sweep_spec(args: argparse.Namespace) -> InJobSweepSpec:
@@ -253,7 +267,9 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
         outputs=[spec.parse_output(text) for text in args.output],
         experiment=args.experiment, display_name=args.display_name, shm_size=args.shm_size,
         docker_args=args.docker_args, vm_size=args.vm_size, identity=args.identity,
-        sweep=args.sweep_from(args) if args.sweep_from else None)
+        sweep=args.sweep_from(args) if args.sweep_from else None, name=args.name,
+        description=args.description, max_duration=args.max_duration, job_tier=args.job_tier,
+        priority=args.priority)
 
 
 def compute_for_job(args: argparse.Namespace) -> ClusterSpec | None:

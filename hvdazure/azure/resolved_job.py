@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from hvdazure.sweep.options import SweepOptions
 
 GOALS = {"min": "minimize", "max": "maximize"}
+SERVERLESS = "serverless"  # `--compute serverless`: Azure ML's serverless compute (azure-ai-ml's name)
+MODEL_TYPES = ("mlflow_model", "custom_model")  # an output of these types is registered as a model
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,27 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """A job output; without a URI, Azure ML picks a place in the workspace's default datastore."""
+    """A job output; without a URI, Azure ML picks a place in the workspace's default datastore. With an
+    `asset_name`, Azure ML registers what the job wrote as that asset (a model for the model types, else a
+    data asset), as `asset_version` or the asset's next version."""
 
     name: str
     uri: str | None = None
     type: str = "uri_folder"
     mode: str = "rw_mount"
+    asset_name: str | None = None
+    asset_version: str | None = None
+
+    def describe(self) -> str:
+        registered = ""
+        if self.asset_name is not None:
+            kind = "model" if self.type in MODEL_TYPES else "data asset"
+            version = f"version {self.asset_version}" if self.asset_version else "its next version"
+            registered = f", registered as {kind} {self.asset_name}, {version}"
+        return f"{self.type} {self.uri or '(default datastore)'} ({self.mode}{registered})"
+
+    def as_dict(self) -> dict[str, str | None]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,19 @@ class JobEnvironment:
             return f"azureml://registries/{self.registry}/environments/{self.name}/{which}"
         which = "@latest" if self.version is None else f":{self.version}"
         return f"azureml:{self.name}{which}"
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """Where a job on serverless compute queues (job_settings.py): its job tier (spot or standard) and its
+    priority within the tier (low, medium or high); None: Azure ML's default."""
+
+    job_tier: str | None = None
+    priority: str | None = None
+
+    def describe(self) -> str:
+        return ", ".join(f"{what} {value}" for what, value in (("job tier", self.job_tier),
+                                                               ("priority", self.priority)) if value)
 
 
 @dataclass(frozen=True)
@@ -164,8 +194,7 @@ class SweepJob:
     max_total_trials: int
     max_concurrent_trials: int
     early_termination: EarlyTermination | None
-    max_duration: int | None  # seconds for the whole sweep job
-    trial_timeout: int | None = None  # seconds for each trial
+    trial_timeout: int | None = None  # seconds per trial (the whole sweep job's: ResolvedJob.max_duration)
 
     def rank_argv(self, job: ResolvedJob) -> tuple[str, ...]:
         """A trial's command (SDK v2): the script, then each sampled value as `--set NAME=VALUE`, which Azure
@@ -177,8 +206,7 @@ class SweepJob:
     def summary(self, job: ResolvedJob) -> list[str]:
         seed = f" (seed {self.seed})" if self.seed is not None else ""
         policy = self.early_termination.describe() if self.early_termination else "none"
-        limit = (f"; each trial stops after {self.trial_timeout} s" if self.trial_timeout else "") + (
-            f"; the sweep stops after {self.max_duration} s" if self.max_duration else "")
+        limit = f"; each trial stops after {self.trial_timeout} s" if self.trial_timeout else ""
         parameters = "; ".join(f"{p.name} {p.describe()}" + (f" as {p.key}" if p.key != p.name else "")
                                for p in self.parameters)
         return [f"sweep job: {self.max_total_trials} trial(s) of {job.nodes} node(s) x "
@@ -193,8 +221,7 @@ class SweepJob:
         return {"sweep": {
             "type": "sweep_job", "metric": self.metric, "goal": self.goal, "sampler": self.sampler,
             "seed": self.seed, "max_total_trials": self.max_total_trials,
-            "max_concurrent_trials": self.max_concurrent_trials, "max_duration": self.max_duration,
-            "trial_timeout": self.trial_timeout,
+            "max_concurrent_trials": self.max_concurrent_trials, "trial_timeout": self.trial_timeout,
             "early_termination": dataclasses.asdict(policy) if policy else None,
             "search_space": {p.key: {"name": p.name, "type": p.kind, **p.args} for p in self.parameters}}}
 
@@ -258,6 +285,15 @@ class ResolvedJob:
     warnings: tuple[str, ...] = ()
     kind: JobKind = CommandJob()
     identity: JobIdentity | None = None  # None: Azure ML's default (an AML token)
+    name: str | None = None  # the job's name, its id in the workspace; None: Azure ML names it
+    description: str | None = None
+    max_duration: int | None = None  # seconds, after which Azure ML cancels the job (a sweep job: all of it)
+    queue: QueueSettings | None = None  # serverless compute's job tier and priority
+
+    @property
+    def serverless(self) -> bool:
+        """True on Azure ML's serverless compute: no cluster of ours, the VM size asked for (`vm_size`)."""
+        return self.compute == SERVERLESS
 
     @property
     def world_size(self) -> int:
@@ -296,8 +332,15 @@ class ResolvedJob:
             f"command: {command or self.command}",
             f"code: {self.code_dir} ({len(self.snapshot.files)} files, "
             f"{self.snapshot.total_bytes / 2**20:.1f} MB)",
-            f"experiment: {self.experiment}; display name: {self.display_name}",
+            f"experiment: {self.experiment}; display name: {self.display_name}"
+            + (f"; name: {self.name}" if self.name else ""),
         ]
+        if self.description:
+            lines.append(f"description: {self.description}")
+        if self.max_duration:
+            lines.append(f"max duration: {self.max_duration} s, then Azure ML cancels the job")
+        if self.queue:
+            lines.append(f"queue: {self.queue.describe()}")
         if self.identity:
             lines.append(f"identity: {self.identity.describe()}")
         if self.docker_args:
@@ -309,5 +352,5 @@ class ResolvedJob:
             uploaded = ", uploaded when submitting" if Path(spec.uri).is_absolute() else ""  # a local path
             lines.append(f"input {spec.name}: {spec.type} {spec.uri} ({spec.mode}{uploaded})")
         for out in self.outputs:
-            lines.append(f"output {out.name}: {out.type} {out.uri or '(default datastore)'} ({out.mode})")
+            lines.append(f"output {out.name}: {out.describe()}")
         return lines + self.kind.summary(self)

@@ -22,12 +22,13 @@ from typing import Any
 from hvdazure.azure.errors import SubmitError, redacted_line
 from hvdazure.azure.resolved_job import ResolvedJob
 
+_RUN_FIELDS = ("runId", "description")  # run_fields: sent beside the configuration
 
-def build_run_config(job: ResolvedJob, workspace: Any = None,
-                     max_run_duration_seconds: int | None = None) -> Any:
+
+def build_run_config(job: ResolvedJob, workspace: Any = None) -> Any:
     """The ScriptRunConfig for `job`. A registered environment is looked up in `workspace` when given
-    (a dry run has none and references it by name and version); `max_run_duration_seconds`: when the
-    service cancels the run (default: azureml-core's, 30 days)."""
+    (a dry run has none and references it by name and version); the service cancels the run after the job's
+    max duration (default: azureml-core's, 30 days)."""
     from azureml.core import Environment, ScriptRunConfig
     from azureml.core.runconfig import DockerConfiguration, MpiConfiguration
 
@@ -53,7 +54,7 @@ def build_run_config(job: ResolvedJob, workspace: Any = None,
     config = ScriptRunConfig(
         source_directory=str(job.code_dir),
         **entry,
-        max_run_duration_seconds=max_run_duration_seconds or ScriptRunConfig.MAX_DURATION_SECONDS_DEFAULT,
+        max_run_duration_seconds=max_run_duration(job),
         compute_target=job.compute,
         environment=environment,
         distributed_job_config=MpiConfiguration(process_count_per_node=job.processes_per_node,
@@ -65,6 +66,21 @@ def build_run_config(job: ResolvedJob, workspace: Any = None,
     # --identity user: azureml-core's credential passthrough (it has no managed identity: submit_v1 refuses)
     config.run_config.credential_passthrough = job.identity is not None and job.identity.kind == "user"
     return config
+
+
+def max_run_duration(job: ResolvedJob) -> int:
+    """The run's max_run_duration_seconds: the job's max duration, or azureml-core's default (30 days)."""
+    from azureml.core import ScriptRunConfig
+
+    return job.max_duration or ScriptRunConfig.MAX_DURATION_SECONDS_DEFAULT
+
+
+def run_fields(job: ResolvedJob) -> dict[str, str]:
+    """What a submission sends of the run beside its configuration, for the dry run's file: its id
+    (`--name`, Experiment.submit's run_id or HyperDrive's custom run id) and its description (set on the run
+    once it exists)."""
+    return {key: value for key, value in (("runId", job.name), ("description", job.description))
+            if value is not None}
 
 
 def registered_environment(workspace: Any, job: ResolvedJob) -> Any:
@@ -100,7 +116,7 @@ def check_run_configuration(job: ResolvedJob, data: dict[str, Any], name: str) -
     """Load a serialised run configuration with azureml-core and check it says what `job` says."""
     from azureml.core.runconfig import RunConfiguration
 
-    data = {key: value for key, value in data.items() if key != "sourceDirectory"}
+    data = {key: value for key, value in data.items() if key not in ("sourceDirectory", *_RUN_FIELDS)}
     try:
         loaded = RunConfiguration._get_runconfig_using_dict(data)  # what RunConfiguration.load does
     except Exception as exc:
@@ -110,16 +126,26 @@ def check_run_configuration(job: ResolvedJob, data: dict[str, Any], name: str) -
              "mpi": {"processCountPerNode": loaded.mpi.process_count_per_node,
                      "nodeCount": loaded.mpi.node_count},
              "environment": {"name": loaded.environment.name, "version": loaded.environment.version},
-             "credentialPassthrough": bool(loaded.credential_passthrough)}
+             "credentialPassthrough": bool(loaded.credential_passthrough),
+             "maxRunDurationSeconds": loaded.max_run_duration_seconds}
     script, arguments, command = (job.script, list(job.script_args), None) if runs_script(job) else (
         None, [], job.command)
     wanted = {"script": script, "arguments": arguments, "command": command, "nodeCount": job.nodes,
               "mpi": {"processCountPerNode": job.processes_per_node, "nodeCount": job.nodes},
               "environment": {"name": job.environment.name, "version": job.environment.version},
-              "credentialPassthrough": job.identity is not None and job.identity.kind == "user"}
+              "credentialPassthrough": job.identity is not None and job.identity.kind == "user",
+              "maxRunDurationSeconds": max_run_duration(job)}
     if found != wanted:
         raise SubmitError(f"{name} does not load back as written: {found} != {wanted}")
     return found
+
+
+def check_run_fields(job: ResolvedJob, data: dict[str, Any], name: str) -> None:
+    """The run's id and description in a dry run's file (run_fields) are the job's."""
+    found = {key: data.get(key) for key in _RUN_FIELDS}
+    wanted = {key: run_fields(job).get(key) for key in _RUN_FIELDS}
+    if found != wanted:
+        raise SubmitError(f"{name} does not load back with the run's id and description: {found} != {wanted}")
 
 
 def runs_script(job: ResolvedJob) -> bool:

@@ -5,7 +5,8 @@ Order of a submission, cheapest checks first, nothing uploaded before the last s
 2. the workspace is named and a credential obtains a token (one line if not);
 3. the compute is looked up (or created with --create-compute, sized for the nodes the job holds at once:
    a sweep job's concurrent trials): its VM size gives the processes per node and the NCCL settings when
-   they were not given; a cluster too small for the job is warned about;
+   they were not given; a cluster too small for the job is warned about (serverless compute has no cluster:
+   its VM size is --vm-size's);
 4. the job is written as YAML into a temporary directory and validated by the SDK, as in a dry run;
 5. the environment is registered if new, the code uploaded and the job created.
 
@@ -61,7 +62,10 @@ class DryRunResult:
                 "processes_per_node": job.processes_per_node, "world_size": job.world_size,
                 "command": self.check.command or job.command, "environment": job.environment.reference,
                 "image": job.environment.image, "warnings": list(job.warnings),
-                "identity": job.identity.as_dict() if job.identity else None, **job.kind.json_fields()}
+                "identity": job.identity.as_dict() if job.identity else None, "name": job.name,
+                "description": job.description, "max_duration": job.max_duration,
+                "queue_settings": dataclasses.asdict(job.queue) if job.queue else None,
+                "outputs": [out.as_dict() for out in job.outputs], **job.kind.json_fields()}
 
     def report(self) -> list[str]:
         """What the dry run found, for a person: the layout, the files, what was checked, how to submit."""
@@ -120,6 +124,9 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
     # 1. offline: everything but the processes per node, which may come from the compute's VM size
     first = resolve(_with_placeholder_processes(spec))
     api.check_supported(first)
+    if create_compute is not None and first.serverless:
+        raise JobSpecError("--create-compute goes with a compute cluster: serverless compute is Azure ML's, "
+                           "there is none to create")
     if create_compute is not None:
         create_compute = _sized_for(create_compute, first)
         create_compute.validate()
@@ -137,6 +144,8 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
             vm_size = cluster.vm_size
             for warning in _too_small(cluster, first):
                 warn(warning)
+        elif first.serverless:  # no cluster to look up: the VM size asked for is the job's
+            vm_size = spec.vm_size
         else:
             vm_size = connection.compute_vm_size(spec.compute)
         if spec.vm_size and vm_size and spec.vm_size.lower() != vm_size.lower():

@@ -7,8 +7,11 @@ for it. The job's kind decides its form once (`_form`): a command job is a `Scri
 an Azure ML sweep job is a HyperDrive run whose trial is that configuration (sweep_v1.py).
 `Experiment.submit` uploads the snapshot and starts the run.
 
-Inputs and outputs (`--input`, `--output`) are SDK v2 features here; v1 jobs read data from a datastore
-path the script is given. Clusters are created with SDK v2 (`--create-compute`).
+Inputs and outputs (`--input`, `--output`), serverless compute and queue settings (`--job-tier`,
+`--priority`) are SDK v2 features here; v1 jobs read data from a datastore path the script is given. The
+job's name is the run's id, its description set on the run once it exists, its max duration the run's
+max_run_duration_seconds (HyperDrive's max_duration_minutes). Clusters are created with SDK v2
+(`--create-compute`).
 """
 
 from __future__ import annotations
@@ -44,15 +47,23 @@ class ScriptRun:
 
         path = output_file(path)
         config = run_config_v1.build_run_config(self.job)
-        path.write_text(yaml.safe_dump(run_config_v1.run_configuration(self.job, config), sort_keys=False))
+        data = {**run_config_v1.run_fields(self.job), **run_config_v1.run_configuration(self.job, config)}
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
         return [path]
 
     def validate_offline(self, files: list[Path]) -> dict[str, Any]:
-        """Load the run configuration back and check its MPI layout, script and arguments against the job."""
+        """Load the run configuration back and check its MPI layout, script and arguments against the job,
+        and the run's id and description."""
         import yaml
 
         (path,) = files
-        return run_config_v1.check_run_configuration(self.job, yaml.safe_load(path.read_text()), path.name)
+        data = yaml.safe_load(path.read_text())
+        run_config_v1.check_run_fields(self.job, data, path.name)
+        return run_config_v1.check_run_configuration(self.job, data, path.name)
+
+    def submit_arguments(self) -> dict[str, Any]:
+        """Experiment.submit's arguments beyond the configuration: the run's id, `--name`."""
+        return {"run_id": self.job.name} if self.job.name else {}
 
     def notes(self, body: dict[str, Any]) -> tuple[str, ...]:
         return ()
@@ -77,7 +88,8 @@ def _form(job: ResolvedJob) -> ScriptRun | HyperDriveRun:
 
 
 def _check_environment_and_identity(job: ResolvedJob) -> None:
-    """What azureml-core cannot send of the job's environment and identity, refused offline."""
+    """What azureml-core cannot send of the job's environment, compute, queue and identity, refused
+    offline."""
     if job.environment.registry is not None:
         raise JobSpecError(f"--environment {job.environment.reference}: SDK v1 cannot use registry "
                            "environments (azureml-core's Environment.get reads the workspace only); use "
@@ -85,6 +97,13 @@ def _check_environment_and_identity(job: ResolvedJob) -> None:
     if job.identity is not None and job.identity.kind == "managed":
         raise JobSpecError("--identity managed needs SDK v2 (the default): azureml-core's run configuration "
                            "has no managed identity, only credential passthrough (--identity user)")
+    if job.queue is not None:
+        option = "--job-tier" if job.queue.job_tier else "--priority"
+        raise JobSpecError(f"{option} needs SDK v2 (the default): azureml-core has no queue settings, and no "
+                           "serverless compute")
+    if job.serverless:
+        raise JobSpecError("--compute serverless needs SDK v2 (the default): azureml-core has no serverless "
+                           "compute")
     if job.identity is not None and isinstance(job.kind, SweepJob):
         raise JobSpecError("--identity with --sdk v1 is not for a HyperDrive sweep: azureml-core's "
                            "HyperDrive submission has no credential passthrough; use SDK v2 (the default), "
@@ -124,7 +143,10 @@ class V1Sdk:
         form = _form(job)
         mpi = body["mpi"]
         checked = ("azureml-core loads the run configuration back (mpi: processCountPerNode "
-                   f"{mpi['processCountPerNode']}, nodeCount {mpi['nodeCount']}){form.also_checked}")
+                   f"{mpi['processCountPerNode']}, nodeCount {mpi['nodeCount']}; maxRunDurationSeconds "
+                   f"{body['maxRunDurationSeconds']}){form.also_checked}")
+        if run_config_v1.run_fields(job):
+            checked += f"; the run's {' and '.join(run_config_v1.run_fields(job))} as asked"
         how = "the same hvdazure submit --sdk v1 without --dry-run"
         return OfflineCheck(checked=checked, how_to_submit=how, notes=(*_environment_notes(job),
                                                                        *form.notes(body)),
@@ -183,10 +205,13 @@ class V1Connection:
 
         # --identity user: Experiment.submit's own option sets the run's credential passthrough
         passthrough = {"credential_passthrough": True} if job.identity is not None else {}
-        with _form(job).run_config(self.workspace) as config:
+        form = _form(job)
+        with form.run_config(self.workspace) as config:
             run = Experiment(self.workspace, job.experiment).submit(config, tags=job.submitted_tags,
-                                                                    **passthrough)
+                                                                    **passthrough, **form.submit_arguments())
         run.display_name = job.display_name
+        if job.description:
+            run.description = job.description
         if stream:
             run.wait_for_completion(show_output=True)
         return Submitted(name=run.id, studio_url=run.get_portal_url(), sdk="v1")

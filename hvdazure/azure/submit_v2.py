@@ -29,26 +29,31 @@ from hvdazure._version import __version__
 from hvdazure.azure import compute, data_inputs
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError, redacted_line
-from hvdazure.azure.resolved_job import CommandJob, InJobSweep, ResolvedJob, SweepJob
+from hvdazure.azure.resolved_job import CommandJob, InJobSweep, QueueSettings, ResolvedJob, SweepJob
 from hvdazure.azure.sdk import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.sweep_v2 import SweepJobForm
 from hvdazure.azure.workspace import WorkspaceRef
 
-# azure-ai-ml announces its own internal experimental classes on stderr while loading a job; the user did
-# not ask for them, so that one logger is kept to errors.
-logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
+# azure-ai-ml announces its own internal experimental classes and fields (queue_settings) on stderr while
+# loading a job; the user did not ask for them, so those two loggers are kept to errors.
+for _logger in ("azure.ai.ml._utils._experimental", "azure.ai.ml._schema.core.fields"):
+    logging.getLogger(_logger).setLevel(logging.ERROR)
 
 JOB_SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
+_PRIORITY_NAMES = {1: "low", 2: "medium", 3: "high"}  # how azure-ai-ml sends a priority (JobPriorityValues)
+_OUTPUT_MODES = {"ReadWriteMount": "rw_mount", "Upload": "upload", "Direct": "direct"}  # REST -> --output
 ENVIRONMENT_SCHEMA = "https://azuremlschemas.azureedge.net/latest/environment.schema.json"
 # the order a person reads a job in; empty sections the SDK writes (properties, parameters) are left out
-_YAML_ORDER = ("type", "display_name", "experiment_name", "compute", "code", "command", "environment",
-               "environment_variables", "resources", "distribution", "inputs", "outputs", "tags")
+_YAML_ORDER = ("type", "name", "display_name", "description", "experiment_name", "compute", "code",
+               "command", "environment", "environment_variables", "resources", "distribution", "limits",
+               "queue_settings", "inputs", "outputs", "tags")
 
 
 @dataclass(frozen=True)
 class _CommandJobForm:
     """A command job as SDK v2 sends it: the plain job, and the in-job sweep (its ranks run the sweep)."""
 
+    max_duration: int | None  # the job's limits.timeout
     schema: str = JOB_SCHEMA
     yaml_order: tuple[str, ...] = _YAML_ORDER
     trial_key: str | None = None  # the command, code and layout are the job's own
@@ -56,7 +61,8 @@ class _CommandJobForm:
     def build(self, command_fields: dict[str, Any], shared_fields: dict[str, Any]) -> Any:
         from azure.ai.ml import entities
 
-        return entities.CommandJob(**command_fields, **shared_fields)
+        limits = entities.CommandJobLimits(timeout=self.max_duration) if self.max_duration else None
+        return entities.CommandJob(**command_fields, **shared_fields, limits=limits)
 
     def check_body(self, body: dict[str, Any], job_file: str) -> None:
         """Nothing beyond the layout, which validate_offline checks for every form."""
@@ -66,34 +72,40 @@ def _form(job: ResolvedJob) -> _CommandJobForm | SweepJobForm:
     """The one place the job's kind decides what SDK v2 is sent."""
     match job.kind:
         case SweepJob() as sweep:
-            return SweepJobForm(sweep)
+            return SweepJobForm(sweep, job.max_duration)
         case CommandJob() | InJobSweep():
-            return _CommandJobForm()
+            return _CommandJobForm(job.max_duration)
 
 
 def build_job(job: ResolvedJob) -> Any:
     """The azure-ai-ml job entity for `job`: a CommandJob, or the SweepJob whose trial it is; the environment
     is referenced by name and version (ensure_environment registers it)."""
     from azure.ai.ml import Input, MpiDistribution, Output
-    from azure.ai.ml.entities import JobResourceConfiguration
+    from azure.ai.ml.entities import JobResourceConfiguration, QueueSettings
 
     command_fields = {  # what every rank runs: a sweep job's trial
         "code": str(job.code_dir),
         "command": job.command,
         "environment": job.environment.reference,
         "resources": JobResourceConfiguration(instance_count=job.nodes, shm_size=job.shm_size,
-                                              docker_args=job.docker_args),
+                                              docker_args=job.docker_args,
+                                              instance_type=job.vm_size if job.serverless else None),
         "distribution": MpiDistribution(process_count_per_instance=job.processes_per_node),
         "environment_variables": dict(job.env),
     }
     shared_fields = {  # the job's own; a sweep job's trials share them
         "compute": job.compute,
         "inputs": {i.name: Input(type=i.type, path=i.uri, mode=i.mode) for i in job.inputs},
-        "outputs": {o.name: Output(type=o.type, path=o.uri, mode=o.mode) for o in job.outputs},
+        "outputs": {o.name: Output(type=o.type, path=o.uri, mode=o.mode, name=o.asset_name,
+                                   version=o.asset_version) for o in job.outputs},
         "experiment_name": job.experiment,
+        "name": job.name,
         "display_name": job.display_name,
+        "description": job.description,
         "tags": job.submitted_tags,
         "identity": identity_configuration(job),
+        "queue_settings": QueueSettings(job_tier=job.queue.job_tier, priority=job.queue.priority)
+        if job.queue else None,
     }
     return _form(job).build(command_fields, shared_fields)
 
@@ -109,6 +121,33 @@ def _check_identity(job: ResolvedJob, body: dict[str, Any], job_file: str) -> No
         wanted = {"identityType": "Managed", **client_id}
     if found != wanted:
         raise SubmitError(f"{job_file} does not load back with the identity asked for: {found} != {wanted}")
+
+
+def _check_settings(job: ResolvedJob, loaded: Any, body: dict[str, Any], job_file: str) -> None:
+    """The job's own settings (job_settings.py) and its outputs, as `load_job` reads them back and the REST
+    body carries them, are those asked for: name, description, timeout, queue settings, each output's
+    type, mode and registration."""
+    from azure.ai.ml._utils.utils import from_iso_duration_format
+
+    queue = job.queue or QueueSettings()
+    wanted: dict[str, Any] = {
+        "name": job.name, "description": job.description, "timeout": job.max_duration,
+        "queue": (queue.job_tier, queue.priority),
+        "outputs": {o.name: (o.type, o.mode, o.asset_name, o.asset_version) for o in job.outputs}}
+    queue_body = body.get("queueSettings") or {}
+    tier, priority = queue_body.get("jobTier"), queue_body.get("priority")
+    outputs = body.get("outputs") or {}
+    found = {
+        "name": loaded.name if job.name else None, "description": body.get("description"),
+        "timeout": from_iso_duration_format((body.get("limits") or {}).get("timeout")),
+        "queue": (tier.lower() if tier else None,
+                  None if priority is None else _PRIORITY_NAMES.get(int(priority))),
+        "outputs": {name: (out.get("jobOutputType"), _OUTPUT_MODES.get(out.get("mode")), out.get("assetName"),
+                           out.get("assetVersion")) for name, out in outputs.items()}}
+    for key, value in wanted.items():
+        if found[key] != value:
+            raise SubmitError(f"{job_file} does not load back with the {key} asked for: {found[key]} != "
+                              f"{value}")
 
 
 def _check_inputs(job: ResolvedJob, loaded: Any, job_file: str) -> None:
@@ -217,6 +256,7 @@ class V2Sdk:
         form.check_body(body, job_file.name)
         _check_identity(job, body, job_file.name)
         _check_inputs(job, loaded, job_file.name)
+        _check_settings(job, loaded, body, job_file.name)
         return body
 
     def describe_check(self, job: ResolvedJob, body: dict[str, Any], names: list[str]) -> OfflineCheck:
@@ -231,6 +271,11 @@ class V2Sdk:
         if job.inputs:  # _check_inputs: each as the submission will resolve it
             checked += ", and each input as azure-ai-ml resolves it when submitting (" + ", ".join(
                 f"{spec.name} {data_inputs.expected_resolution(spec.uri)}" for spec in job.inputs) + ")"
+        settings = [what for what, given in (("name", job.name), ("description", job.description),
+                                             ("timeout", job.max_duration), ("queue settings", job.queue),
+                                             ("outputs", job.outputs)) if given]
+        if settings:  # _check_settings
+            checked += f"; the job's {', '.join(settings)} as asked"
         how = " && ".join([*(f"az ml environment create -f {n}" for n in names[:-1]),
                            f"az ml job create -f {names[-1]}"])
         return OfflineCheck(checked=checked, how_to_submit=how, notes=_lookup_notes(job))
@@ -247,6 +292,7 @@ class V2Connection:
         self.ml_client = ml_client
 
     def check_references(self, job: ResolvedJob) -> None:
+        check_name_is_free(self.ml_client, job)
         ensure_inputs(self.ml_client, job)
         check_registered_environment(self.ml_client, job)
 
@@ -281,6 +327,21 @@ def client(workspace: WorkspaceRef, credential: Any, **kwargs: Any) -> Any:
 
     return MLClient(credential, workspace.subscription_id, workspace.resource_group, workspace.workspace_name,
                     **kwargs)
+
+
+def check_name_is_free(ml_client: Any, job: ResolvedJob) -> None:
+    """A job name given with --name must not be taken in the workspace (a job's name is its id): looked up
+    before anything is uploaded, where the job PUT would meet the other job only after the upload."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    if job.name is None:
+        return
+    try:
+        ml_client.jobs.get(job.name)
+    except ResourceNotFoundError:
+        return
+    raise SubmitError(f"--name {job.name}: the workspace has a job of that name already (names are unique): "
+                      "choose another")
 
 
 def check_registered_environment(ml_client: Any, job: ResolvedJob) -> None:

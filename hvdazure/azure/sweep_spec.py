@@ -15,9 +15,10 @@ One search space file (hvdazure/sweep/space.py, in Azure ML's distributions) and
 What Azure ML would refuse only after the upload, or not at all, is refused here in one line: search-space
 keys must be identifiers (`extra.hidden` becomes the key `extra_hidden`; two names that become one key are an
 error); grid sampling takes choice parameters only, Bayesian sampling choice, uniform and quniform and no
-early termination; counts, percentages and factors out of range; a trial timeout under a minute (azure-ai-ml
-raises it to 60 s); an in-job sweep whose trials do not divide the job's ranks. A `--set FIELD=...` of the
-script's own that the search space overrides in every trial is a warning naming the field.
+early termination; counts, percentages and factors out of range; a trial timeout under a minute (as every
+duration: job_settings.py); an in-job sweep whose trials do not divide the job's ranks; a sweep job's output
+registered as an asset (each trial writes its own). A `--set FIELD=...` of the script's own that the search
+space overrides in every trial is a warning naming the field.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from hvdazure.azure import credential_check, script_args
 from hvdazure.azure.errors import JobSpecError, check_count
+from hvdazure.azure.job_settings import check_duration
 from hvdazure.azure.resolved_job import (
     GOALS,
     EarlyTermination,
@@ -62,8 +64,8 @@ class SweepSpec:
     sampler: str = "random"
     seed: int | None = None  # random sampling only
     early_termination: EarlyTermination | None = None
-    max_duration: int | None = None  # seconds for the whole sweep job; running trials are cancelled then
     trial_timeout: int | None = None  # seconds for each trial (SDK v1: the trial run's max_run_duration)
+    # the whole sweep job's: JobSpec.max_duration, as for every job
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,12 @@ def _sweep_job(spec: SweepSpec, job: ResolvedJob, config: TrainConfig | None, cw
     warnings += _overridden(job.script_args, [p.name for p in sweep.parameters], sweep.space_file.name)
     warnings += [f"--output {out.name} has a fixed URI: every trial of the sweep writes to {out.uri}"
                  for out in job.outputs if out.uri]
+    for out in job.outputs:
+        if out.asset_name is not None:
+            raise JobSpecError(f"--output {out.name}: name={out.asset_name} registers a job's output, and "
+                               "each trial of a sweep writes its own: register the best trial's after the "
+                               "sweep (az ml model create or az ml data create, from azureml://jobs/TRIAL/"
+                               f"outputs/{out.name})")
     # Azure ML reads the objective from each trial's MLflow run: the trainer logs only with mlflow on
     return dataclasses.replace(job, script_args=(*job.script_args, "--set", "mlflow=true"), kind=sweep,
                                warnings=tuple(warnings))
@@ -164,23 +172,10 @@ def resolve_sweep(spec: SweepSpec, cwd: Path) -> SweepJob:
     _check_sampler_space(spec.sampler, parameters, spec.early_termination)
     if spec.early_termination is not None:
         _check_early_termination(spec.early_termination)
-    duration = None if spec.max_duration is None else check_count(spec.max_duration, "--max-duration")
     return SweepJob(space_file=space_file, parameters=parameters, metric=spec.metric.strip(),
                     goal=GOALS[spec.mode], sampler=spec.sampler, seed=spec.seed, max_total_trials=trials,
                     max_concurrent_trials=concurrent, early_termination=spec.early_termination,
-                    max_duration=duration, trial_timeout=_trial_timeout(spec.trial_timeout))
-
-
-def _trial_timeout(seconds: int | None) -> int | None:
-    """azure-ai-ml raises a timeout under 60 s to 60 s (the service reads shorter ones as days), so one
-    that short is refused rather than changed."""
-    if seconds is None:
-        return None
-    check_count(seconds, "--trial-timeout", least=0)
-    if seconds < 60:
-        raise JobSpecError(f"--trial-timeout must be at least 60, got {seconds}: azure-ai-ml raises shorter "
-                           "timeouts to 60 s")
-    return seconds
+                    trial_timeout=check_duration(spec.trial_timeout, "--trial-timeout"))
 
 
 def _overridden(args: tuple[str, ...], searched: list[str], space_name: str) -> list[str]:

@@ -61,8 +61,8 @@ class HyperDriveRun:
         except ImportError as exc:
             raise SubmitError(f"submit sweep with --sdk v1 needs azureml-train-core (HyperDrive): pip "
                               f"install 'azureml-train-core~=1.61.0' ({redacted_line(exc)})") from None
-        if sweep.max_duration is not None and sweep.max_duration > MAX_DURATION_MINUTES * 60:
-            raise JobSpecError(f"--max-duration {sweep.max_duration}: a HyperDrive run lasts at most "
+        if job.max_duration is not None and job.max_duration > MAX_DURATION_MINUTES * 60:
+            raise JobSpecError(f"--max-duration {job.max_duration}: a HyperDrive run lasts at most "
                                f"{MAX_DURATION_MINUTES} minutes ({MAX_DURATION_MINUTES * 60} s)")
         if code_snapshot.is_ignored(job.code_dir, ENTRY_FILE):
             ignore_file = job.code_dir / str(job.snapshot.ignore_file)
@@ -77,11 +77,12 @@ class HyperDriveRun:
 
     def trial(self) -> ResolvedJob:
         """The trial as a command job: the entry file, given the parameter keys, the script and its
-        arguments."""
+        arguments, and the trial timeout as its max duration (HyperDrive has no timeout per trial)."""
         job = self.job
         params = {p.key: p.name for p in self.sweep.parameters}
         return dataclasses.replace(job, script=ENTRY_FILE, kind=CommandJob(),
-                                   script_args=tuple(entry_arguments(params, job.script, job.script_args)))
+                                   script_args=tuple(entry_arguments(params, job.script, job.script_args)),
+                                   max_duration=self.sweep.trial_timeout, name=None, description=None)
 
     def build_config(self, workspace: Any = None) -> Any:
         """The HyperDriveConfig around the trial's ScriptRunConfig (`workspace`: see build_run_config)."""
@@ -92,19 +93,19 @@ class HyperDriveRun:
         space = {f"--{p.key}": parameter_expression(p) for p in sweep.parameters}
         properties = {"seed": sweep.seed} if sweep.seed is not None else None
         policy = sweep.early_termination
-        minutes = MAX_DURATION_MINUTES if sweep.max_duration is None else math.ceil(sweep.max_duration / 60)
+        duration = self.job.max_duration
+        minutes = MAX_DURATION_MINUTES if duration is None else math.ceil(duration / 60)
         try:
             with warnings.catch_warnings():  # its advice on Bayesian run counts; hvdazure prints the job
                 warnings.simplefilter("ignore")
                 return hyperdrive.HyperDriveConfig(
-                    run_config=run_config_v1.build_run_config(self.trial(), workspace,
-                                                              max_run_duration_seconds=sweep.trial_timeout),
+                    run_config=run_config_v1.build_run_config(self.trial(), workspace),
                     hyperparameter_sampling=getattr(hyperdrive, _SAMPLING[sweep.sampler])(space, properties),
                     primary_metric_name=sweep.metric,
                     primary_metric_goal=hyperdrive.PrimaryMetricGoal.from_str(sweep.goal),
                     max_total_runs=sweep.max_total_trials,
                     max_concurrent_runs=sweep.max_concurrent_trials,
-                    max_duration_minutes=minutes,
+                    max_duration_minutes=minutes, custom_run_id=self.job.name,
                     policy=None if policy is None else getattr(hyperdrive, _POLICIES[policy.policy])(
                         evaluation_interval=policy.evaluation_interval,
                         delay_evaluation=policy.delay_evaluation,
@@ -120,7 +121,7 @@ class HyperDriveRun:
 
         path = output_file(path)
         config = self.build_config()
-        data = {"hyperdrive": settings(config),
+        data = {**run_config_v1.run_fields(self.job), "hyperdrive": settings(config),
                 "run_configuration": run_config_v1.run_configuration(self.job, config.run_config)}
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         return [path]
@@ -138,11 +139,8 @@ class HyperDriveRun:
         (path,) = files
         data = yaml.safe_load(path.read_text())
         written, run_data = data["hyperdrive"], data["run_configuration"]
+        run_config_v1.check_run_fields(self.job, data, path.name)
         found = run_config_v1.check_run_configuration(self.trial(), run_data, path.name)
-        timeout = self.sweep.trial_timeout
-        if timeout is not None and run_data.get("maxRunDurationSeconds") != timeout:
-            raise SubmitError(f"{path.name} does not give each trial {timeout} s: maxRunDurationSeconds "
-                              f"{run_data.get('maxRunDurationSeconds')}")
         try:
             sampling = _sampling_from_dict(written["generator_config"])
             sampling._properties = written["generator_config"].get("properties")  # its _from_dict drops them
@@ -162,6 +160,10 @@ class HyperDriveRun:
         if settings(loaded) != written:
             raise SubmitError(f"{path.name} does not load back as written: {settings(loaded)} != {written}")
         return {**found, "hyperdrive": written}
+
+    def submit_arguments(self) -> dict[str, Any]:
+        """Experiment.submit's arguments beyond the configuration: none (the run's id is the config's)."""
+        return {}
 
     def notes(self, body: dict[str, Any]) -> tuple[str, ...]:
         """How HyperDrive's trials get their values, after the command that `command` prints."""

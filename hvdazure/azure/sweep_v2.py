@@ -22,8 +22,9 @@ from hvdazure.azure.errors import SubmitError
 from hvdazure.azure.resolved_job import SearchParameter, SweepJob
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/sweepJob.schema.json"
-YAML_ORDER = ("type", "display_name", "experiment_name", "compute", "trial", "search_space", "objective",
-              "sampling_algorithm", "limits", "early_termination", "inputs", "outputs", "tags")
+YAML_ORDER = ("type", "name", "display_name", "description", "experiment_name", "compute", "trial",
+              "search_space", "objective", "sampling_algorithm", "limits", "early_termination",
+              "queue_settings", "inputs", "outputs", "tags")
 _SEARCH_SPACE_REFERENCE = re.compile(r"\$\{\{\s*search_space\.([^}\s]+)\s*\}\}")
 
 
@@ -32,6 +33,7 @@ class SweepJobForm:
     """A sweep job as SDK v2 sends it: the command job as its trial, what the trials share around it."""
 
     sweep: SweepJob
+    max_duration: int | None  # the whole sweep job's timeout
     schema: str = SCHEMA
     yaml_order: tuple[str, ...] = YAML_ORDER
     trial_key: str | None = "trial"  # where the command, code and layout are
@@ -39,15 +41,15 @@ class SweepJobForm:
     def build(self, command_fields: dict[str, Any], shared_fields: dict[str, Any]) -> Any:
         from azure.ai.ml import entities
 
-        return build(self.sweep, entities.CommandJob(**command_fields), **shared_fields)
+        return build(self.sweep, entities.CommandJob(**command_fields), self.max_duration, **shared_fields)
 
     def check_body(self, body: dict[str, Any], job_file: str) -> None:
         check_body(body, self.sweep, job_file)
 
 
-def build(sweep: SweepJob, trial: Any, **job_fields: Any) -> Any:
-    """The SweepJob: `trial` is the command job each trial runs, `job_fields` what the trials share
-    (compute, inputs, outputs, experiment_name, display_name, tags)."""
+def build(sweep: SweepJob, trial: Any, max_duration: int | None, **job_fields: Any) -> Any:
+    """The SweepJob: `trial` is the command job each trial runs, `max_duration` the whole job's timeout,
+    `job_fields` what the trials share (compute, inputs, outputs, names, tags, queue settings)."""
     from azure.ai.ml.sweep import Objective, SweepJob, SweepJobLimits
 
     return SweepJob(
@@ -57,7 +59,7 @@ def build(sweep: SweepJob, trial: Any, **job_fields: Any) -> Any:
         sampling_algorithm=_sampling_algorithm(sweep),
         limits=SweepJobLimits(max_total_trials=sweep.max_total_trials,
                               max_concurrent_trials=sweep.max_concurrent_trials,
-                              timeout=sweep.max_duration, trial_timeout=sweep.trial_timeout),
+                              timeout=max_duration, trial_timeout=sweep.trial_timeout),
         early_termination=_early_termination(sweep),
         **job_fields,
     )

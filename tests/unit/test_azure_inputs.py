@@ -295,6 +295,16 @@ DATASTORE = "azureml://datastores/workspaceblobstore/paths/runs/x/"
     ("m=azureml://subscriptions/s/resourcegroups/rg/workspaces/ws/datastores/blob/paths/x/:direct",
      OutputSpec("m", "azureml://subscriptions/s/resourcegroups/rg/workspaces/ws/datastores/blob/paths/x/",
                 mode="direct")),
+    # the model types, in Azure ML's default place or a datastore path
+    ("model=mlflow_model", OutputSpec("model", type="mlflow_model")),
+    ("model=custom_model:upload", OutputSpec("model", type="custom_model", mode="upload")),
+    (f"model=custom_model:{DATASTORE}:upload", OutputSpec("model", DATASTORE, "custom_model", "upload")),
+    # registered as an asset when the job ends: name=, and version= (else the asset's next version)
+    ("model=mlflow_model,name=digits-model,version=3",
+     OutputSpec("model", type="mlflow_model", asset_name="digits-model", asset_version="3")),
+    ("ckpt:upload,name=digits.ckpt", OutputSpec("ckpt", mode="upload", asset_name="digits.ckpt")),
+    ("ckpt,version=2,name=digits_ckpt", OutputSpec("ckpt", asset_name="digits_ckpt", asset_version="2")),
+    (f"ckpt={DATASTORE},name=ckpts", OutputSpec("ckpt", DATASTORE, asset_name="ckpts")),
 ])
 def test_the_outputs_azure_ml_writes_parse(text, expected):
     assert parse_output(text) == expected
@@ -319,10 +329,30 @@ def test_the_outputs_azure_ml_writes_parse(text, expected):
     ("ckpt:download", "--output ckpt: mode 'download' is not one of rw_mount, upload, direct for an output "
                       "(download is for inputs)"),
     ("ckpt:", "--output 'ckpt:': no mode after ':' (one of rw_mount, upload, direct)"),
-    ("m=mlflow_model:azureml://datastores/ws/paths/m/", "--output m: type 'mlflow_model' is not one of "
-                                                        "uri_folder, uri_file"),
-    ("m=", "--output m: no URI after '=': give NAME, NAME:MODE or NAME=azureml://datastores/NAME/paths/PATH"),
+    ("m=mltable:azureml://datastores/ws/paths/m/", "--output m: type 'mltable' is not one of "
+                                                   "uri_folder, uri_file, mlflow_model, custom_model"),
+    ("m=triton_model", "--output m: type 'triton_model' is not one of uri_folder, uri_file, mlflow_model, "
+                       "custom_model"),
+    ("m=uri_file", "--output m: a uri_file output is one file: give its datastore path, "
+                   "m=uri_file:azureml://datastores/NAME/paths/PATH"),
+    ("m=", "--output m: nothing after '=': give NAME, NAME:MODE, NAME=TYPE or "
+           "NAME=azureml://datastores/NAME/paths/PATH"),
     ("1m", "--output name '1m': letters, digits and '_'"),
+    ("m=mlflow_model,version=3", "--output m: version=3 goes with name=ASSET, the asset the output is "
+                                 "registered as"),
+    ("m=mlflow_model,name=-model", "--output m: name='-model': 1 to 255 letters, digits, '-', '_' and '.', "
+                                   "not starting with '-', '_' or '.' nor ending with '.' (Azure ML's asset "
+                                   "names)"),
+    ("m=mlflow_model,name=model.", "--output m: name='model.': 1 to 255"),
+    ("m=mlflow_model,name=my model", "--output m: name='my model': 1 to 255"),
+    (f"m=mlflow_model,name={'m' * 256}", "--output m: name='mmm"),
+    ("m=mlflow_model,name=model,version=latest", "--output m: version='latest': letters, digits, '_', '.' "
+                                                 "and '-', not 'latest' (without version=, Azure ML registers "
+                                                 "the asset's next version)"),
+    ("m=mlflow_model,name=model,version=", "--output m: version='': letters, digits"),
+    ("m=mlflow_model,nmae=model", "--output m: unknown setting nmae= (name=ASSET and version=VERSION "
+                                  "register the output)"),
+    ("m,name=a,name=b", "--output m: name= is given twice"),
 ])
 def test_an_output_azure_ml_would_not_write_where_asked_is_one_line_naming_it(text, message):
     with pytest.raises(JobSpecError) as error:

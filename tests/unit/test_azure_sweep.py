@@ -74,8 +74,8 @@ def load(path):
 def test_the_sweep_yaml_loads_with_load_job_into_a_sweep_job_whose_trial_is_the_mpi_job(project, tmp_path):
     from azure.ai.ml.sweep import SweepJob
 
-    job = spec(sweep=sweep(trials=20, max_concurrent_trials=4, early_termination="bandit", seed=7,
-                           max_duration=7200), shm_size="16g")
+    job = spec(sweep=sweep(trials=20, max_concurrent_trials=4, early_termination="bandit", seed=7),
+               max_duration=7200, shm_size="16g")
     result = submission.dry_run(job, tmp_path / "out" / "sweep.yml")
 
     loaded, body = load(tmp_path / "out" / "sweep.yml")  # afresh, as `az ml job create -f` would
@@ -240,7 +240,6 @@ def test_the_python_api_takes_the_same_sweep(project, tmp_path):
      r"^--evaluation-interval must be at least 1, got 0$"),
     (SPACE, {"early_termination": "median", "delay_evaluation": -1},
      r"^--delay-evaluation must be at least 0"),
-    (SPACE, {"max_duration": 0}, r"^--max-duration must be at least 1, got 0$"),
 ])
 def test_a_bad_space_or_option_is_one_line_before_anything_is_written(project, tmp_path, space, options,
                                                                        message):
@@ -515,19 +514,19 @@ def test_cli_refuses_options_that_do_not_go_with_the_job_before_anything_is_writ
 
 # --- limits, cluster size and overridden arguments ----------------------------------------------------------
 def test_a_trial_timeout_reaches_the_sweep_jobs_limits(project, tmp_path):
-    result = submission.dry_run(spec(sweep=sweep(trial_timeout=5400, max_duration=36000)),
+    result = submission.dry_run(spec(sweep=sweep(trial_timeout=5400), max_duration=36000),
                                 tmp_path / "job.yml")
 
     _, body = load(tmp_path / "job.yml")
     assert (body["limits"]["trialTimeout"], body["limits"]["timeout"]) == ("PT1H30M", "PT10H")
-    assert "early termination: none; each trial stops after 5400 s; the sweep stops after 36000 s" \
-        in result.report()
+    assert "early termination: none; each trial stops after 5400 s" in result.report()
+    assert "max duration: 36000 s, then Azure ML cancels the job" in result.report()
     assert result.as_dict()["sweep"]["trial_timeout"] == 5400
 
 
 @pytest.mark.parametrize(("timeout", "message"), [
-    (0, "--trial-timeout must be at least 60, got 0"),
-    (30, "--trial-timeout must be at least 60, got 30"),
+    (0, "--trial-timeout must be at least 60 seconds, got 0"),
+    (30, "--trial-timeout must be at least 60 seconds, got 30: Azure ML reads a shorter duration as days"),
 ])
 def test_a_trial_timeout_azure_would_change_is_refused(project, tmp_path, timeout, message):
     with pytest.raises(JobSpecError, match=f"^{message}"):

@@ -51,9 +51,11 @@ def project(tmp_path, monkeypatch):
     return directory
 
 
-def spec(**sweep_options) -> JobSpec:
+def spec(**options) -> JobSpec:
+    """The sweep job of `options`: the job's own (name, description, max duration) and the sweep's."""
+    job = {name: options.pop(name) for name in ("name", "description", "max_duration") if name in options}
     return JobSpec(script="train.py", compute="gpu-cluster", nodes=2, processes_per_node=4, image=IMAGE,
-                   script_args=["--set", "epochs=3"], sweep=sweep(**sweep_options))
+                   script_args=["--set", "epochs=3"], sweep=sweep(**options), **job)
 
 
 def hyperdrive(spec: JobSpec) -> sweep_v1.HyperDriveRun:
