@@ -128,6 +128,21 @@ def _data_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from hvdazure.core.errors import UserError
+    from hvdazure.core.export_options import config_args, export_request
+    from hvdazure.core.script_export import export_checkpoint
+    from hvdazure.core.training_script import trainer_class_in
+
+    try:
+        done = export_checkpoint(trainer_class_in(args.script, args.trainer), export_request(args),
+                                 config_args(args))
+    except UserError as exc:
+        return _fail(str(exc), args.json)
+    print(json.dumps(done.as_dict(), indent=2) if args.json else done.describe())
+    return 0
+
+
 def _fail(message: str, as_json: bool = False) -> int:
     """One line on stderr, exit status 2; with --json also the failure on stdout, where the result goes:
     `{"error": MESSAGE, "exit_code": 2}`."""
@@ -184,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand, each defined in its package's options.py."""
     from hvdazure.azure import options as azure_options
     from hvdazure.bench import options as bench_options
+    from hvdazure.core import export_options
     from hvdazure.data import options as data_options
     from hvdazure.launch import options as launch_options
     from hvdazure.sweep import options as sweep_options
@@ -213,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     index, pack = data_options.add_parser(sub)
     index.set_defaults(func=_data_index)
     pack.set_defaults(func=_data_pack)
+    export_options.add_parser(sub).set_defaults(func=_export)
     return parser
 
 

@@ -218,6 +218,7 @@ class Backend(ABC):
         """Where `predict(output=...)` writes: shards of a ShardedDataset at `output` (path or URL)."""
 
     model_file = "model"  # the name of the model's file in a checkpoint (FrameworkCheckpointContent's)
+    export_formats: tuple[str, ...] = ()  # what its trainer's export() writes, the default first
 
     @abstractmethod
     def load_model_file(self, path: str) -> None:

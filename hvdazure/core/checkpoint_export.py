@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 from hvdazure.core.checkpoint_integrity import CheckpointError
 from hvdazure.core.checkpoint_store import Checkpoint, CheckpointManager
@@ -34,12 +35,36 @@ def exported_checkpoint(checkpoint: str, which: str, file_name: str) -> Iterator
     manager = CheckpointManager(checkpoint)
     candidates = manager.checkpoints()
     if not candidates:  # `checkpoint` is itself one checkpoint's directory
-        if not manager.exists():
-            raise CheckpointError(f"{redact(checkpoint)}: no such directory")
+        _refuse_missing(manager, checkpoint)
         which = checkpoint
     elif which == "best":  # the monitor the current run was configured with, as its newest checkpoint records
-        config = manager._of_current_run(candidates)[-1].manifest.get("config", {})
+        config = _run_config(manager, candidates)
         manager = CheckpointManager(checkpoint, monitor=config.get("monitor"),
                                     mode=config.get("monitor_mode", "min"))
     with manager.open_valid(which, [file_name]) as (chosen, paths):
         yield chosen, paths[file_name]
+
+
+def recorded_config(checkpoint: str) -> dict[str, Any]:
+    """The TrainConfig fields (a dict) that the run of `checkpoint` (one checkpoint's directory, or a
+    directory of them: its current run, the one `latest` and `best` choose from) was trained with, as its
+    newest checkpoint's manifest records them; {} where it records none. Only the manifest is read: the
+    files are verified when they are loaded. A CheckpointError for a directory that does not exist or holds
+    no readable checkpoint."""
+    manager = CheckpointManager(checkpoint)
+    candidates = manager.checkpoints()
+    if candidates:
+        return _run_config(manager, candidates)
+    _refuse_missing(manager, checkpoint)
+    config = manager.open(checkpoint, verify=False).manifest.get("config")
+    return config if isinstance(config, dict) else {}
+
+
+def _run_config(manager: CheckpointManager, candidates: list[Checkpoint]) -> dict[str, Any]:
+    config = manager._of_current_run(candidates)[-1].manifest.get("config")
+    return config if isinstance(config, dict) else {}
+
+
+def _refuse_missing(manager: CheckpointManager, checkpoint: str) -> None:
+    if not manager.exists():
+        raise CheckpointError(f"{redact(checkpoint)}: no such directory")

@@ -30,6 +30,11 @@ class Exported:
     format: str
     max_abs_difference: float
 
+    def describe(self) -> str:
+        """One line for a person: what was written, and how close it computes to the model."""
+        return (f"exported {self.path} ({self.format}); its outputs on the example input are within "
+                f"{self.max_abs_difference:.3g} of the model's")
+
 
 def check_outputs(format: str, got: Sequence[np.ndarray], expected: Sequence[np.ndarray], rtol: float,
                   atol: float) -> float:

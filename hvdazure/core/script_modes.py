@@ -1,13 +1,16 @@
-"""`Trainer.main()`: one training script that fits, tests or predicts, chosen on its command line.
+"""`Trainer.main()`: one training script that fits, tests, predicts or exports, chosen on its command line.
 
     python train.py [fit] [--config cfg.yaml] [--set FIELD=VALUE ...]
     python train.py test --checkpoint best [--output metrics.json] [--set ...]
     python train.py predict --checkpoint latest --output predictions.npz [--set ...]
     python train.py predict --checkpoint latest --output abfs://container/predictions   (shards)
+    python train.py export --checkpoint best --output model.onnx [--format F] [--example x.npy] [--overwrite]
 
-The mode is the first argument (default fit); `--checkpoint` and `--output` are the mode's, everything
-else TrainConfig.from_cli's. The same under `hvdazure run -np N`, mpirun or Azure ML: every rank parses
-its own command line, and a bad one is one line and exit status 2 on every rank, before anything starts.
+The mode is the first argument (default fit); `--checkpoint` and `--output` (and export's `--format`,
+`--example`, `--overwrite`) are the mode's, everything else TrainConfig.from_cli's. The same under
+`hvdazure run -np N`, mpirun or Azure ML: every rank parses its own command line, and a bad one is one line
+and exit status 2 on every rank, before anything starts. Export runs in one process
+(core/script_export.py, which `hvdazure export` shares).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 
 from hvdazure.core.config import ConfigError
 
-MODES = ("fit", "test", "predict")
+MODES = ("fit", "test", "predict", "export")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class ScriptCommand:
     checkpoint: str | None
     output: str | None
     config_args: list[str]
+    format: str | None = None  # export's
+    example: str | None = None  # export's: a .npy / .npz file of the model's inputs
+    overwrite: bool = False  # export's: replace an existing output
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,16 +57,27 @@ def parse_command(argv: Sequence[str]) -> ScriptCommand:
     parser = _Parser(prog=f"script {mode}", add_help=False, allow_abbrev=False)
     parser.add_argument("--checkpoint")
     parser.add_argument("--output")
+    if mode == "export":
+        parser.add_argument("--format")
+        parser.add_argument("--example")
+        parser.add_argument("--overwrite", action="store_true")
     known, rest = parser.parse_known_args(args)
     if rest and not rest[0].startswith("-"):
         raise ConfigError(f"unknown mode {rest[0]!r}: the first argument is one of {', '.join(MODES)} "
                           "(default fit)")
     if mode == "fit" and (known.checkpoint or known.output):
         option = "--checkpoint" if known.checkpoint else "--output"
-        raise ConfigError(f"{option} is for test and predict; fit resumes with --set resume=auto (or a path)")
+        raise ConfigError(f"{option} is for test, predict and export; fit resumes with --set resume=auto "
+                          "(or a path)")
     if mode == "predict" and not known.output:
         raise ConfigError("predict needs --output: FILE.npz (rank 0 writes the predictions), or a new "
                           "directory or URL for shards (each rank writes its part)")
+    if mode == "export":
+        if not known.checkpoint or not known.output:
+            raise ConfigError("export needs --checkpoint (latest, best or a path) and --output (the model's "
+                              "file, or a directory for saved_model)")
+        return ScriptCommand(mode, known.checkpoint, known.output, rest, known.format, known.example,
+                             known.overwrite)
     if known.output and mode == "predict" and not is_shards_output(known.output) and \
             not known.output.endswith((".npz", ".npy")):
         raise ConfigError(f"--output {known.output!r}: predictions go to a .npz (.npy: one array) file, or "

@@ -18,7 +18,9 @@ from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 from hvdazure.core.state import TrainState
 from hvdazure.core.step_times import Breakdown
-from hvdazure.core.training_loop import TrainingLoop
+from hvdazure.core.training_loop import TrainingLoop, loop_of
+
+__all__ = ["Trainer", "loop_of"]  # loop_of lives beside the loop; imported from here too
 
 
 class Trainer:
@@ -177,9 +179,11 @@ class Trainer:
     @classmethod
     def main(cls, argv: Sequence[str] | None = None, **defaults: Any) -> Any:
         """Run the script's command line (core/script_modes.py): `fit` (the default), `test --checkpoint
-        C [--output metrics.json]` or `predict --checkpoint C --output predictions.npz` (or a directory or
-        URL: shards), then TrainConfig's `--config` / `--set` over `defaults`. Builds `cls(config)`;
-        returns what the mode's method returns (rank 0 writes a file --output and logs the test metrics).
+        C [--output metrics.json]`, `predict --checkpoint C --output predictions.npz` (or a directory or
+        URL: shards) or `export --checkpoint C --output model.onnx` (core/script_export.py: in one
+        process, with the config the checkpoint records), then TrainConfig's `--config` / `--set` over
+        `defaults`. Builds `cls(config)`; returns what the mode's method returns (rank 0 writes a file
+        --output and logs the test metrics).
 
             if __name__ == "__main__":
                 DigitsTrainer.main(epochs=15, lr=0.05)
@@ -193,6 +197,15 @@ class Trainer:
         except ConfigError as exc:  # as TrainConfig.from_cli says a bad argument: one line, on every rank
             sys.stderr.write(f"hvdazure: error: {exc}\n")
             raise SystemExit(2) from None
+        if command.mode == "export":  # one process; the config is the checkpoint's (core/script_export.py)
+            from hvdazure.core.script_export import export_checkpoint, export_request
+
+            request = export_request(command.checkpoint or "", command.output or "", command.config_args,
+                                     defaults, format=command.format, example=command.example,
+                                     overwrite=command.overwrite)
+            done = export_checkpoint(cls, request, command.config_args, defaults)
+            logger.info(f"export: {done.describe()}")
+            return done
         trainer = cls(TrainConfig.from_cli(command.config_args, **defaults))  # type: ignore[call-arg]
         if command.mode == "fit":
             return trainer.fit()
@@ -214,9 +227,3 @@ class Trainer:
         fit()'s evaluations compute them. `checkpoint` as for `predict`. Every rank must call it."""
         return self.__loop.test(dataset, checkpoint)
 
-
-def loop_of(trainer: Trainer) -> TrainingLoop:
-    """The loop a trainer holds, for hvdazure's own tools and tests (benchmarks that stop before the first
-    step, test doubles that deliver a signal); not for training scripts."""
-    loop: TrainingLoop = trainer._Trainer__loop  # type: ignore[attr-defined]
-    return loop

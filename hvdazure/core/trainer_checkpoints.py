@@ -70,6 +70,20 @@ def default_checkpoint_dir(checkpoint_dir: str | None, environment: Environment)
     return checkpoint_dir if checkpoint_dir is not None else environment.default_checkpoint_dir()
 
 
+def checkpoint_location(checkpoint: str, checkpoint_dir: str | None, environment: Environment,
+                        what: str) -> tuple[str, str]:
+    """(where, which) a `checkpoint=` of predict, test or export names: "latest" or "best" of the
+    checkpoint directory (`default_checkpoint_dir`'s), or a path or URL (one checkpoint's directory, or a
+    directory of them: its latest). A ConfigError naming `what` for latest/best without a directory."""
+    if checkpoint not in ("latest", "best"):
+        return checkpoint, "latest"
+    directory = default_checkpoint_dir(checkpoint_dir, environment)
+    if directory is None:
+        raise ConfigError(f"{what}(checkpoint={checkpoint!r}) needs checkpoint_dir in the config, or give "
+                          "the checkpoint's path")
+    return directory, checkpoint
+
+
 def run_id_for_new_run(job_id: str | None) -> str:
     """The id of a run that starts afresh (on rank 0). In a job the scheduler may run again (the environment
     has a job id: Azure ML's), the job's id and the run's number in this process: the same again when the

@@ -57,6 +57,7 @@ from hvdazure.core.trainer_checkpoints import (
     CheckpointPieces,
     ResumePoint,
     TrainerCheckpoints,
+    checkpoint_location,
     data_order_record,
     default_checkpoint_dir,
     refuse_changed_data,
@@ -247,7 +248,7 @@ class TrainingLoop:
         With `output`, written as shards there instead (each rank its part, then the index) and the
         dataset returned."""
         writer = self.backend.prediction_writer(output) if output is not None else None
-        self._ready_for_inference("predict", checkpoint)
+        self.ready_for_inference("predict", checkpoint)
         if writer is not None:
             self._on_rank0_for_all(writer.check_empty, (ValueError, OSError), DataError,
                                    f"predict(output={output!r}): ")
@@ -299,7 +300,7 @@ class TrainingLoop:
     def test(self, dataset: Any, checkpoint: str | None) -> dict[str, float]:
         """validation_step's metrics over `dataset` (the trainer's test_dataset() if None), the exact means
         over all its samples as an evaluation in fit() computes them; from `checkpoint`'s weights if given."""
-        self._ready_for_inference("test", checkpoint)
+        self.ready_for_inference("test", checkpoint)
         data = self.backend.inference_data(self._dataset_for("test", dataset), "test")
         meter = self._new_meter("validation_step")
         self.backend.evaluate(meter, data=data)
@@ -316,9 +317,10 @@ class TrainingLoop:
                 raise DataError(f"{purpose}() needs a dataset: pass one, or implement {purpose}_dataset()")
         return dataset
 
-    def _ready_for_inference(self, what: str, checkpoint: str | None) -> None:
+    def ready_for_inference(self, what: str, checkpoint: str | None) -> str | None:
         """The ranks started and the model built (by a fit() or here, without the training data), and the
-        weights of `checkpoint` loaded on rank 0 and sent to every rank."""
+        weights of `checkpoint` loaded on rank 0 and sent to every rank; returns the URL of the checkpoint
+        loaded (None: none). For predict, test and export."""
         if self._fitted is None and not self._built_for_inference:
             if checkpoint is None:
                 raise ConfigError(f"{what}() before fit() needs checkpoint=: 'latest', 'best' (of the "
@@ -327,19 +329,13 @@ class TrainingLoop:
             self._start_ranks()
             self.backend.build(self.config.lr)
             self._built_for_inference = True
-        if checkpoint is not None:
-            self._load_weights(checkpoint, what)
+        return self._load_weights(checkpoint, what) if checkpoint is not None else None
 
-    def _load_weights(self, checkpoint: str, what: str) -> None:
+    def _load_weights(self, checkpoint: str, what: str) -> str:
         """Rank 0 loads the model's weights of `checkpoint` ("latest"/"best" of the checkpoint directory, or a
-        path or URL) and every rank gets them; a checkpoint that cannot be used is one line on every rank."""
-        which, where = "latest", checkpoint
-        if checkpoint in ("latest", "best"):
-            directory = default_checkpoint_dir(self.config.checkpoint_dir, self.environment)
-            if directory is None:
-                raise ConfigError(f"{what}(checkpoint={checkpoint!r}) needs checkpoint_dir in the config, or "
-                                  "give the checkpoint's path")
-            which, where = checkpoint, directory
+        path or URL) and every rank gets them; a checkpoint that cannot be used is one line on every rank.
+        Returns the checkpoint's URL (redacted; rank 0's)."""
+        where, which = checkpoint_location(checkpoint, self.config.checkpoint_dir, self.environment, what)
         loaded = {"url": ""}  # rank 0's, for its log line
 
         def load() -> None:
@@ -354,6 +350,7 @@ class TrainingLoop:
         self._on_rank0_for_all(load, (CheckpointError,), CheckpointError)
         self.backend.broadcast_model_and_optimizer()
         logger.info(f"{what}(): the model's weights of checkpoint {loaded['url']}")
+        return loaded["url"]
 
     # --- pieces of the loop --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -712,3 +709,11 @@ class TrainingLoop:
 
 
 _NO_EVAL_SAMPLES = "eval_dataset() holds no samples: return None for no evaluation"
+
+
+def loop_of(trainer: Any) -> TrainingLoop:
+    """The loop a trainer (core/trainer.py's Trainer) holds, for hvdazure's own tools and tests (benchmarks
+    that stop before the first step, test doubles that deliver a signal, the export command); not for
+    training scripts. Here, not in trainer.py, so that what trainer.py calls may reach it too."""
+    loop: TrainingLoop = trainer._Trainer__loop
+    return loop

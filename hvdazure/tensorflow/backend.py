@@ -11,6 +11,7 @@ hooks (build_model, training_step, ...) are the TensorFlowTrainer's (tensorflow/
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ import tensorflow as tf
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
+from hvdazure.core.model_export import ExportError
 from hvdazure.core.sample_plan import SampleOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
 from hvdazure.data.prediction_output import PredictionShards
@@ -42,6 +44,7 @@ from hvdazure.tensorflow.gradients import (
     dense_gradients,
     not_converted,
 )
+from hvdazure.tensorflow.model_export import FORMATS
 from hvdazure.tensorflow.sync_batchnorm import convert_sync_batchnorm, has_sync_batchnorm
 
 if TYPE_CHECKING:
@@ -180,6 +183,37 @@ class TensorFlowBackend(Backend):
             data.read_ahead(np.arange(batches[0].start, batches[-1].stop))  # sharded: its first shards, now
         return (self._compiled.predict(data, data.take(indices)) for indices in batches)
 
+    def example_model_input(self) -> Any:
+        """The model's input on the training data's first batch, as the user's own step gives it
+        (predict_step's, else validation_step's, else training_step's first call of the model, run eagerly
+        and caught in the model's `call`; nothing of it is kept), for checking an export."""
+        if not hasattr(self, "model"):
+            raise ExportError("export() needs the model built: after fit(), or predict()/test() with a "
+                              "checkpoint; or use hvdazure.tensorflow.export(checkpoint, path, model)")
+        data = getattr(self, "_train_data", None) or data_view(self.user.train_dataset(), "train_dataset()")
+        batch = tf.nest.map_structure(tf.convert_to_tensor,
+                                      data.take(range(min(len(data), max(2, self.config.batch_size)))))
+        seen: list[Any] = []
+        call = self.model.call
+
+        def capture(*args: Any, **kwargs: Any) -> Any:
+            if not seen:
+                seen.append(args[0] if args else kwargs.get("inputs"))
+            return call(*args, **kwargs)
+
+        self.model.call = capture  # on the instance, for the steps below only
+        try:
+            for step in (self.user.predict_step, self.user.validation_step, self.user.training_step):
+                with contextlib.suppress(NotImplementedError):
+                    step(self.model, batch)
+                    break
+        finally:
+            del self.model.call
+        if not seen or seen[0] is None:
+            raise ExportError("no step called the model on the training data's first batch: give export() "
+                              "an example_input")
+        return tf.nest.map_structure(np.asarray, seen[0])
+
     def output_as_numpy(self, value: Any) -> np.ndarray:
         return output_as_numpy(value)
 
@@ -187,6 +221,7 @@ class TensorFlowBackend(Backend):
         return PredictionShards(output)
 
     model_file = MODEL_FILE
+    export_formats = FORMATS
 
     def load_model_file(self, path: str) -> None:
         try:

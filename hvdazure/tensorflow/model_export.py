@@ -21,13 +21,16 @@ FORMATS = ("keras", "saved_model")
 def export_model(model: keras.Model, path: str, format: str = "keras", example_input: Any = None,
                  rtol: float = 1e-5, atol: float = 1e-6) -> Exported:
     """Write `model` to `path` as `format`; an ExportError, and nothing written, if the reloaded artifact's
-    output on `example_input` (default: a batch of 4 drawn from the model's input specs) differs from
-    the model's beyond `rtol`/`atol`."""
+    output on `example_input` (the model's input; a tuple of its inputs is taken as one input or a list;
+    default: a batch of 4 drawn from the model's input specs) differs from the model's beyond
+    `rtol`/`atol`."""
     if format not in FORMATS:
         raise ExportError(f"format {format!r}: one of {', '.join(FORMATS)}")
     if format == "keras" and not path.endswith(".keras"):
         raise ExportError(f"{path!r}: a Keras file's name ends with .keras")
     example = example_input if example_input is not None else _example(model)
+    if isinstance(example, tuple):  # the model's inputs in order (an --example file's): one, or a list
+        example = example[0] if len(example) == 1 else list(example)
     expected = _arrays(model(example, training=False))
     target = Path(path)
     with written_beside(target) as partial:

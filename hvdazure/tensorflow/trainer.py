@@ -84,9 +84,11 @@ class TensorFlowTrainer(Trainer):
     def export(self, path: str, format: str = "keras", example_input: Any = None) -> Exported:
         """Export the model (trained by fit(), or loaded by predict/test's checkpoint) to `path`: "keras" (a
         .keras file) or "saved_model" (a TensorFlow SavedModel directory). The artifact is reloaded and must
-        compute what the model does on `example_input` (default: a batch made from the model's input
-        specs), or nothing is written (tensorflow/model_export.py). Call it on one rank (rank 0)."""
-        return export_model(self.model, path, format, example_input)
+        compute what the model does on `example_input`, or nothing is written (tensorflow/model_export.py).
+        The example is the model's own input on the training data's first batch unless given (the model's
+        input: an array, a list of them for several inputs). Call it on one rank (rank 0)."""
+        example = example_input if example_input is not None else self.__backend.example_model_input()
+        return export_model(self.model, path, format, example)
 
     # --- what the hooks may read, once fit() has built them ----------------------------------------------
     @property

@@ -32,6 +32,7 @@ from hvdazure.torch.checkpoint_content import MODEL_FILE, TorchCheckpointContent
 from hvdazure.torch.collectives import TorchCollectives
 from hvdazure.torch.data import DataView, data_view, empty_batch, epoch_loader, eval_batches, to_device
 from hvdazure.torch.gradients import COMPRESSION, OPS, GradientsAfterBackward, overlaps_backward
+from hvdazure.torch.model_export import FORMATS
 from hvdazure.torch.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, has_sync_batchnorm
 
 if TYPE_CHECKING:
@@ -269,6 +270,7 @@ class TorchBackend(Backend):
         return PredictionShards(output)
 
     model_file = MODEL_FILE
+    export_formats = FORMATS
 
     def load_model_file(self, path: str) -> None:
         try:

@@ -27,15 +27,16 @@ FORMATS = ("onnx", "torchscript", "exported_program")
 
 def export_model(model: torch.nn.Module, example: tuple[Any, ...], path: str, format: str = "onnx",
                  rtol: float = 1e-4, atol: float = 1e-5) -> Exported:
-    """Export `model` (in eval mode, on the CPU) traced on `example` (its positional inputs) to `path`
-    in `format`; an ExportError, and nothing written, if its output on `example` differs from the model's
-    beyond `rtol`/`atol`."""
+    """Export `model` (in eval mode, on the CPU) traced on `example` (its positional inputs: tensors or
+    NumPy arrays) to `path` in `format`; an ExportError, and nothing written, if its output on `example`
+    differs from the model's beyond `rtol`/`atol`."""
     if format not in FORMATS:
         raise ExportError(f"format {format!r}: one of {', '.join(FORMATS)}")
     if not isinstance(example, tuple) or not example:
         raise ExportError("the example input is a tuple of the model's positional inputs, e.g. (x,)")
     model = model.cpu().eval()
-    example = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in example)
+    example = tuple(torch.as_tensor(a).cpu() if isinstance(a, torch.Tensor | np.ndarray) else a
+                    for a in example)
     with torch.no_grad():
         expected = _arrays(model(*example))
     target = Path(path)

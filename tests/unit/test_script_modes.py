@@ -29,8 +29,10 @@ def test_the_mode_and_its_options_are_taken_out_and_the_rest_is_the_configs(argv
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["train"], "unknown mode 'train': the first argument is one of fit, test, predict (default fit)"),
-    (["--checkpoint", "best"], "--checkpoint is for test and predict; fit resumes with --set resume=auto"),
+    (["train"], "unknown mode 'train': the first argument is one of fit, test, predict, export "
+                "(default fit)"),
+    (["--checkpoint", "best"], "--checkpoint is for test, predict and export; fit resumes with --set "
+                               "resume=auto"),
     (["predict", "--checkpoint", "best"], "predict needs --output: FILE.npz (rank 0 writes the predictions), "
                                           "or a new directory or URL for shards"),
     (["predict", "--output", "p.csv"], "--output 'p.csv': predictions go to a .npz (.npy: one array) file, "
