@@ -24,9 +24,10 @@ from hvdazure.core.config import ControllerError
 from hvdazure.core.errors import UserError
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.predictions import PredictionWriter
+from hvdazure.core.profiling import StepProfiler
 from hvdazure.core.sample_plan import MicroBatch, SampleOrder
 from hvdazure.core.step_batches import StepCursor
-from hvdazure.core.step_times import StepTimes
+from hvdazure.core.step_times import StepTimes, no_device
 
 
 class DataError(UserError, ValueError):
@@ -241,3 +242,14 @@ class Backend(ABC):
     def framework_versions(self) -> dict[str, str]:
         """Versions recorded in each checkpoint's manifest, beside hvdazure's and Python's."""
         return {}
+
+    def step_profiler(self) -> StepProfiler | None:
+        """The framework's profiler, which the core starts and stops around the steps config field
+        profile_steps names (core/profiling.py); None: this framework has none."""
+        return None
+
+    def device_stats(self) -> tuple[float, float]:
+        """This rank's accelerator since the last call, for the step times: its peak memory allocated (bytes;
+        the peak is reset) and its utilization now (percent); NaN for what it cannot tell (CPUs: both).
+        Called once per log interval: cheap, and no synchronization with the device."""
+        return no_device()

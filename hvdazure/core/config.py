@@ -164,6 +164,11 @@ class TrainConfig:
     """Time each step's phases (data wait, forward+backward, allreduce wait, optimizer, checkpoint stalls,
     evaluation) and report their shares per log interval, and as a table after the first interval and at
     the end of fit(); false: nothing timed."""
+    profile_steps: int | str | None = None
+    """Record a profiler trace of these optimizer steps on rank 0, into `output_dir/profile`: `5-8` (steps 5
+    to 8 of the run, as the log lines and TensorBoard count them) or `5`. PyTorch: torch.profiler, a Chrome
+    trace (Perfetto, chrome://tracing); TensorFlow: its profiler, for TensorBoard's Profile tab. Null: none.
+    `hvdazure run --profile` sets it for a job."""
     # your own settings
     extra: dict[str, Any] = field(default_factory=dict)
     """Your own settings, read as `self.config.extra`: `--set extra.hidden=64`."""
@@ -187,6 +192,11 @@ class TrainConfig:
     def global_batch_size(self, world_size: int) -> int:
         """Samples per optimizer step across all ranks."""
         return self.batch_size * world_size * self.grad_accum_steps
+
+    @property
+    def profile_range(self) -> range | None:
+        """The steps `profile_steps` names (first to last, both included), or None."""
+        return None if self.profile_steps is None else parse_step_range(self.profile_steps)
 
     # --- loading ------------------------------------------------------------------------------------------
     @classmethod
@@ -375,6 +385,21 @@ def _describe(hint: Any) -> str:
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))
 
 
+def parse_step_range(value: int | str) -> range:
+    """`5-8` (steps 5 to 8, both included), `5` or 5 as a range of step numbers, counted from 1; a
+    ValueError naming the value otherwise (its callers say which option or field it was)."""
+    text = str(value).strip()
+    first, dash, last = text.partition("-")
+    if not (first.strip().isdecimal() and (not dash or last.strip().isdecimal())):
+        raise ValueError(f"{value!r} is not a step range: give FIRST-LAST (e.g. '5-8') or one step ('5')")
+    start, end = int(first), int(last) if dash else int(first)
+    if start < 1:
+        raise ValueError(f"{value!r}: steps are counted from 1")
+    if end < start:
+        raise ValueError(f"{value!r} is backwards: give FIRST-LAST with FIRST <= LAST, e.g. '{end}-{start}'")
+    return range(start, end + 1)
+
+
 def _check_values(c: TrainConfig) -> None:
     def require(ok: bool, name: str, rule: str) -> None:
         if not ok:
@@ -416,6 +441,11 @@ def _check_values(c: TrainConfig) -> None:
     require(c.resume is None or bool(c.resume), "resume", "must be 'auto', a checkpoint path, or null")
     require(c.scheduled_events_url is None or c.scheduled_events_url.startswith(("http://", "https://")),
             "scheduled_events_url", "must be an http:// or https:// URL")
+    if c.profile_steps is not None:
+        try:
+            parse_step_range(c.profile_steps)
+        except ValueError as exc:
+            raise ConfigError(f"config field 'profile_steps': {exc}") from None
     if c.reduce_op == "adasum" and c.gradient_predivide_factor != 1.0:
         raise ConfigError(f"config field 'gradient_predivide_factor': {c.gradient_predivide_factor!r} "
                           "must be 1.0 with reduce_op 'adasum'")

@@ -37,7 +37,9 @@ class TensorBoardLogger(Callback):
             for name, value in {**s.train_metrics, "lr": s.lr}.items():
                 self.writer.add_scalar(f"train/{name}", value, step=s.step)
             for name, value in _time_scalars(trainer).items():
-                self.writer.add_scalar(f"time/{name.removeprefix('time_')}", value, step=s.step)
+                group, _, rest = name.partition("_")  # gpu_memory_peak_gib_max: gpu/memory_peak_gib_max
+                tag = f"gpu/{rest}" if group == "gpu" else f"time/{name.removeprefix('time_')}"
+                self.writer.add_scalar(tag, value, step=s.step)
             self.writer.flush()
 
     def on_eval_end(self, trainer: Trainer) -> None:
@@ -132,6 +134,7 @@ class MLflowLogger(Callback):
 
 
 def _time_scalars(trainer: Trainer) -> dict[str, float]:
-    """The last log interval's phase shares and samples/s (core/step_times.py); none when not timed."""
+    """The last log interval's phase shares, samples/s and, on GPUs, the device's numbers
+    (core/step_times.py); none when not timed."""
     times = trainer.step_times
     return times.scalars() if times is not None and times.steps else {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hvdazure.core.config import ConfigError
@@ -41,6 +41,7 @@ class Reduced:
     counts: dict[str, int]  # how many samples reported each metric
     count: int  # samples added on all ranks
     flags: list[float]  # each flag summed over ranks
+    flags_by_rank: list[list[float]] = field(default_factory=list)  # each rank's flags, in rank order
 
 
 class HookReturnError(ConfigError):
@@ -154,7 +155,8 @@ def combine_rows(rows: list[list[float]], names: list[str], num_flags: int,
     flags = [sum(row[2 + i] for row in rows) for i in range(num_flags)]
     return Reduced(means={name: sums[name] / counts[name] for name in reported},
                    counts={name: round(counts[name]) for name in reported},
-                   count=round(sum(row[1] for row in rows)), flags=flags)
+                   count=round(sum(row[1] for row in rows)), flags=flags,
+                   flags_by_rank=[list(row[2:head]) for row in rows])
 
 
 _noted: set[tuple[tuple[str, ...], ...]] = set()

@@ -10,10 +10,16 @@ left of it after the overlap with backward) and `optimizer` (the update), or `st
 compiled function holding all three. `other` is the rest of the wall time: callbacks, logging, the metric
 reduction. The first step of each fit() is `startup` (the loader's workers starting, compilation, the first
 allocations): reported in seconds, kept out of the shares so that it does not read as a slow loader.
+
+On an accelerator, each rank's row also carries the device's peak memory in the interval and its utilization
+(the backend's `device_stats`), shown per rank as the largest and smallest, since ranks differ (the rank
+holding the model's largest layers, rank 0's extra work). Where the device says nothing (CPUs, no NVML for
+the utilization) its value is NaN and nothing is shown.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,15 +29,23 @@ PHASES = ("data", "compute", "exchange", "optimizer", "step", "checkpoint", "eva
 _LABELS = {"data": "data wait", "compute": "forward+backward", "exchange": "allreduce wait",
            "optimizer": "optimizer", "step": "compiled step", "checkpoint": "checkpoint stall",
            "eval": "evaluation", "other": "other"}
-ROW_LENGTH = 4 + len(PHASES)  # wall, startup, steps, samples, then each phase's seconds
+DEVICE = ("peak_bytes", "utilization")  # the device's columns, after the phases: bytes, percent; NaN: unknown
+ROW_LENGTH = 4 + len(PHASES) + len(DEVICE)  # wall, startup, steps, samples, each phase's seconds, device
+
+
+def no_device() -> tuple[float, float]:
+    """The device columns of a rank that has no accelerator to report on."""
+    return math.nan, math.nan
 
 
 class StepTimes:
     """This rank's clock for the loop and the backend: `since = times.now()` at a phase's start, then
-    `times.add(phase, since)` at its end. Off (`enabled=False`), both are one attribute test."""
+    `times.add(phase, since)` at its end. Off (`enabled=False`), both are one attribute test. `device`:
+    the device's columns of an interval (see DEVICE), asked once per row."""
 
-    def __init__(self, enabled: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.enabled, self._clock = enabled, clock
+    def __init__(self, enabled: bool = True, clock: Callable[[], float] = time.perf_counter,
+                 device: Callable[[], Sequence[float]] = no_device) -> None:
+        self.enabled, self._clock, self._device = enabled, clock, device
         self._seconds = dict.fromkeys(PHASES, 0.0)
         self._start = clock()
         self._startup = 0.0
@@ -67,15 +81,113 @@ class StepTimes:
             return []
         now = self._clock()
         row = [now - self._start, self._startup, float(self._steps), float(self._samples),
-               *(self._seconds[p] for p in PHASES)]
+               *(self._seconds[p] for p in PHASES), *self._device()]
         self._seconds, self._start, self._startup, self._steps, self._samples = (
             dict.fromkeys(PHASES, 0.0), now, 0.0, 0, 0)
         return row
 
 
+@dataclass(frozen=True)
+class Spread:
+    """A per-rank number's largest and smallest value over the ranks that know it, and which ranks."""
+
+    high: float
+    high_rank: int
+    low: float
+    low_rank: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread | None:
+        """Over `values` in rank order, NaN (unknown) left out; None when no rank knows it."""
+        known = [(value, rank) for rank, value in enumerate(values) if not math.isnan(value)]
+        if not known:
+            return None
+        (high, high_rank), (low, low_rank) = max(known), min(known)
+        return cls(high, high_rank, low, low_rank)
+
+
+@dataclass(frozen=True)
+class _Measure:
+    """How a device number is shown: its table label, log-line label, scalar name, and unit."""
+
+    label: str
+    short: str
+    scalar: str
+    scale: float
+    digits: str
+    unit: str
+
+    def number(self, value: float) -> str:
+        return f"{value * self.scale:{self.digits}}"
+
+    def compact(self, spread: Spread) -> str:
+        """`gpu peak 10.1-11 GiB` (lowest-highest), or one value where the ranks agree."""
+        low, high = self.number(spread.low), self.number(spread.high)
+        return f"{self.short} {low if low == high else f'{low}-{high}'}{self.unit}"
+
+
+_MEMORY = _Measure("gpu memory peak", "gpu peak", "gpu_memory_peak_gib", 2.0**-30, ".3g", " GiB")
+_UTILIZATION = _Measure("gpu utilization", "util", "gpu_utilization", 1.0, ".0f", "%")
+
+
+@dataclass
+class DeviceUse:
+    """Each rank's accelerator over some intervals: its peak memory (bytes, the largest of the intervals')
+    and utilization (percent, the mean of the intervals' readings); NaN where the rank does not know."""
+
+    peak_bytes: list[float] = field(default_factory=list)
+    utilization_sum: list[float] = field(default_factory=list)
+    utilization_count: list[int] = field(default_factory=list)
+
+    def add_rows(self, rows: Sequence[Sequence[float]]) -> None:
+        """Add an interval: each rank's device columns (DEVICE), in rank order."""
+        if not self.peak_bytes:
+            self.peak_bytes = [math.nan] * len(rows)
+            self.utilization_sum, self.utilization_count = [0.0] * len(rows), [0] * len(rows)
+        for rank, (peak, utilization) in enumerate(rows):
+            self.peak_bytes[rank] = max(peak, self.peak_bytes[rank]) if not math.isnan(
+                self.peak_bytes[rank]) else peak
+            if not math.isnan(utilization):
+                self.utilization_sum[rank] += utilization
+                self.utilization_count[rank] += 1
+
+    def add(self, other: DeviceUse) -> None:
+        self.add_rows([(peak, math.nan) for peak in other.peak_bytes])
+        for rank, count in enumerate(other.utilization_count):
+            self.utilization_sum[rank] += other.utilization_sum[rank]
+            self.utilization_count[rank] += count
+
+    def spreads(self) -> list[tuple[_Measure, Spread]]:
+        """The peak memory's and the mean utilization's spread over the ranks, those that some rank knows."""
+        utilization = [total / count if count else math.nan
+                       for total, count in zip(self.utilization_sum, self.utilization_count, strict=True)]
+        measured = ((_MEMORY, self.peak_bytes), (_UTILIZATION, utilization))
+        return [(measure, spread) for measure, values in measured
+                if (spread := Spread.of(values)) is not None]
+
+    def compact(self) -> str:
+        """The log line's part, `gpu peak 10.1-11 GiB util 85-97%`; empty when no rank knows either."""
+        return " ".join(measure.compact(spread) for measure, spread in self.spreads())
+
+    def scalars(self) -> dict[str, float]:
+        """For TensorBoard and MLflow: the highest and lowest rank's, `gpu_memory_peak_gib_max`, `_min`, and
+        `gpu_utilization_max`, `_min` (percent)."""
+        scalars = {}
+        for measure, spread in self.spreads():
+            scalars[f"{measure.scalar}_max"] = spread.high * measure.scale
+            scalars[f"{measure.scalar}_min"] = spread.low * measure.scale
+        return scalars
+
+    def table_lines(self) -> list[str]:
+        """`gpu memory peak   max 11 GiB (rank 0), min 10.1 GiB (rank 3)`, per number some rank knows."""
+        return [f"  {m.label:<18}max {m.number(s.high)}{m.unit} (rank {s.high_rank}), "
+                f"min {m.number(s.low)}{m.unit} (rank {s.low_rank})" for m, s in self.spreads()]
+
+
 @dataclass
 class Breakdown:
-    """Reduced intervals added up: every phase's seconds and the wall time, means over the ranks."""
+    """Reduced intervals added up: every phase's seconds and the wall time, means over the ranks, and each
+    rank's device use."""
 
     ranks: int = 1
     wall: float = 0.0
@@ -83,16 +195,20 @@ class Breakdown:
     steps: int = 0
     samples: int = 0
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    device: DeviceUse = field(default_factory=DeviceUse)
 
-    def add_row(self, summed: Sequence[float], ranks: int) -> None:
-        """Add an interval's row summed over `ranks` ranks (steps and samples are the same on every rank)."""
-        self.ranks = ranks
+    def add_rows(self, rows: Sequence[Sequence[float]]) -> None:
+        """Add an interval: every rank's row (StepTimes.row), in rank order (steps and samples are the same
+        on every rank)."""
+        ranks = self.ranks = len(rows)
+        summed = [math.fsum(column) for column in zip(*(row[:4 + len(PHASES)] for row in rows), strict=True)]
         self.wall += summed[0] / ranks
         self.startup += summed[1] / ranks
         self.steps += round(summed[2] / ranks)
         self.samples += round(summed[3] / ranks)
         for i, phase in enumerate(PHASES):
             self.seconds[phase] += summed[4 + i] / ranks
+        self.device.add_rows([row[4 + len(PHASES):] for row in rows])
 
     def add(self, other: Breakdown) -> None:
         self.ranks = other.ranks
@@ -102,6 +218,7 @@ class Breakdown:
         self.samples += other.samples
         for phase in PHASES:
             self.seconds[phase] += other.seconds[phase]
+        self.device.add(other.device)
 
     @property
     def timed(self) -> float:
@@ -122,13 +239,16 @@ class Breakdown:
         return self.samples / self.timed if self.timed > 0.0 else 0.0
 
     def compact(self) -> str:
-        """The log line's part: `time data 12% compute 61% ... other 4%`."""
-        return "time " + " ".join(f"{p} {100 * s:.0f}%" for p, s in self.shares().items())
+        """The log line's part: `time data 12% compute 61% ... other 4%`, then the device's, if known."""
+        device = self.device.compact()
+        return "time " + " ".join(f"{p} {100 * s:.0f}%" for p, s in self.shares().items()) + (
+            f" | {device}" if device else "")
 
     def scalars(self) -> dict[str, float]:
-        """For TensorBoard and MLflow: each share (0..1) as `time_<phase>`, and `samples_per_s`."""
+        """For TensorBoard and MLflow: each share (0..1) as `time_<phase>`, `samples_per_s`, and the device's
+        (DeviceUse.scalars), if known."""
         shares = {f"time_{p}": s for p, s in self.shares().items()}
-        return {**shares, "samples_per_s": self.samples_per_second}
+        return {**shares, "samples_per_s": self.samples_per_second, **self.device.scalars()}
 
     def table(self, title: str) -> str:
         """Seconds per step and shares, start-up apart, and advice where a phase stands out."""
@@ -141,6 +261,7 @@ class Breakdown:
             lines.append(f"  {_LABELS[phase]:<18}{1000 * seconds / steps:>10.3g}{100 * share:>7.1f}%")
         if self.startup:
             lines.append(f"  {'first step':<18}{1000 * self.startup:>10.3g}   (start-up, not in the shares)")
+        lines.extend(self.device.table_lines())
         lines.extend(f"  {line}" for line in advice(shares))
         return "\n".join(lines)
 

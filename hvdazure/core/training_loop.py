@@ -44,6 +44,7 @@ from hvdazure.core.predictions import (
     prediction_batches,
 )
 from hvdazure.core.preemption_watcher import PreemptionWatcher
+from hvdazure.core.profiling import ProfiledSteps, profiled_steps, with_profile_from
 from hvdazure.core.rank_logging import configure_logging, logger
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 from hvdazure.core.seeds import RankRandomState, rank_seed, resume_seed
@@ -73,7 +74,7 @@ class TrainingLoop:
         context = run_context.current()
         config = config if config is not None else TrainConfig()
         self.trainer = trainer
-        self.config = context.apply(config) if context is not None else config
+        self.config = with_profile_from(os.environ, context.apply(config) if context is not None else config)
         self.comm = comm if comm is not None else (context.communicator if context is not None else None)
         self.state = TrainState()
         self.rank, self.world_size, self.local_rank = 0, 1, 0
@@ -97,6 +98,7 @@ class TrainingLoop:
         self._fit_times = Breakdown()  # and since this fit() began
         self.last_times: Breakdown | None = None  # the last log interval's, for the loggers
         self._fit_steps = 0  # optimizer steps this fit() has taken (its first is start-up)
+        self._profile = ProfiledSteps.off()  # set by fit(): the steps this rank records a trace of
 
     # --- derived facts -----------------------------------------------------------------------------------
     @property
@@ -173,6 +175,7 @@ class TrainingLoop:
             self._continue_run()
         self._fitted = ("left", self.config)  # until it returns: a fit() that raised is not continued
         self._fit_steps, self._fit_times, self._interval = 0, Breakdown(), Breakdown()
+        self._profile = self._profiled_steps()
         self.times.row()  # the clock starts here: what came before is not this fit's
         with self._stop_signals_caught():
             try:
@@ -185,6 +188,8 @@ class TrainingLoop:
                 if self.checkpoints is not None:  # peers may be gone: rank 0 saves alone, if it can
                     self.checkpoints.save_emergency(f"error: {type(exc).__name__}", self.state.step)
                 raise
+            finally:
+                self._profile.finish(self.state.step)  # a trace still recording: training ended first
             if self.checkpoints is not None:
                 if self.checkpoints.last_saved_step != self.state.step:
                     self.save_checkpoint("final")
@@ -201,6 +206,7 @@ class TrainingLoop:
         self._emit("on_epoch_start")
         for micro_batches in self._step_batches.epoch(s.epoch, start_sample=s.samples_in_epoch):
             self._step_samples_here = sum(len(mb.indices) for mb in micro_batches)
+            self._profile.step_begins(s.step + 1)
             self._emit("on_step_begin")
             self._in_run_step = True
             try:
@@ -219,6 +225,7 @@ class TrainingLoop:
                 self._reduce_metrics_and_votes()
                 self._log_interval_times()
             self._emit("on_step_end")
+            self._profile.step_ended(s.step)
             self._step_samples_here = None
             if signal_votes > 0:
                 self._stop_for_signal()
@@ -411,7 +418,7 @@ class TrainingLoop:
         # Average divides the summed gradients by the world size; the loss weights are shares of the whole
         # step, so multiply that division back out.
         self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
-        self.times = backend.step_times = StepTimes(enabled=c.step_times)
+        self.times = backend.step_times = StepTimes(enabled=c.step_times, device=backend.device_stats)
         self._step_batches = StepBatches(self.sample_plan, backend.epoch_batches, self.times)
         self._meter, self._epoch_means = self._new_meter(), RunningMean()
         return CheckpointPieces(
@@ -446,6 +453,19 @@ class TrainingLoop:
                         f"{self.schedule.peak_lr:.6g}")
         return message
 
+    def _profiled_steps(self) -> ProfiledSteps:
+        """What this fit() records a profiler trace of (config field profile_steps), checked on every rank
+        against the steps it will train (those left of its epochs, up to max_steps)."""
+        c, s, plan = self.config, self.state, self.sample_plan
+        epochs_left = max(0, c.epochs - s.epoch - 1)  # after the one in progress
+        last = s.step + plan.steps_left(s.samples_in_epoch) + epochs_left * plan.steps_per_epoch
+        ends_because = f"epochs {c.epochs} of {plan.steps_per_epoch} steps at this world size"
+        if c.max_steps is not None and c.max_steps < last:
+            last, ends_because = c.max_steps, f"max_steps {c.max_steps}"
+        return profiled_steps(c, self.backend.step_profiler, range(s.step + 1, last + 1), ends_because,
+                              self.rank, lambda check: self._on_rank0_for_all(
+                                  check, (OSError,), ConfigError, "config field 'output_dir': "))
+
     def _end_schedule_at_max_steps(self) -> None:
         """End the LR schedule at `max_steps`, which counts the steps taken (also before a resume at another
         world size, where the schedule's steps are of the new size)."""
@@ -461,19 +481,21 @@ class TrainingLoop:
         the checkpoints, under the same run id), to the config's `epochs` and `max_steps`, with the LR
         schedule recomputed for them, as a resume from its last checkpoint would. A ConfigError on every
         rank, before anything changes: after a fit() that raised (an error, a stop signal), when the
-        config changed elsewhere than `epochs` and `max_steps`, and when both are reached already."""
+        config changed elsewhere than `epochs`, `max_steps` and `profile_steps`, and when both `epochs` and
+        `max_steps` are reached already."""
         (ended, last), c, s = self._fitted or ("returned", self.config), self.config, self.state
         if ended != "returned":
             again = " with resume=auto, to go on from its last checkpoint" if self.checkpoints else ""
             raise ConfigError(f"fit() cannot go on from this trainer's last fit(), which ended with an error "
                               f"or a stop signal at step {s.step}: create a new trainer{again}")
-        if changed := [f.name for f in dataclasses.fields(c) if f.name not in ("epochs", "max_steps")
+        if changed := [f.name for f in dataclasses.fields(c) if f.name not in _MAY_CHANGE_BETWEEN_FITS
                        and getattr(c, f.name) != getattr(last, f.name)]:
             name = changed[0]
             raise ConfigError(f"config field {name!r}: {getattr(last, name)!r} -> {getattr(c, name)!r} since "
-                              "the last fit(); another fit() of the same trainer goes on with its run and "
-                              "may change epochs and max_steps only: for other settings, create a new "
-                              "trainer (with resume=auto, to start from this run's last checkpoint)")
+                              "the last fit(); another fit() of the same trainer goes on with its run "
+                              "and may change epochs, max_steps and profile_steps only: for other "
+                              "settings, create a new trainer (with resume=auto, to start from this run's "
+                              "last checkpoint)")
         if self._max_steps_reached() or s.epoch >= c.epochs:
             field = "max_steps" if self._max_steps_reached() else "epochs"
             done = f"{s.step} steps" if field == "max_steps" else f"{s.epoch} epochs"
@@ -613,8 +635,8 @@ class TrainingLoop:
         s = self.state
         reduced = self._meter.reduce(self.collectives.allgather_floats, self._gather_names,
                                      flags=[float(s.stop_requested), *self.times.row()])
-        if len(reduced.flags) > 1:
-            self._interval.add_row(reduced.flags[1:], self.world_size)
+        if len(reduced.flags) > 1:  # each rank's step times (the device's among them) after its stop vote
+            self._interval.add_rows([flags[1:] for flags in reduced.flags_by_rank])
         if reduced.count:
             s.train_metrics = reduced.means
         elif reduced.means:  # only metrics logged after the interval's last reduction (log_metrics)
@@ -641,8 +663,7 @@ class TrainingLoop:
         table of the whole fit()."""
         if not self.times.enabled:
             return
-        self._interval.add_row([sum(values) for values in zip(
-            *self.collectives.allgather_floats(self.times.row()), strict=True)], self.world_size)
+        self._interval.add_rows(self.collectives.allgather_floats(self.times.row()))
         self._fit_times.add(self._interval)
         self._interval = Breakdown()
         if self.is_main and self._fit_times.steps:
@@ -708,6 +729,8 @@ class TrainingLoop:
         raise SystemExit(128 + (self._signal or signal.SIGTERM))
 
 
+# What another fit() of the same trainer may change: how far the run goes, and what it profiles on the way
+_MAY_CHANGE_BETWEEN_FITS = ("epochs", "max_steps", "profile_steps")
 _NO_EVAL_SAMPLES = "eval_dataset() holds no samples: return None for no evaluation"
 
 

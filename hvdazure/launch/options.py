@@ -26,6 +26,18 @@ def positive_float(text: str) -> float:
     return value
 
 
+def step_range(text: str) -> str:
+    """An argparse type: optimizer steps `FIRST-LAST` or `N` (TrainConfig's profile_steps), refused in one
+    line otherwise; kept as given."""
+    from hvdazure.core.config import parse_step_range
+
+    try:
+        parse_step_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the ranks run and how the job is stopped: the options `hvdazure run` and `hvdazure sweep` share
     (the job's supervisor is the same, launch/supervisor.py)."""
@@ -80,6 +92,12 @@ def add_parser(sub: argparse._SubParsersAction[P]) -> P:
                           "rank, over one already in the environment (set HOROVOD_TIMELINE_MARK_CYCLES=1 "
                           "there to mark Horovod's cycles too). A relative FILE is from the current "
                           "directory; its folder is created")
+    run.add_argument("--profile", metavar="STEPS", type=step_range,
+                     help="record a profiler trace of these optimizer steps on rank 0 (FIRST-LAST, e.g. 3-5, "
+                          "past the first step's start-up; or one step) into the training's "
+                          "output_dir/profile: torch.profiler's Chrome trace (Perfetto, chrome://tracing), "
+                          "or TensorFlow's for TensorBoard's Profile tab. Sets HVDAZURE_PROFILE_STEPS for "
+                          "every rank, which wins over the config's profile_steps")
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or -- COMMAND [args]")
     run.set_defaults(controller=None)
     return run
@@ -87,11 +105,14 @@ def add_parser(sub: argparse._SubParsersAction[P]) -> P:
 
 def launch_spec(args: argparse.Namespace) -> LaunchSpec:
     """`hvdazure run`'s options as a LaunchSpec (a leading `--` before COMMAND dropped, --timeline made
-    absolute); ValueError on a layout that cannot run."""
+    absolute, --profile as the ranks' HVDAZURE_PROFILE_STEPS); ValueError on a layout that cannot run."""
+    from hvdazure.core.profiling import PROFILE_ENV
     from hvdazure.launch.command import LaunchSpec
     from hvdazure.launch.timeline import absolute_timeline
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     timeline = absolute_timeline(args.timeline) if args.timeline is not None else None
+    profile = {PROFILE_ENV: args.profile} if args.profile is not None else {}
     return LaunchSpec(num_proc=args.np, command=command, hosts=args.hosts, hostfile=args.hostfile,
-                      controller=args.controller, network_interface=args.network_interface, timeline=timeline)
+                      controller=args.controller, network_interface=args.network_interface, timeline=timeline,
+                      extra_env=profile)

@@ -28,6 +28,7 @@ from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metr
 from hvdazure.core.model_export import ExportError
 from hvdazure.core.sample_plan import SampleOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
+from hvdazure.core.step_times import no_device
 from hvdazure.data.prediction_output import PredictionShards
 from hvdazure.tensorflow.checkpoint_content import (
     MODEL_FILE,
@@ -45,6 +46,7 @@ from hvdazure.tensorflow.gradients import (
     not_converted,
 )
 from hvdazure.tensorflow.model_export import FORMATS
+from hvdazure.tensorflow.profiler import TensorFlowProfiler, gpu_stats
 from hvdazure.tensorflow.sync_batchnorm import convert_sync_batchnorm, has_sync_batchnorm
 
 if TYPE_CHECKING:
@@ -236,6 +238,12 @@ class TensorFlowBackend(Backend):
 
     def framework_versions(self) -> dict[str, str]:
         return {"tensorflow": tf.__version__, "keras": keras.__version__, "horovod": horovod.__version__}
+
+    def step_profiler(self) -> TensorFlowProfiler:
+        return TensorFlowProfiler()
+
+    def device_stats(self) -> tuple[float, float]:
+        return gpu_stats() if self._on_gpu else no_device()
 
 
 class _CompiledSteps:

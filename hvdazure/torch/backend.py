@@ -27,12 +27,14 @@ from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metr
 from hvdazure.core.model_export import ExportError
 from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
+from hvdazure.core.step_times import no_device
 from hvdazure.data.prediction_output import PredictionShards
 from hvdazure.torch.checkpoint_content import MODEL_FILE, TorchCheckpointContent, load_mapped
 from hvdazure.torch.collectives import TorchCollectives
 from hvdazure.torch.data import DataView, data_view, empty_batch, epoch_loader, eval_batches, to_device
 from hvdazure.torch.gradients import COMPRESSION, OPS, GradientsAfterBackward, overlaps_backward
 from hvdazure.torch.model_export import FORMATS
+from hvdazure.torch.profiler import CudaStats, TorchProfiler
 from hvdazure.torch.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, has_sync_batchnorm
 
 if TYPE_CHECKING:
@@ -54,6 +56,7 @@ class TorchBackend(Backend):
         self.scaler: torch.amp.GradScaler | None = None
         self.device = torch.device("cpu")
         self._eval_data: DataView | None = None
+        self._cuda_stats: CudaStats | None = None  # on a GPU: its numbers for the step times
 
     @property
     def config(self) -> TrainConfig:
@@ -64,6 +67,7 @@ class TorchBackend(Backend):
         if torch.cuda.is_available():
             torch.cuda.set_device(hvd.local_rank())
             self.device = torch.device("cuda", hvd.local_rank())
+            self._cuda_stats = CudaStats(self.device)
         else:
             self.device = torch.device("cpu")
             if "OMP_NUM_THREADS" not in os.environ:  # ranks on one node share its cores
@@ -323,6 +327,12 @@ class TorchBackend(Backend):
 
     def framework_versions(self) -> dict[str, str]:
         return {"torch": torch.__version__, "horovod": horovod.__version__}
+
+    def step_profiler(self) -> TorchProfiler:
+        return TorchProfiler(self.device)
+
+    def device_stats(self) -> tuple[float, float]:
+        return self._cuda_stats() if self._cuda_stats is not None else no_device()
 
 
 def _loss_and_metrics(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:

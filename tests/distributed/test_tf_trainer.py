@@ -6,6 +6,7 @@ ranks, controller) runs its variants below in turn (harness.run_trainings), once
 and each test asserts one behaviour on the runs it needs.
 """
 
+import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,7 +51,8 @@ def runs(tmp_path_factory):
             out = tmp_path_factory.mktemp(f"tf-{np}-{controller}")
             trainings = _trainings(np, controller)
             if "plain" in trainings:  # test_a_tensorflow_run_writes_tensorboard_events_of_the_reduced_metrics
-                trainings["plain"] += ("tensorboard=true", f"output_dir={out / 'plain-outputs'}")
+                trainings["plain"] += ("tensorboard=true", f"output_dir={out / 'plain-outputs'}",
+                                       "profile_steps=3-4")  # test_rank_0_alone_records_a_tensorflow_profile
             jobs[np, controller] = run_trainings(trainings, out, np=np, controller=controller, script=JOB)
         trainings = jobs[np, controller]
         return SimpleNamespace(reports=trainings[variant], output=trainings.job.output)
@@ -211,3 +213,36 @@ def test_autograph_converts_the_users_step_but_not_horovods_functions(runs):
     assert "Converted call: <bound method RegressionTrainer.training_step" in output
     assert "Converted call: <function grouped_allreduce" not in output
     assert "Converted call: <function allreduce" not in output
+
+
+def test_rank_0_alone_records_a_tensorflow_profile_of_the_steps_asked_for_and_only_when_asked(runs):
+    job = runs("plain", 2)
+    profile = Path(job.reports[0]["output_dir"]) / "profile"
+
+    written = list(profile.rglob("*.xplane.pb"))  # TensorBoard's Profile tab reads plugins/profile/RUN/HOST.*
+    assert len(written) == 1 and written[0].parent.parent == profile / "plugins" / "profile", written
+    assert [p for p in profile.rglob("*") if p.is_file()] == written  # nothing from rank 1, no leftovers
+    assert _marked_steps(written[0]) == [3, 4]
+    line = f"[0]<stderr>:hvdazure: profiler trace of steps 3-4 (rank 0) written to {written[0]}; open it "
+    assert job.output.count(line) == 1 and f"`tensorboard --logdir {profile}`, Profile tab" in job.output
+    # the job's other trainings (accumulation, squatting) asked for none and recorded none
+    assert job.output.count("hvdazure: recording a profiler trace") == 1
+    assert "[1]<stderr>:hvdazure: recording a profiler trace" not in job.output
+
+
+def _marked_steps(xplane: Path) -> list[int]:
+    """The step numbers of the `train` step markers in a TensorFlow profile (an XSpace protobuf), read with
+    TensorFlow's own message class, loaded from its file: importing tensorflow here would cost seconds."""
+    messages = Path(importlib.util.find_spec("tensorflow").origin).parent / "tsl/profiler/protobuf"
+    spec = importlib.util.spec_from_file_location("xplane_pb2", messages / "xplane_pb2.py")
+    xplane_pb2 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(xplane_pb2)
+    space = xplane_pb2.XSpace.FromString(xplane.read_bytes())
+    steps = []
+    for plane in space.planes:
+        stat_names = {key: stat.name for key, stat in plane.stat_metadata.items()}
+        for line in plane.lines:
+            steps += [stat.int64_value for event in line.events
+                      if plane.event_metadata[event.metadata_id].name == "train"
+                      for stat in event.stats if stat_names.get(stat.metadata_id) == "step_num"]
+    return sorted(steps)

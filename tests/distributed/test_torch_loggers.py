@@ -1,4 +1,7 @@
-"""Rank 0 alone writes TensorBoard and MLflow records of the all-rank metrics; other ranks stay quiet."""
+"""Rank 0 alone writes TensorBoard and MLflow records of the all-rank metrics and a profiler trace of the
+steps `hvdazure run --profile` names; other ranks stay quiet."""
+
+import json
 
 import pytest
 from harness import run_job
@@ -11,7 +14,7 @@ def test_tensorboard_mlflow_and_quiet_ranks(tmp_path):
     settings = ["epochs=2", "batch_size=4", "extra.n_eval=6", "tensorboard=true", "mlflow=true",
                 f"output_dir={out}", "extra.warn=true", "compression=fp16", "precision=bf16"]
     job = run_job("torch_job.py", *[a for s in settings for a in ("--set", s)], out_dir=reports_dir,
-                  env={"MLFLOW_TRACKING_URI": ""})
+                  env={"MLFLOW_TRACKING_URI": ""}, launcher_args=("--profile", "3-4"))
 
     assert job.returncode == 0, job.output
     reports = job.reports
@@ -59,3 +62,19 @@ def test_tensorboard_mlflow_and_quiet_ranks(tmp_path):
     assert job.stderr.count("[0]<stderr>:hvdazure: where the time went, steps 2-2:") == 1
     assert job.stderr.count("[0]<stderr>:hvdazure: where the time went in fit()") == 1
     assert "[0]<stderr>:  allreduce wait " in job.stderr and "| time data " in job.stderr
+
+    # on CPUs no device numbers: nothing shown, nothing logged
+    assert "gpu" not in job.stderr and not [name for name in run.data.metrics if name.startswith("gpu")]
+    assert not [tag for tag in events.Tags()["tensors"] if tag.startswith("gpu/")]
+
+    # hvdazure run --profile 3-4 (HVDAZURE_PROFILE_STEPS on every rank): rank 0 alone traced steps 3 and 4
+    trace = out / "profile" / "steps-3-4-rank0.pt.trace.json"
+    assert sorted(p.name for p in (out / "profile").iterdir()) == [trace.name]  # nothing of rank 1's
+    events = json.loads(trace.read_text())["traceEvents"]
+    steps = sorted({e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#")})
+    assert steps == ["ProfilerStep#3", "ProfilerStep#4"]
+    assert any(e.get("name", "").startswith("aten::") for e in events)  # the ops themselves, on the CPU
+    assert job.stderr.count(f"[0]<stderr>:hvdazure: profiler trace of steps 3-4 (rank 0) written to {trace}; "
+                            "open it in https://ui.perfetto.dev or chrome://tracing") == 1
+    assert "[1]<stderr>:hvdazure: profiler" not in job.stderr
+    assert "[1]<stderr>:hvdazure: recording" not in job.stderr

@@ -21,6 +21,7 @@ not, and `FakeTrainer.receive_signal` plays the handler's part.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import sys
 import threading
@@ -28,6 +29,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
@@ -36,9 +38,11 @@ from hvdazure.core.backend import Backend, Collectives, FrameworkCheckpointConte
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.metrics import MetricAccumulator
+from hvdazure.core.profiling import ProfilerTrace, StepProfiler
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SampleOrder, UniformOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
+from hvdazure.core.step_times import no_device
 from hvdazure.core.trainer import Trainer, loop_of
 from hvdazure.data.prediction_output import PredictionShards
 
@@ -351,6 +355,11 @@ class FakeTrainer(Trainer):
         """Evaluation metrics besides the loss for one batch of the evaluation set; none by default."""
         return {}
 
+    def device_stats(self) -> tuple[float, float]:
+        """What this rank's accelerator would report per log interval (Backend.device_stats): none, as on
+        CPUs, by default."""
+        return no_device()
+
     def predict_dataset(self) -> Any:
         """The data predict() predicts when given none: none, as the bindings' default."""
         return None
@@ -400,6 +409,8 @@ class FakeBackend(Backend):
         self.velocity = np.zeros(self.problem.dim)
         self.rng = np.random.default_rng()
         self.predicted_batches: list[list[int]] = []  # this rank's, in the order predicted
+        self.profilers: list[RecordingProfiler] = []  # each one the core asked for, in order
+        self.events: list[str] = []  # the profilers' calls, and what a test's callbacks add, in order
 
     # --- running the model ---------------------------------------------------------------------------------
     def start(self, comm: Any) -> FakeCollectives:
@@ -511,6 +522,13 @@ class FakeBackend(Backend):
             raise ValueError(f"weights of shape {weights.shape}, the model's {self.weights.shape}")
         self.weights = weights
 
+    def step_profiler(self) -> RecordingProfiler:
+        self.profilers.append(RecordingProfiler(self.events))
+        return self.profilers[-1]
+
+    def device_stats(self) -> tuple[float, float]:
+        return self.user.device_stats()
+
     def _allreduce_average(self, values: np.ndarray, name: str) -> np.ndarray:
         """As Horovod's Average: the sum over ranks (in rank order), divided by the world size."""
         rows = self.collectives.exchange("allreduce_average", name, values.copy())
@@ -588,3 +606,35 @@ class FakeCheckpointContent(FrameworkCheckpointContent):
     def seed(self, seed: int) -> None:
         self.backend.rng = np.random.default_rng(seed)
 
+
+
+class RecordingProfiler(StepProfiler):
+    """A test double of a framework's profiler (what TorchProfiler is): it records the core's calls, in
+    `calls` and in its rank's `events` (where a test's callbacks may note theirs), and writes as its trace a
+    JSON list of the steps it marked."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.events = events
+        self._marked: list[int] = []
+        self._path = Path()
+
+    def _record(self, *call: Any) -> None:
+        self.calls.append(call)
+        self.events.append(f"profiler {call[0]}" + (f" {call[1]}" if call[0] == "begin_step" else ""))
+
+    def start(self, directory: Path, label: str) -> None:
+        self._record("start", directory, label)
+        self._path = directory / f"{label}.json"
+
+    def begin_step(self, step: int) -> None:
+        self._record("begin_step", step)
+        self._marked.append(step)
+
+    def end_step(self) -> None:
+        self._record("end_step")
+
+    def stop(self) -> ProfilerTrace:
+        self._record("stop")
+        self._path.write_text(json.dumps(self._marked))
+        return ProfilerTrace(str(self._path), "chrome")

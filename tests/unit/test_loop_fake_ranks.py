@@ -728,7 +728,7 @@ def _errors_of_fit_again(world_size: int, config: TrainConfig, then: Callable[[F
 @pytest.mark.parametrize(("then", "field", "says"), [
     (lambda trainer: None, "epochs", "raise epochs before calling fit() again"),
     (raise_to(max_steps=6), "max_steps", "raise max_steps before calling fit() again"),
-    (raise_to(epochs=4, lr=0.01), "lr", "may change epochs and max_steps only"),
+    (raise_to(epochs=4, lr=0.01), "lr", "may change epochs, max_steps and profile_steps only"),
 ])
 def test_a_second_fit_with_nothing_left_to_train_or_another_setting_is_refused_in_one_line_on_every_rank(
         then: Callable[[FakeTrainer], object], field: str, says: str) -> None:

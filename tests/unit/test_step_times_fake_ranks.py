@@ -75,6 +75,30 @@ def test_evaluation_and_checkpoint_stalls_are_phases_of_their_own(tmp_path):
     assert all(s.seconds["eval"] == 0.0 for s in seen[0] if s not in after_epoch)
 
 
+class OnGpus(FakeTrainer):
+    """Each rank reports its device as a GPU rank would: rank r peaks at (r + 1) GiB, at 50 + 10 r % busy."""
+
+    def device_stats(self):
+        return (self.rank + 1) * 2.0**30, 50.0 + 10 * self.rank
+
+
+def test_each_ranks_gpu_numbers_ride_the_intervals_collective_to_every_rank_as_highest_and_lowest():
+    _, seen = _fit(3, OnGpus)  # 48 samples, global batch 12: 4 steps, one log interval (steps 2-3)
+
+    assert [len(s) for s in seen] == [1, 1, 1]
+    for rank_seen in seen:  # the same numbers on every rank
+        (_, memory), (_, utilization) = rank_seen[-1].device.spreads()
+        assert (memory.high, memory.high_rank, memory.low, memory.low_rank) == (3 * 2.0**30, 2, 2.0**30, 0)
+        assert (utilization.high, utilization.low) == (70.0, 50.0)
+        assert rank_seen[-1].compact().endswith("| gpu peak 1-3 GiB util 50-70%")
+    assert "gpu_memory_peak_gib_max" in seen[0][-1].scalars()
+
+
+def test_on_cpus_the_step_times_show_no_device_numbers():
+    _, seen = _fit(2)
+    assert seen[0][-1].device.spreads() == [] and "gpu" not in seen[0][-1].compact()
+
+
 def test_with_step_times_off_nothing_is_timed_or_reduced():
     trainers, seen = _fit(2, step_times=False)
     assert seen == [[None, None], [None, None]] and trainers[0].step_times is None
