@@ -28,7 +28,8 @@ def test_importing_hvdazure_loads_no_framework(action):
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["doctor", "--help"], ["submit", "--help"],
-                                  ["submit", "sweep", "--help"], ["submit", "in-job-sweep", "--help"]])
+                                  ["submit", "sweep", "--help"], ["submit", "in-job-sweep", "--help"],
+                                  ["export", "--help"]])
 def test_help_exits_zero_and_loads_no_framework(argv):
     probe = (
         "import runpy, sys, json\n"

@@ -21,6 +21,10 @@ from hvdazure.core.script_modes import ScriptCommand, parse_command, write_outpu
     (["predict", "--output", "abfs://c/predictions.v2"], ScriptCommand("predict", None,
                                                                      "abfs://c/predictions.v2", [])),
     (["predict", "--output", "out/predictions"], ScriptCommand("predict", None, "out/predictions", [])),
+    (["export", "--checkpoint", "best", "--output", "m.onnx", "--set", "a=1"],
+     ScriptCommand("export", "best", "m.onnx", ["--set", "a=1"])),
+    (["export", "--checkpoint", "ckpt", "--output", "serving", "--format", "saved_model", "--example",
+      "x.npy", "--overwrite"], ScriptCommand("export", "ckpt", "serving", [], "saved_model", "x.npy", True)),
 ])
 def test_the_mode_and_its_options_are_taken_out_and_the_rest_is_the_configs(argv, expected, tmp_path,
                                                                             monkeypatch):
@@ -39,6 +43,8 @@ def test_the_mode_and_its_options_are_taken_out_and_the_rest_is_the_configs(argv
                                        "or to a directory or URL without an extension (shards)"),
     (["test", "--output", "m.npz"], "--output 'm.npz': test metrics are written as .json"),
     (["predict", "--checkp", "best", "--output", "p.npz"], None),  # no abbreviation: left to the config
+    (["export", "--output", "m.onnx"], "export needs --checkpoint (latest, best or a path) and --output"),
+    (["export", "--checkpoint", "best"], "export needs --checkpoint (latest, best or a path) and --output"),
 ])
 def test_a_bad_command_line_is_one_line_naming_it(argv, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
