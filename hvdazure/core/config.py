@@ -166,9 +166,9 @@ class TrainConfig:
     the end of fit(); false: nothing timed."""
     profile_steps: int | str | None = None
     """Record a profiler trace of these optimizer steps on rank 0, into `output_dir/profile`: `5-8` (steps 5
-    to 8 of the run, as the log lines and TensorBoard count them) or `5`. PyTorch: torch.profiler, a Chrome
-    trace (Perfetto, chrome://tracing); TensorFlow: its profiler, for TensorBoard's Profile tab. Null: none.
-    `hvdazure run --profile` sets it for a job."""
+    to 8, counted from 1 over the whole run, as TensorBoard's step axis) or `5`. PyTorch: torch.profiler, a
+    Chrome trace (Perfetto, chrome://tracing); TensorFlow: its profiler, for TensorBoard's Profile tab. Null:
+    none. `hvdazure run --profile` sets it for a job."""
     # your own settings
     extra: dict[str, Any] = field(default_factory=dict)
     """Your own settings, read as `self.config.extra`: `--set extra.hidden=64`."""

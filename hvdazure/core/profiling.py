@@ -3,8 +3,8 @@ steps, which rank, where, and what the log says, decided here once for every fra
 profiler sits behind `StepProfiler`, which each binding's backend gives (torch.profiler, TensorFlow's).
 
 The policy:
-- Steps are the run's optimizer steps as the log lines and TensorBoard number them: from 1, counted across
-  resumes. A range that ends past the end of training is refused before training, on every rank (what was
+- Steps are the run's optimizer steps as TensorBoard's step axis numbers them: from 1, counted across epochs
+  and resumes. A range that ends past the end of training is refused before training, on every rank (what was
   asked for could not be recorded); steps trained before this fit() began (a resumed run, a second fit())
   are skipped with a line saying so, as a job restarted after a preemption must go on, not fail.
 - Rank 0 records. The other ranks run the same steps unprofiled: a trace per rank would multiply the
@@ -28,6 +28,7 @@ from typing import Literal
 
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.rank_logging import logger
+from hvdazure.core.step_times import StepTimes
 
 PROFILE_ENV = "HVDAZURE_PROFILE_STEPS"  # set by `hvdazure run --profile` for every rank; over the config's
 PROFILE_DIR = "profile"  # under output_dir
@@ -112,11 +113,14 @@ def steps_to_profile(asked: range, fit_steps: range, ends_because: str) -> range
 
 class ProfiledSteps:
     """The profiler of one fit() on one rank: started before the first step of `steps`, each step marked,
-    stopped after the last (or when fit() ends first). `profiler` None: this rank records nothing."""
+    stopped after the last (or when fit() ends first). `profiler` None: this rank records nothing. The
+    trace's writing is left out of the step times (`times`): it is not training's time."""
 
-    def __init__(self, profiler: StepProfiler | None, steps: range, directory: Path, rank: int) -> None:
+    def __init__(self, profiler: StepProfiler | None, steps: range, directory: Path, rank: int,
+                 times: StepTimes | None = None) -> None:
         self.profiler = profiler if steps else None
         self.steps, self.directory, self.rank = steps, directory, rank
+        self.times = times if times is not None else StepTimes(enabled=False)
         self.trace: ProfilerTrace | None = None  # once written
         self._running = False
 
@@ -154,7 +158,9 @@ class ProfiledSteps:
     def _stop(self, last: int, early: bool = False) -> None:
         self._running = False
         assert self.profiler is not None
+        since = self.times.now()
         self.trace = trace = self.profiler.stop()
+        self.times.leave_out(since)
         ended = f", of {self._described(self.steps[-1])}, as training ended" if early else ""
         how = _VIEWERS[trace.kind].format(directory=self.directory)
         logger.info(f"profiler trace of {self._described(last)}{ended} (rank {self.rank}) written to "
@@ -166,12 +172,13 @@ class ProfiledSteps:
 
 
 def profiled_steps(config: TrainConfig, profiler: Callable[[], StepProfiler | None], fit_steps: range,
-                   ends_because: str, rank: int,
-                   on_rank0_for_all: Callable[[Callable[[], None]], None]) -> ProfiledSteps:
+                   ends_because: str, rank: int, on_rank0_for_all: Callable[[Callable[[], None]], None],
+                   times: StepTimes) -> ProfiledSteps:
     """The profiling of a fit() about to train `fit_steps`, on this rank, checked before training on every
     rank: the range against the end of training (`ends_because`: what ends it), the framework's profiler
     (`profiler`, the backend's), and rank 0's output directory (`on_rank0_for_all`: runs a check on rank 0
-    and raises its failure on every rank; a collective, entered only when there are steps to record)."""
+    and raises its failure on every rank; a collective, entered only when there are steps to record).
+    `times`: this rank's step times, which the trace's writing is left out of."""
     asked = config.profile_range
     if asked is None:
         return ProfiledSteps.off()
@@ -182,4 +189,4 @@ def profiled_steps(config: TrainConfig, profiler: Callable[[], StepProfiler | No
     directory = Path(config.output_dir) / PROFILE_DIR
     if steps:
         on_rank0_for_all(lambda: check_writable(directory))
-    return ProfiledSteps(made if rank == 0 else None, steps, directory, rank)
+    return ProfiledSteps(made if rank == 0 else None, steps, directory, rank, times)

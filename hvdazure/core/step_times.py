@@ -62,6 +62,12 @@ class StepTimes:
         self._seconds[phase] += now - since
         return now
 
+    def leave_out(self, since: float) -> None:
+        """The time since `since` was not training's (writing a profiler trace): it is taken out of the
+        interval's wall time, where it would read as `other`."""
+        if self.enabled:
+            self._start += self._clock() - since
+
     def step_done(self, samples: int, first_of_fit: bool) -> None:
         """An optimizer step of `samples` samples (all ranks together) has ended. The first of a fit() is
         start-up: the interval's time so far is `startup` (part of the wall time), not the phases'."""

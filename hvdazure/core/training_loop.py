@@ -464,7 +464,7 @@ class TrainingLoop:
             last, ends_because = c.max_steps, f"max_steps {c.max_steps}"
         return profiled_steps(c, self.backend.step_profiler, range(s.step + 1, last + 1), ends_because,
                               self.rank, lambda check: self._on_rank0_for_all(
-                                  check, (OSError,), ConfigError, "config field 'output_dir': "))
+                                  check, (OSError,), ConfigError, "config field 'output_dir': "), self.times)
 
     def _end_schedule_at_max_steps(self) -> None:
         """End the LR schedule at `max_steps`, which counts the steps taken (also before a resume at another

@@ -109,6 +109,17 @@ def test_an_interval_without_timed_wall_time_has_no_shares():
     assert Breakdown().shares() == {} and Breakdown().samples_per_second == 0.0
 
 
+def test_time_left_out_is_nobodys_not_even_other():
+    clock = Clock()
+    times = StepTimes(clock=clock)
+    _steps(times, clock, 2, data=1.0, compute=1.0, first=False)
+    since = times.now()
+    clock.t += 30.0  # a profiler trace written
+    times.leave_out(since)
+    row = times.row()
+    assert row[0] == 4.0  # the wall time: the two steps alone, nothing left over for `other`
+
+
 def test_the_device_row_is_asked_once_per_interval_and_rides_after_the_phases():
     readings = iter([(3 * GIB, 80.0), (2 * GIB, 60.0)])
     times = StepTimes(clock=Clock(), device=lambda: next(readings))
