@@ -20,6 +20,11 @@ queues; checked offline, each as one line naming the value. No Azure SDK here.
   priority as the cluster was created (`hvdazure azure compute create --low-priority`), so neither is taken
   with one. azure-ai-ml also takes the tiers basic and premium: those of Singularity virtual clusters,
   which hvdazure does not submit to.
+
+Serverless compute is sent as a job without a compute, which Azure ML documents as running a command or
+sweep job on serverless compute, and the VM size as `resources.instance_type`: azure-ai-ml 1.35.2 would
+send `compute: serverless` on as the ARM id of a compute cluster named serverless (only a pipeline's
+default compute is special-cased).
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from hvdazure.sweep.options import SweepOptions
 
 GOALS = {"min": "minimize", "max": "maximize"}
+VERSION_TAG = "hvdazure"  # the tag that records the hvdazure version of a submission (jobs show reads it)
 SERVERLESS = "serverless"  # `--compute serverless`: Azure ML's serverless compute (azure-ai-ml's name)
 MODEL_TYPES = ("mlflow_model", "custom_model")  # an output of these types is registered as a model
 
@@ -317,15 +318,16 @@ class ResolvedJob:
     @property
     def submitted_tags(self) -> dict[str, str]:
         """The tags the job is submitted with: the user's, and the hvdazure version that submitted it."""
-        return {"hvdazure": __version__, **self.tags}
+        return {VERSION_TAG: __version__, **self.tags}
 
     def summary(self, command: str | None = None) -> list[str]:
         """What a person checks before spending GPU hours, one fact per line (no secrets: see job_spec).
         `command`: what the SDK runs, where that is not `self.command` (an SDK v1 sweep's trial)."""
         environment = self.environment
+        on = "serverless compute" if self.serverless else f"compute {self.compute}"
         lines = [
             f"MPI layout: {self.nodes} node(s) x {self.processes_per_node} process(es) = world size "
-            f"{self.world_size}, on compute {self.compute}" + (f" ({self.vm_size})" if self.vm_size else ""),
+            f"{self.world_size}, on {on}" + (f" ({self.vm_size})" if self.vm_size else ""),
             f"environment: {environment.reference}"
             + (f" (image {environment.image})" if environment.image else "")
             + (f" + conda file {environment.conda_file.name}" if environment.conda_file else ""),

@@ -94,7 +94,7 @@ def build_job(job: ResolvedJob) -> Any:
         "environment_variables": dict(job.env),
     }
     shared_fields = {  # the job's own; a sweep job's trials share them
-        "compute": job.compute,
+        "compute": None if job.serverless else job.compute,  # no compute: Azure ML's serverless compute
         "inputs": {i.name: Input(type=i.type, path=i.uri, mode=i.mode) for i in job.inputs},
         "outputs": {o.name: Output(type=o.type, path=o.uri, mode=o.mode, name=o.asset_name,
                                    version=o.asset_version) for o in job.outputs},
@@ -125,12 +125,13 @@ def _check_identity(job: ResolvedJob, body: dict[str, Any], job_file: str) -> No
 
 def _check_settings(job: ResolvedJob, loaded: Any, body: dict[str, Any], job_file: str) -> None:
     """The job's own settings (job_settings.py) and its outputs, as `load_job` reads them back and the REST
-    body carries them, are those asked for: name, description, timeout, queue settings, each output's
-    type, mode and registration."""
+    body carries them, are those asked for: compute (none for serverless compute), name, description,
+    timeout, queue settings, each output's type, mode and registration."""
     from azure.ai.ml._utils.utils import from_iso_duration_format
 
     queue = job.queue or QueueSettings()
     wanted: dict[str, Any] = {
+        "compute": None if job.serverless else job.compute,
         "name": job.name, "description": job.description, "timeout": job.max_duration,
         "queue": (queue.job_tier, queue.priority),
         "outputs": {o.name: (o.type, o.mode, o.asset_name, o.asset_version) for o in job.outputs}}
@@ -138,6 +139,7 @@ def _check_settings(job: ResolvedJob, loaded: Any, body: dict[str, Any], job_fil
     tier, priority = queue_body.get("jobTier"), queue_body.get("priority")
     outputs = body.get("outputs") or {}
     found = {
+        "compute": body.get("computeId"),
         "name": loaded.name if job.name else None, "description": body.get("description"),
         "timeout": from_iso_duration_format((body.get("limits") or {}).get("timeout")),
         "queue": (tier.lower() if tier else None,

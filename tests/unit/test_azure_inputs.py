@@ -346,9 +346,9 @@ def test_the_outputs_azure_ml_writes_parse(text, expected):
     ("m=mlflow_model,name=model.", "--output m: name='model.': 1 to 255"),
     ("m=mlflow_model,name=my model", "--output m: name='my model': 1 to 255"),
     (f"m=mlflow_model,name={'m' * 256}", "--output m: name='mmm"),
-    ("m=mlflow_model,name=model,version=latest", "--output m: version='latest': letters, digits, '_', '.' "
-                                                 "and '-', not 'latest' (without version=, Azure ML registers "
-                                                 "the asset's next version)"),
+    ("m=mlflow_model,name=model,version=latest",
+     "--output m: version='latest': letters, digits, '_', '.' and '-', not 'latest' (without version=, Azure "
+     "ML registers the asset's next version)"),
     ("m=mlflow_model,name=model,version=", "--output m: version='': letters, digits"),
     ("m=mlflow_model,nmae=model", "--output m: unknown setting nmae= (name=ASSET and version=VERSION "
                                   "register the output)"),

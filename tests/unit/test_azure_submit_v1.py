@@ -234,6 +234,15 @@ def test_an_unknown_compute_stops_before_the_snapshot(project, service):
     assert not [u for m, u, _ in service.calls if "snapshot" in u or "blob.core" in u]
 
 
+def test_the_run_is_named_described_and_bounded_as_asked(project, service):
+    submitted = submit(name="digits-v1", description="digits, two nodes", max_duration=7200)
+
+    assert submitted.name == "digits-v1"  # the snapshotrun POST's runId, which the fake service echoes
+    assert service.snapshot_run()["Configuration"]["maxRunDurationSeconds"] == 7200
+    patches = [json.loads(b) for m, u, b in service.calls if m == "PATCH" and u.endswith("/runs/digits-v1")]
+    assert {"runId": "digits-v1", "description": "digits, two nodes"} in patches  # once the run exists
+
+
 def test_inputs_are_refused_with_v1_before_any_request(project, service):
     with pytest.raises(JobSpecError, match="--input and --output need SDK v2"):
         submit(inputs=[InputSpec("data", "azureml:digits@latest")], script_args=["${{inputs.data}}"])

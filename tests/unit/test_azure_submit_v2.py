@@ -28,7 +28,7 @@ from azure_project import make_project
 from hvdazure.azure import submission, submit_v2
 from hvdazure.azure.compute import ClusterSpec
 from hvdazure.azure.errors import SubmitError
-from hvdazure.azure.job_spec import InputSpec, JobSpec, resolve
+from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, resolve
 from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 
@@ -72,6 +72,7 @@ class FakeWorkspace:
         self.environments: dict[str, dict] = {}
         self.data_assets: dict[str, list[str]] = {"digits": ["1", "3"]}  # versions, oldest first
         self.blobs: dict[str, bytes] = {}
+        self.jobs: dict[str, dict] = {}  # by name, as created
         self.refuse_uploads = False  # the storage account answers 403, naming the URL (with its SAS)
 
     def answer(self, method: str, url: str, body: dict | None) -> tuple[int, dict]:
@@ -117,10 +118,13 @@ class FakeWorkspace:
                                         "dataUri": "azureml://datastores/workspaceblobstore/paths/digits/"}}
         if match := re.fullmatch(r"/jobs/([^/]+)", path):
             name = match.group(1)
+            if method == "GET":
+                return (200, self.jobs[name]) if name in self.jobs else _not_found(path)
             properties = {**body["properties"], "status": "Starting", "services": {"Studio": {
                 "jobServiceType": "Studio", "endpoint": f"https://ml.azure.com/runs/{name}?wsid={WS}"}}}
-            return 201, {"id": arm_id, "name": name, "properties": properties,
-                         "type": "Microsoft.MachineLearningServices/workspaces/jobs"}
+            self.jobs[name] = {"id": arm_id, "name": name, "properties": properties,
+                               "type": "Microsoft.MachineLearningServices/workspaces/jobs"}
+            return 201, self.jobs[name]
         return _not_found(path)
 
     def blob(self, request: requests.PreparedRequest):
@@ -300,6 +304,43 @@ def test_an_input_asset_is_resolved_to_its_version_and_mounted_read_only(project
     assert body["inputs"]["data"]["mode"] == "ReadOnlyMount"
     assert body["inputs"]["data"]["uri"].endswith("/data/digits/versions/3")
     assert body["command"] == "python train.py --set 'extra.data=${{inputs.data}}'"
+
+
+def test_the_job_put_is_named_described_bounded_queued_and_registers_its_outputs_as_asked(project, fake):
+    submitted = submit(
+        fake, compute="serverless", vm_size="Standard_NC24ads_A100_v4", name="digits-2x1",
+        description="digits on two A100 nodes", max_duration=7200, job_tier="spot", priority="high",
+        outputs=[OutputSpec("model", type="mlflow_model", mode="upload", asset_name="digits-model",
+                            asset_version="3"), OutputSpec("ckpt", asset_name="digits-ckpt")],
+        script_args=["--set", "checkpoint_dir=${{outputs.ckpt}}", "--set", "extra.model=${{outputs.model}}"])
+
+    # the name is looked up first, serverless compute has no cluster to look up, and the PUT is the name's
+    assert fake.calls[0][:2] == ("GET", "/jobs/digits-2x1")
+    assert not [p for _, p, _ in fake.calls if p.startswith("/computes/")]
+    assert [p for m, p, _ in fake.calls if m == "PUT" and p.startswith("/jobs/")] == ["/jobs/digits-2x1"]
+    assert submitted.name == "digits-2x1"
+    body = fake.job_put()
+    assert body["description"] == "digits on two A100 nodes"
+    assert body["limits"] == {"jobLimitsType": "Command", "timeout": "PT2H"}
+    assert body["queueSettings"] == {"jobTier": "Spot", "priority": 3}
+    assert "computeId" not in body  # no compute: Azure ML's serverless compute
+    assert body["resources"]["instanceType"] == "Standard_NC24ads_A100_v4"
+    assert (body["resources"]["instanceCount"], body["distribution"]["processCountPerInstance"]) == (2, 1)
+    assert body["outputs"] == {
+        "model": {"assetName": "digits-model", "assetVersion": "3", "mode": "Upload",
+                  "jobOutputType": "mlflow_model"},
+        "ckpt": {"assetName": "digits-ckpt", "mode": "ReadWriteMount", "jobOutputType": "uri_folder"}}
+
+
+def test_a_name_the_workspace_has_already_stops_the_submission_before_the_upload(project, fake):
+    submit(fake, name="digits-1")
+    fake.calls.clear()
+
+    with pytest.raises(SubmitError, match=r"^--name digits-1: the workspace has a job of that name already "
+                                          r"\(names are unique\): choose another$"):
+        submit(fake, name="digits-1")
+
+    assert [call[:2] for call in fake.calls] == [("GET", "/jobs/digits-1")]
 
 
 def test_processes_per_node_given_explicitly_win_over_the_vm_size(project, fake):

@@ -410,6 +410,20 @@ def test_a_submitted_sweep_puts_a_sweep_job_after_the_same_lookups_and_upload_as
     assert submitted.name == fake.calls[-1][1].rsplit("/", 1)[1]
 
 
+def test_a_submitted_sweep_job_puts_its_name_description_timeout_and_queue_settings(project, fake):
+    submitted = submit(fake, compute="serverless", vm_size="Standard_NC24ads_A100_v4", name="digits-sweep",
+                       description="lr and batch size", max_duration=7200, job_tier="spot", priority="low")
+
+    assert [p for m, p, _ in fake.calls if m == "PUT" and p.startswith("/jobs/")] == ["/jobs/digits-sweep"]
+    assert submitted.name == "digits-sweep"
+    body = fake.job_put()
+    assert (body["jobType"], body["description"]) == ("Sweep", "lr and batch size")
+    assert body["limits"]["timeout"] == "PT2H"  # the whole sweep job's
+    assert body["queueSettings"] == {"jobTier": "Spot", "priority": 1}
+    assert "computeId" not in body  # serverless compute
+    assert body["trial"]["resources"]["instanceType"] == "Standard_NC24ads_A100_v4"
+
+
 def test_a_submitted_in_job_sweep_checks_its_ranks_against_the_computes_size(project, fake):
     submit(fake, nodes=1, sweep=in_job(ranks_per_trial=8))  # 8 GPUs on the compute: known only from Azure
 

@@ -186,7 +186,8 @@ def test_the_entry_file_is_there_for_the_snapshot_only_and_one_of_the_user_stays
 # --- submitted up to HTTP ---------------------------------------------------------------------------------
 class HyperDriveService(FakeService):
     """test_azure_submit_v1's services, and HyperDrive's: its `runs` POST (a multipart form whose `config`
-    part is the CreateExperimentDto as JSON) starts the sweep and names the parent run."""
+    part is the CreateExperimentDto as JSON) starts the sweep and names the parent run; `hdruns/RUN_ID`
+    does so under the custom run id RUN_ID."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -202,7 +203,9 @@ class HyperDriveService(FakeService):
         (config,) = [part for part in form.walk() if part.get_param("name", header="Content-Disposition")
                      == "config"]
         self.experiments.append(json.loads(config.get_payload(decode=True)))
-        answer = {"code": 201, "result": {"name": "project", "platform_config": {"ParentRunId": "HD_1234"}}}
+        custom = re.search(r"/hdruns/([^/]+)$", url)
+        parent = custom.group(1) if custom else "HD_1234"
+        answer = {"code": 201, "result": {"name": "project", "platform_config": {"ParentRunId": parent}}}
         return 201, {}, json.dumps(answer)
 
 
@@ -312,6 +315,21 @@ def test_a_v1_in_job_sweep_submits_a_run_whose_command_is_the_sweep(project, ser
         "eval_loss --mode min --sampler tpe --pruner none --seed 0 --output ./outputs/sweep --mlflow -- "
         "--set epochs=3")
     assert (configuration["script"], configuration["arguments"]) == (None, [])
+
+
+def test_a_submitted_hyperdrive_run_is_named_described_and_bounded_as_asked(project, service):
+    workspace = WorkspaceRef("sub-id", "rg", "ws")
+    submitted = submission.submit(spec(name="digits-sweep", description="lr sweep", max_duration=7200),
+                                  workspace, sdk="v1", credential=FakeCredential())
+
+    (started,) = [u for m, u, _ in service.calls if "/hyperdrive/v1.0/" in u]
+    assert started.endswith("/hdruns/digits-sweep")  # HyperDrive's custom run id
+    assert submitted.name == "digits-sweep"
+    (experiment,) = service.experiments
+    assert experiment["max_duration_minutes"] == 120
+    patches = [json.loads(body) for method, url, body in service.calls
+               if method == "PATCH" and url.endswith("/runs/digits-sweep")]
+    assert {"runId": "digits-sweep", "description": "lr sweep"} in patches
 
 
 def test_a_submitted_hyperdrive_run_gives_each_trial_the_trial_timeout(project, service):
