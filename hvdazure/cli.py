@@ -92,6 +92,21 @@ def _submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jobs(args: argparse.Namespace) -> int:
+    from hvdazure.azure import errors, jobs, options
+
+    try:
+        result = args.jobs_call(jobs.connect(args.sdk, options.workspace(args)), args)
+    except errors.SubmitError as exc:
+        if args.verbose and exc.__cause__ is not None:
+            print(errors.redact("".join(traceback.format_exception(exc.__cause__))), file=sys.stderr, end="")
+        return _fail(errors.redacted_line(exc), args.json)
+    failure = result.failure()
+    print(json.dumps({**result.as_dict(), **({"exit_code": 2} if failure else {})}, indent=2) if args.json
+          else "\n".join(result.report()))
+    return _fail(failure) if failure else 0
+
+
 def _azure_compute_create(args: argparse.Namespace) -> int:
     from hvdazure.azure import errors, options, submission
 
@@ -197,6 +212,7 @@ _LEFT_OVER_BY = "_hvdazure_left_over_by"  # set on the namespace: which parser l
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand, each defined in its package's options.py."""
+    from hvdazure.azure import jobs_options
     from hvdazure.azure import options as azure_options
     from hvdazure.bench import options as bench_options
     from hvdazure.core import export_options
@@ -226,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
         submit.set_defaults(func=_submit)
     command_job.variants = {"sweep": sweep_job, "in-job-sweep": in_job_sweep}
     azure_options.add_azure_parser(sub).set_defaults(func=_azure_compute_create)
+    for jobs_action in jobs_options.add_jobs_parser(sub):
+        jobs_action.set_defaults(func=_jobs)
     index, pack = data_options.add_parser(sub)
     index.set_defaults(func=_data_index)
     pack.set_defaults(func=_data_pack)

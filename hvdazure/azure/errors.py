@@ -23,6 +23,10 @@ class JobSpecError(SubmitError, ValueError):
     """The job as asked is invalid (found offline, before anything is uploaded)."""
 
 
+class JobError(SubmitError):
+    """An `hvdazure jobs` command cannot do what was asked (no such job, nothing to cancel); one line."""
+
+
 # (what it is, named in a refusal instead of the value; the pattern; what replaces the secret part)
 _CREDENTIALS = [
     ("a SAS signature, sig=", re.compile(r"([?&]sig=)[^&\s'\"]*", re.I), r"\1REDACTED"),
