@@ -18,8 +18,8 @@ import pytest
 import responses
 from azure.core.exceptions import ClientAuthenticationError
 from azure_project import make_project
-
 from fakes.azureml_jobs import JOB, AzureMLJobs, FakeCredential, JobsTransport, serving
+
 from hvdazure._version import __version__
 from hvdazure.azure import jobs
 from hvdazure.azure.errors import JobError, SubmitError
@@ -219,7 +219,7 @@ def test_cancelling_a_job_that_ended_is_refused_without_asking_the_service(servi
     assert not [c for c in service.calls if c.path.endswith("/cancel")]
 
 
-# --- download's refusals (the downloads themselves: tests/storage) -------------------------------------------
+# --- download's refusals (the downloads themselves: tests/storage) ------------------------------------------
 def test_download_of_a_running_job_is_refused(service, tmp_path):
     service.set_status(JOB, "Running")
 
@@ -253,12 +253,13 @@ def test_download_over_an_earlier_one_is_refused_before_anything_is_downloaded(s
     assert not [c for c in service.calls if c.service == "blob" or c.path == "/rundata"]
 
 
-# --- what cannot go on ---------------------------------------------------------------------------------------
+# --- what cannot go on --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sdk", SDKS)
 @pytest.mark.parametrize("command", ["show", "cancel", "download"])
 def test_a_job_that_does_not_exist_is_one_line(service, sdk, command, tmp_path):
     client = connect(service, sdk)
-    call = {"show": lambda: jobs.show_job(client, "nope_1"), "cancel": lambda: jobs.cancel_job(client, "nope_1"),
+    call = {"show": lambda: jobs.show_job(client, "nope_1"),
+            "cancel": lambda: jobs.cancel_job(client, "nope_1"),
             "download": lambda: jobs.download_job(client, "nope_1", to=tmp_path / "d")}[command]
 
     with pytest.raises(JobError, match=r"^job nope_1 not found in workspace ws$"):
@@ -293,7 +294,7 @@ def test_an_unknown_sdk_is_refused_as_submit_refuses_it(service):
         jobs.connect("v3", WORKSPACE, FakeCredential())
 
 
-# --- the command line ------------------------------------------------------------------------------------------
+# --- the command line ---------------------------------------------------------------------------------------
 def test_show_json_holds_the_job_and_its_preemption(cli, service, capsys):
     service.set_status(JOB, "Failed", error=PREEMPTION_ERROR)
 
@@ -335,7 +336,7 @@ def test_nothing_printed_holds_the_token(cli, service, capsys):
     assert not re.search(r"eyJ[A-Za-z0-9_-]{8,}", printed.out + printed.err)
 
 
-# --- what submit records for show to read ----------------------------------------------------------------------
+# --- what submit records for show to read -------------------------------------------------------------------
 def test_submit_tags_the_job_with_the_hvdazure_version_show_reads(tmp_path, monkeypatch):
     from test_azure_submit_v2 import BLOB_HOST, FakeWorkspace
     from test_azure_submit_v2 import submit as submit_v2_job
