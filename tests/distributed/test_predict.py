@@ -3,6 +3,11 @@ dataset order, byte for byte the same at 3 ranks as at 1 (float64), from the tra
 checkpoint without fit(), and the refusals (workers/predict_job.py)."""
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -130,6 +135,144 @@ def test_the_exports_compute_the_predictions(jobs):
     for format, got in outputs.items():
         np.testing.assert_allclose(got, values, rtol=1e-12, atol=1e-12, err_msg=format)  # float64 all through
     assert not list(three.glob(".*")) and not list(one.glob(".*"))  # no temporary artifact left behind
+
+
+# A user's training script for each checkpoint's model (workers/predict_job.py's regression, float64). Its
+# training data's size is only in the config the checkpoint records (extra.n_train): a KeyError unless the
+# export builds the trainer with it. The torch one runs Trainer.main(), the Keras one a fit() of its own.
+SCRIPTS = {"torch": """
+    import numpy as np
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from hvdazure.torch import TorchTrainer
+
+
+    class Regression(TorchTrainer):
+        def build_model(self):
+            return torch.nn.Linear(3, 1, dtype=torch.float64)
+
+        def build_optimizer(self, params, lr):
+            return torch.optim.SGD(params, lr=lr)
+
+        def train_dataset(self):
+            n, rng = self.config.extra["n_train"], np.random.default_rng(1)
+            return TensorDataset(torch.arange(n), torch.tensor(rng.normal(size=(n, 3))),
+                                 torch.tensor(rng.normal(size=(n, 1))))
+
+        def training_step(self, model, batch):
+            _, x, y = batch
+            return torch.nn.functional.mse_loss(model(x), y)
+
+
+    if __name__ == "__main__":
+        Regression.main(epochs=1, batch_size=8)
+    """, "tensorflow": """
+    import keras
+    import numpy as np
+
+    from hvdazure import TrainConfig
+    from hvdazure.tensorflow import TensorFlowTrainer
+
+    keras.config.set_floatx("float64")
+
+
+    class Regression(TensorFlowTrainer):
+        def build_model(self):
+            return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+        def build_optimizer(self, lr):
+            return keras.optimizers.SGD(learning_rate=lr)
+
+        def train_dataset(self):
+            n, rng = self.config.extra["n_train"], np.random.default_rng(1)
+            return np.arange(n), rng.normal(size=(n, 3)), rng.normal(size=(n, 1))
+
+        def training_step(self, model, batch):
+            _, x, y = batch
+            return keras.ops.mean(keras.ops.square(model(x, training=True) - y))
+
+
+    if __name__ == "__main__":
+        Regression(TrainConfig(epochs=1, checkpoint_dir="checkpoints")).fit()
+    """}
+
+
+def _command(*args, cwd):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+
+
+def test_hvdazure_export_writes_the_checkpoints_model(jobs, tmp_path):
+    """`hvdazure export CHECKPOINTS OUTPUT --script train.py` of the shared jobs' checkpoints: the ONNX and
+    .keras files, loaded here on their own, predict the 101 samples as predict() from the checkpoint did,
+    and not as the model as built (untrained) does; the script's main block never ran."""
+    framework, checkpoints, _, (_, one) = jobs
+    (tmp_path / "train.py").write_text(textwrap.dedent(SCRIPTS[framework]))
+    output = tmp_path / ("model.onnx" if framework == "torch" else "model.keras")
+    done = _command("-m", "hvdazure.cli", "export", str(checkpoints), str(output), "--script", "train.py",
+                    "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    reported = json.loads(done.stdout)
+    assert reported["path"] == str(output) and reported["checkpoint"].startswith(f"{checkpoints}/step-")
+    _, values = _index_and_values(_predictions(one, 0, "loaded"))
+    got, untrained = _exported_and_untrained_outputs(framework, output, _prediction_inputs())
+    np.testing.assert_allclose(got, values, rtol=1e-12, atol=1e-12)
+    assert np.abs(untrained - values).max() > 1e-3  # the model as built is not what was exported
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["train.py", output.name])  # no fit ran
+
+
+@pytest.mark.parametrize("jobs", [("torch", "gloo")], indirect=True, ids=["torch"])  # main() is the core's
+def test_a_scripts_export_mode_and_the_refusals_of_a_damaged_checkpoint(jobs, tmp_path):
+    """`python train.py export --checkpoint latest` (Trainer.main) writes the same model as TorchScript; the
+    same export of a checkpoint whose weights lost a bit is one line, exit status 2, and writes nothing."""
+    _, checkpoints, _, (_, one) = jobs
+    (tmp_path / "train.py").write_text(textwrap.dedent(SCRIPTS["torch"]))
+    done = _command("train.py", "export", "--checkpoint", "latest", "--output", "model.pt", "--set",
+                    f"checkpoint_dir={checkpoints}", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "export: exported model.pt (torchscript)" in done.stdout + done.stderr
+    got, _ = _exported_and_untrained_outputs("torch", tmp_path / "model.pt", _prediction_inputs())
+    np.testing.assert_allclose(got, _index_and_values(_predictions(one, 0, "loaded"))[1], rtol=1e-12,
+                               atol=1e-12)
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(checkpoints, damaged)
+    (weights,) = damaged.glob("step-*/model.pt")
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    refused = _command("-m", "hvdazure.cli", "export", str(damaged), "again.onnx", "--script", "train.py",
+                       cwd=tmp_path)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == f"hvdazure: error: no valid checkpoint in {damaged}"
+    assert not (tmp_path / "again.onnx").exists() and not list(tmp_path.glob(".again*"))
+
+
+def _exported_and_untrained_outputs(framework, path, x):
+    """What the exported artifact at `path` computes on `x`, loaded on its own, and what the script's
+    model as built (seeded as the trainer seeds it, config seed 0) computes."""
+    if framework == "torch":
+        import torch
+
+        with torch.no_grad():
+            if path.suffix == ".onnx":
+                import onnxruntime
+
+                session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+                got = session.run(None, {session.get_inputs()[0].name: x})[0]
+            else:
+                got = torch.jit.load(str(path))(torch.from_numpy(x)).numpy()
+            torch.manual_seed(0)
+            untrained = torch.nn.Linear(3, 1, dtype=torch.float64)(torch.from_numpy(x)).numpy()
+        return got, untrained
+    import keras
+
+    keras.config.set_floatx("float64")
+    got = np.asarray(keras.models.load_model(path)(x, training=False))
+    keras.utils.set_random_seed(0)
+    untrained = np.asarray(keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])(x, training=False))
+    return got, untrained
 
 
 def _prediction_inputs():
