@@ -10,7 +10,9 @@ Azure is checked here, before anything is uploaded, each problem as one line nam
 - inputs, outputs, environment variables and tags parse; `${{inputs.x}}` / `${{outputs.x}}` in the script's
   arguments name declared ones;
 - no credential is put into the job in plain text, by any field (credential_check.py, first of all);
-- the script's `--config` / `--set` arguments are parsed by `TrainConfig`, with the same code the job runs.
+- the script's `--config` / `--set` arguments are parsed by `TrainConfig`, with the same code the job runs;
+- the job's own settings, name, description, max duration and queue (job_settings.py), and serverless
+  compute's VM size.
 
 The job runs `python SCRIPT ARGS` from the top of the code directory on every rank: Azure ML starts
 `mpirun` itself, with `nodes x processes_per_node` ranks. A sweep (`JobSpec.sweep`, see sweep_spec.py)

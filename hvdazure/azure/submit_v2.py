@@ -8,7 +8,10 @@ job references it, so repeated submissions reuse it instead of creating anonymou
 
 The dry run writes the same entity as YAML (`az ml job create -f` format, the code path relative to the
 file) and checks it with the SDK's own offline validation: `load_job`'s schema, then the REST body
-(`_to_rest_object()`), which catches what the schema misses, such as a `${{inputs.x}}` the job lacks.
+(`_to_rest_object()`), which catches what the schema misses, such as a `${{inputs.x}}` the job lacks; and
+hvdazure compares the body with the job: layout, identity, inputs, and the job's own settings
+(job_settings.py: name, description, `limits.timeout`, `queue_settings`, no compute for serverless compute)
+and outputs (type, mode, registration).
 
 `V2Sdk` is the SubmitSdk (sdk.py) for `--sdk v2`, the default. The job's kind decides its form
 once (`_form`): a command job (an in-job sweep is one too, its ranks running the sweep), or for `hvdazure
