@@ -105,9 +105,9 @@ def steps_to_profile(asked: range, fit_steps: range, ends_because: str) -> range
                           f"{fit_steps.stop - 1} ({ends_because}): profile steps up to {fit_steps.stop - 1}")
     kept = range(max(asked.start, fit_steps.start), asked.stop)
     if len(kept) < len(asked):
-        before = f"steps {asked.start}-{min(asked.stop, fit_steps.start) - 1}"
-        logger.info(f"profile_steps: {before} were trained before this fit() began, at step "
-                    f"{fit_steps.start}: {'no trace' if not kept else 'they are not in the trace'}")
+        before = _span(asked.start, min(asked.stop, fit_steps.start) - 1)
+        logger.info(f"profile_steps: {before} trained before this fit() began, at step {fit_steps.start}: "
+                    f"{'no trace' if not kept else 'not in the trace'}")
     return kept
 
 
@@ -135,7 +135,7 @@ class ProfiledSteps:
             label = f"steps-{self.steps.start}-{self.steps[-1]}-rank{self.rank}"
             self.profiler.start(self.directory, label)
             self._running = True
-            logger.info(f"recording a profiler trace of {self._described(self.steps[-1])} (rank {self.rank})")
+            logger.info(f"recording a profiler trace of {_span(step, self.steps[-1])} (rank {self.rank})")
         self.profiler.begin_step(step)
 
     def step_ended(self, step: int) -> None:
@@ -161,14 +161,16 @@ class ProfiledSteps:
         since = self.times.now()
         self.trace = trace = self.profiler.stop()
         self.times.leave_out(since)
-        ended = f", of {self._described(self.steps[-1])}, as training ended" if early else ""
+        first = self.steps.start
+        ended = f", of {_span(first, self.steps[-1])}, as training ended" if early else ""
         how = _VIEWERS[trace.kind].format(directory=self.directory)
-        logger.info(f"profiler trace of {self._described(last)}{ended} (rank {self.rank}) written to "
+        logger.info(f"profiler trace of {_span(first, last)}{ended} (rank {self.rank}) written to "
                     f"{trace.path}; {how}")
 
-    def _described(self, last: int) -> str:
-        first = self.steps.start
-        return f"step {first}" if last <= first else f"steps {first}-{last}"
+
+def _span(first: int, last: int) -> str:
+    """`step 5` or `steps 5-8`."""
+    return f"step {first}" if last <= first else f"steps {first}-{last}"
 
 
 def profiled_steps(config: TrainConfig, profiler: Callable[[], StepProfiler | None], fit_steps: range,

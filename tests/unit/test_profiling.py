@@ -16,7 +16,7 @@ from fakes.fake_backend import FakeTrainer, LinearProblem, RecordingProfiler, Th
 from hvdazure import Callback, TrainConfig
 from hvdazure.cli import main
 from hvdazure.core.config import ConfigError, parse_step_range
-from hvdazure.core.profiling import PROFILE_ENV, ProfiledSteps, with_profile_from
+from hvdazure.core.profiling import PROFILE_ENV, ProfiledSteps, steps_to_profile, with_profile_from
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.trainer import loop_of
 
@@ -221,24 +221,38 @@ def test_a_second_fit_may_profile_steps_of_its_own_and_skips_those_trained_befor
     assert [[c[1] for c in calls if c[0] == "begin_step"] for calls in started] == [[2, 3], [7, 8]]
 
 
-def test_the_line_says_where_the_trace_is_and_how_to_open_it(tmp_path):
-    lines = []
+@pytest.fixture
+def lines():
+    """What the hvdazure logger says (rank 0's lines), in this thread."""
+    said = []
     handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
+    handler.emit = lambda record: said.append(record.getMessage())
     logger.addHandler(handler)
     level, logger.level = logger.level, logging.INFO
-    try:
-        profile = ProfiledSteps(RecordingProfiler([]), range(3, 6), tmp_path, rank=0)
-        for step in range(1, 7):
-            profile.step_begins(step)
-            profile.step_ended(step)
-        early = ProfiledSteps(RecordingProfiler([]), range(3, 6), tmp_path, rank=0)
-        early.step_begins(3)
-        early.step_ended(3)
-        early.finish(3)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    yield said
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_steps_trained_before_this_fit_are_left_out_with_a_line_not_refused(lines):
+    # a resumed run (a job restarted after a preemption, same config) or a second fit() goes on
+    assert steps_to_profile(range(5, 9), range(7, 13), "epochs 2") == range(7, 9)
+    assert steps_to_profile(range(5, 7), range(7, 13), "epochs 2") == range(0)
+    assert steps_to_profile(range(5, 6), range(101, 101), "epochs 2") == range(0)  # a finished run
+    assert lines == ["profile_steps: steps 5-6 trained before this fit() began, at step 7: not in the trace",
+                     "profile_steps: steps 5-6 trained before this fit() began, at step 7: no trace",
+                     "profile_steps: step 5 trained before this fit() began, at step 101: no trace"]
+
+
+def test_the_line_says_where_the_trace_is_and_how_to_open_it(tmp_path, lines):
+    profile = ProfiledSteps(RecordingProfiler([]), range(3, 6), tmp_path, rank=0)
+    for step in range(1, 7):
+        profile.step_begins(step)
+        profile.step_ended(step)
+    early = ProfiledSteps(RecordingProfiler([]), range(3, 6), tmp_path, rank=0)
+    early.step_begins(3)
+    early.step_ended(3)
+    early.finish(3)
 
     assert lines == [
         "recording a profiler trace of steps 3-5 (rank 0)",
