@@ -43,9 +43,10 @@ for _logger in ("azure.ai.ml._utils._experimental", "azure.ai.ml._schema.core.fi
     logging.getLogger(_logger).setLevel(logging.ERROR)
 
 JOB_SCHEMA = "https://azuremlschemas.azureedge.net/latest/commandJob.schema.json"
-_PRIORITY_NAMES = {1: "low", 2: "medium", 3: "high"}  # how azure-ai-ml sends a priority (JobPriorityValues)
-_OUTPUT_MODES = {"ReadWriteMount": "rw_mount", "Upload": "upload", "Direct": "direct"}  # REST -> --output
 ENVIRONMENT_SCHEMA = "https://azuremlschemas.azureedge.net/latest/environment.schema.json"
+# the REST body's spelling of what --priority and --output's modes say (azure-ai-ml's JobPriorityValues)
+_REST_PRIORITIES = {1: "low", 2: "medium", 3: "high"}
+_REST_OUTPUT_MODES = {"ReadWriteMount": "rw_mount", "Upload": "upload", "Direct": "direct"}
 # the order a person reads a job in; empty sections the SDK writes (properties, parameters) are left out
 _YAML_ORDER = ("type", "name", "display_name", "description", "experiment_name", "compute", "code",
                "command", "environment", "environment_variables", "resources", "distribution", "limits",
@@ -146,9 +147,9 @@ def _check_settings(job: ResolvedJob, loaded: Any, body: dict[str, Any], job_fil
         "name": loaded.name if job.name else None, "description": body.get("description"),
         "timeout": from_iso_duration_format((body.get("limits") or {}).get("timeout")),
         "queue": (tier.lower() if tier else None,
-                  None if priority is None else _PRIORITY_NAMES.get(int(priority))),
-        "outputs": {name: (out.get("jobOutputType"), _OUTPUT_MODES.get(out.get("mode")), out.get("assetName"),
-                           out.get("assetVersion")) for name, out in outputs.items()}}
+                  None if priority is None else _REST_PRIORITIES.get(int(priority))),
+        "outputs": {name: (out.get("jobOutputType"), _REST_OUTPUT_MODES.get(out.get("mode")),
+                           out.get("assetName"), out.get("assetVersion")) for name, out in outputs.items()}}
     for key, value in wanted.items():
         if found[key] != value:
             raise SubmitError(f"{job_file} does not load back with the {key} asked for: {found[key]} != "
