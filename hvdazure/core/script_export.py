@@ -31,6 +31,7 @@ Every refusal is a UserError, one line (exit status 2 from the command line).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,8 @@ def _check_output(output: str, overwrite: bool) -> None:
     folder = next((p for p in path.absolute().parents if p.exists()), None)
     if folder is not None and not folder.is_dir():
         raise ConfigError(f"output {output!r}: {str(folder)!r} is a file, not a folder")
+    if folder is not None and not os.access(folder, os.W_OK):
+        raise ConfigError(f"output {output!r}: the folder {str(folder)!r} cannot be written")
 
 
 def _format(request: ExportRequest, formats: Sequence[str], framework: str) -> str:

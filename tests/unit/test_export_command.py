@@ -63,14 +63,15 @@ def _records_its_config(config: TrainConfig) -> None:
 
 # --- the script's trainer class ----------------------------------------------------------------------
 def test_the_script_is_imported_without_running_its_main_block(tmp_path: Path) -> None:
-    script = _script(tmp_path, TRAINER.format(name="Regression", base="TorchTrainer") + """
+    marker = tmp_path / "ran"
+    script = _script(tmp_path, TRAINER.format(name="Regression", base="TorchTrainer") + f"""
 if __name__ == "__main__":
-    open("ran", "w").write("the main block ran")
+    open({str(marker)!r}, "w").write("the main block ran")
     Regression.main()
 """)
     found = trainer_class_in(script)
     assert found.__name__ == "Regression"
-    assert not (tmp_path / "ran").exists() and not Path("ran").exists()
+    assert not marker.exists()
 
 
 def test_a_trainer_another_one_extends_is_not_a_choice(tmp_path: Path) -> None:
@@ -175,6 +176,15 @@ def test_an_existing_output_is_refused_unless_overwrite(tmp_path: Path, regressi
     with pytest.raises(CheckpointError):  # with overwrite it goes on, to the (missing) checkpoint
         export_checkpoint(regression, ExportRequest(request.checkpoint, "latest", str(output),
                                                     overwrite=True))
+
+
+def test_an_output_where_nothing_can_be_written_is_refused_first(tmp_path: Path, regression: type) -> None:
+    (tmp_path / "a_file").write_text("")
+    request = ExportRequest(str(tmp_path / "no_checkpoints"), "latest", str(tmp_path / "a_file" / "m.onnx"))
+    with pytest.raises(ConfigError, match=r"^output '.*m\.onnx': '.*a_file' is a file, not a folder$"):
+        export_checkpoint(regression, request)
+    with pytest.raises(ConfigError, match=r"^output 'abfs://models/m\.onnx': export writes a local path"):
+        export_checkpoint(regression, ExportRequest(request.checkpoint, "latest", "abfs://models/m.onnx"))
 
 
 def test_a_missing_or_damaged_checkpoint_is_one_line(tmp_path: Path, regression: type) -> None:
