@@ -12,8 +12,10 @@ artifact service (SDK v1's file lists, as blob SAS URLs). Every request is recor
 The storage account behind the datastores is Azurite when a test gives one (`blob=`): the account is
 Azurite's own (`devstoreaccount1`), so requests to https://devstoreaccount1.blob.core.windows.net, which
 azure-ai-ml builds from a datastore and the artifact service hands out, are forwarded to Azurite on
-127.0.0.1 as they are (`forward_blob`), authorised by the container SAS the fake's listSecrets and
-artifact answers carry (a shared-key signature names the host it was made for; a SAS does not).
+127.0.0.1 (`forward_blob`): as they are when the SAS of the fake artifact service's answers authorises
+them; signed with the account's key (Azurite's well-known one, which the fake listSecrets hands out, as the
+service hands out a datastore's key), they go on with an account SAS instead, since a shared-key signature
+names the host it was made for and a SAS does not.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import io
 import json
 import re
 import time
+import types
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -79,6 +83,7 @@ class Call:
     service: str  # arm, discovery, history, data, artifact, execution, blob
     path: str  # below the workspace (ARM, Run History, the data plane), or container/blob
     body: Any = None
+    query: str = ""  # a blob request's (its SAS signature left out)
 
 
 @dataclass
@@ -97,6 +102,16 @@ class AzureMLJobs:
     details: dict[str, dict[str, Any]] = field(default_factory=lambda: {JOB: fixture("v1_run_details.json")})
     calls: list[Call] = field(default_factory=list)
     unreachable: bool = False
+    progress: dict[str, list[str]] = field(default_factory=dict)  # statuses the next run details go through
+    final_error: dict[str, str] = field(default_factory=dict)
+
+    def runs_through(self, name: str, *statuses: str, error: str | None = None) -> None:
+        """The job goes through `statuses`, one per request for its run details (where streaming polls); the
+        last comes with Run History's `error`."""
+        self.set_status(name, statuses[0])
+        self.progress[name] = list(statuses[1:])
+        if error:
+            self.final_error[name] = error
 
     # --- what tests set up and read ----------------------------------------------------------------------
     def set_status(self, name: str, status: str, error: str | None = None,
@@ -174,9 +189,8 @@ class AzureMLJobs:
         if match := re.fullmatch(r"/datastores/([^/]+)", path):
             found = [s for s in self._datastores() if s["name"] == match[1]]
             return (200, found[0], {}) if found else _not_found(path)
-        if match := re.fullmatch(r"/datastores/([^/]+)/listSecrets", path):
-            return 200, {**fixture("v2_datastore_secrets_sas.json"),
-                         "sasToken": self._container_sas(self.containers[match[1]])}, {}
+        if re.fullmatch(r"/datastores/[^/]+/listSecrets", path):  # the account's key (Azurite's)
+            return 200, fixture("v2_datastore_secrets_key.json"), {}
         return _not_found(path)
 
     def _history(self, method: str, path: str, body: Any) -> tuple[int, Any, dict[str, str]]:
@@ -199,7 +213,11 @@ class AzureMLJobs:
             return 200, {"value": found[: body.get("top", 500)], "continuationToken": None}, {}
         if re.fullmatch(r"/experiments/[^/]+/runs/[^/]+/metricsingest/wait", path):  # Run.cancel's flush
             return 200, {}, {}
-        if match := re.fullmatch(r"/experiments/[^/]+/runs/([^/]+)/details", path):
+        if match := re.fullmatch(r"(?:/experiments/[^/]+)?/runs/([^/]+)/details", path):
+            if self.progress.get(match[1]):
+                status = self.progress[match[1]].pop(0)
+                last = not self.progress[match[1]]
+                self.set_status(match[1], status, error=self.final_error.get(match[1]) if last else None)
             details = self.details.get(match[1])
             return (200, details, {}) if details else _not_found(path)
         return _not_found(path)
@@ -235,13 +253,20 @@ class AzureMLJobs:
 
     # --- the storage account (Azurite) ---------------------------------------------------------------------
     def forward_blob(self, request: requests.PreparedRequest) -> tuple[int, dict[str, str], bytes]:
-        """A request to the datastores' account, sent on to Azurite as it is."""
+        """A request to the datastores' account, sent on to Azurite: as it is when a SAS authorises it; one
+        signed with the account's key (SharedKey, which signs for the host it was sent to, not Azurite's)
+        is checked to be so signed and sent on with an account SAS instead."""
         import urllib3
 
-        path = request.url.split("?")[0][len(BLOB_HOST):]
-        self.calls.append(Call(request.method, "blob", path.lstrip("/")))
+        path, _, query = request.url[len(BLOB_HOST):].partition("?")
+        kept = "&".join(p for p in query.split("&") if p.split("=")[0] in ("restype", "comp", "prefix"))
+        self.calls.append(Call(request.method, "blob", path.lstrip("/"), query=urllib.parse.unquote(kept)))
         url = self.blob.endpoint() + request.url[len(BLOB_HOST):]
         headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        if "sig=" not in query:
+            if not headers.pop("Authorization", "").startswith(f"SharedKey {ACCOUNT}:"):
+                return 403, {"x-ms-error-code": "NoAuthenticationInformation"}, b""
+            url += ("&" if query else "?") + self._account_sas()
         answer = urllib3.PoolManager().request(request.method, url, body=request.body, headers=headers,
                                                redirect=False)
         return answer.status, dict(answer.headers), answer.data
@@ -252,11 +277,20 @@ class AzureMLJobs:
         client = ContainerClient.from_connection_string(self.blob.connection_string(), container)
         return [b.name for b in client.list_blobs(name_starts_with=prefix)]
 
+    def _account_sas(self) -> str:
+        from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+        return generate_account_sas(ACCOUNT, self._key(), ResourceTypes(container=True, object=True),
+                                    AccountSasPermissions(read=True, list=True),
+                                    datetime.now(timezone.utc) + timedelta(hours=1))
+
+    def _key(self) -> str:
+        return str(fixture("v2_datastore_secrets_key.json")["key"])
+
     def _container_sas(self, container: str) -> str:
         from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
-        key = re.search(r"AccountKey=([^;]+)", self.blob.connection_string())[1] if self.blob else "a2V5"
-        return generate_container_sas(ACCOUNT, container, account_key=key,
+        return generate_container_sas(ACCOUNT, container, account_key=self._key(),
                                       permission=ContainerSasPermissions(read=True, list=True),
                                       expiry=datetime.now(timezone.utc) + timedelta(hours=1))
 
@@ -325,13 +359,19 @@ class JobsTransport(RequestsTransport):
             raise ServiceRequestError("<urllib3.connection.HTTPSConnection>: Failed to establish a new "
                                       "connection: [Errno 111] Connection refused")
         raw = getattr(request, "content", None) or getattr(request, "body", None) or b""
-        body = json.loads(raw) if raw else None
-        status, answer, headers = self.service.answer(request.method, request.url, body)
         response = requests.Response()
+        if request.url.startswith(BLOB_HOST):  # a log azure-ai-ml reads through this pipeline
+            status, headers, data = self.service.forward_blob(
+                types.SimpleNamespace(method=request.method, url=request.url, headers=dict(request.headers),
+                                      body=raw or None))
+        else:
+            status, answer, headers = self.service.answer(request.method, request.url,
+                                                          json.loads(raw) if raw else None)
+            headers = {"Content-Type": "application/json", **headers}
+            data = json.dumps(answer).encode() if answer is not None else b""
         response.status_code, response.url, response.reason = status, request.url, "fake"
-        response.headers["Content-Type"] = "application/json"
         response.headers.update(headers)
-        response.raw = io.BytesIO(json.dumps(answer).encode() if answer is not None else b"")
+        response.raw = io.BytesIO(data)
         if hasattr(request, "content"):  # an azure.core.rest request (newer generated clients)
             wrapped = RestRequestsTransportResponse(request=request, internal_response=response)
             if not kwargs.get("stream"):

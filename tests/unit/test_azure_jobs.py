@@ -267,7 +267,11 @@ def test_a_job_that_does_not_exist_is_one_line(service, sdk, command, tmp_path):
 
 
 @pytest.mark.parametrize("sdk", SDKS)
-def test_a_workspace_that_cannot_be_reached_is_one_line_naming_it(service, sdk):
+def test_a_workspace_that_cannot_be_reached_is_one_line_naming_it(service, sdk, monkeypatch):
+    from azure.core.pipeline.policies import RetryPolicy
+
+    # azure-core's retries, as many, without their backoff (seconds of sleep)
+    monkeypatch.setattr(RetryPolicy, "_sleep_backoff", lambda self, settings, transport: None)
     service.unreachable = True
 
     with pytest.raises(JobError) as error:
