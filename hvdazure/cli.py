@@ -101,9 +101,9 @@ def _jobs(args: argparse.Namespace) -> int:
         if args.verbose and exc.__cause__ is not None:
             print(errors.redact("".join(traceback.format_exception(exc.__cause__))), file=sys.stderr, end="")
         return _fail(errors.redacted_line(exc), args.json)
-    failure = result.failure()
-    print(json.dumps({**result.as_dict(), **({"exit_code": 2} if failure else {})}, indent=2) if args.json
-          else "\n".join(result.report()))
+    failure = result.failure()  # it ran, but found a failure: a damaged checkpoint, a job that failed
+    answer = {**result.as_dict(), **({"error": failure, "exit_code": 2} if failure else {})}
+    print(json.dumps(answer, indent=2) if args.json else "\n".join(result.report()))
     return _fail(failure) if failure else 0
 
 

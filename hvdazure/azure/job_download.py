@@ -91,11 +91,11 @@ class Downloaded:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "sdk": self.sdk, "to": str(self.to), "parts": [str(p) for p in self.parts],
-                "checkpoints": [check.as_dict() for check in self.checks], "error": self.failure()}
+                "checkpoints": [check.as_dict() for check in self.checks]}
 
     def report(self) -> list[str]:
-        lines = [f"downloaded job {self.name} (SDK {self.sdk}) to {self.to}: "
-                 + ", ".join(str(part.relative_to(self.to)) for part in self.parts)]
+        parts = ", ".join(str(part.relative_to(self.to)) for part in self.parts)
+        lines = [f"downloaded job {self.name} (SDK {self.sdk}) to {self.to}: {parts or 'nothing (no files)'}"]
         lines += [check.line() for check in self.checks]
         return lines
 

@@ -99,7 +99,7 @@ class JobDetails:
                 "studio_url": self.studio_url, "command": self.command,
                 "hvdazure_version": self.hvdazure_version,
                 "created": self.created, "started": facts.started, "ended": facts.ended,
-                "duration_s": facts.duration_s(), "error": facts.error, "warnings": list(facts.warnings),
+                "duration_s": facts.duration_s(), "job_error": facts.error, "warnings": list(facts.warnings),
                 "inputs": self.inputs, "outputs": self.outputs, "tags": self.tags}
 
     def report(self) -> list[str]:

@@ -127,7 +127,7 @@ class Streamed:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.job.name, "sdk": self.job.sdk, "status": self.job.status,
-                "error": self.job.facts.error, "error_line": self.failure()}
+                "job_error": self.job.facts.error}
 
     def report(self) -> list[str]:
         return [f"job {self.job.name} ended: {self.job.status}"]

@@ -115,7 +115,12 @@ class V2Jobs:
     def _facts(self, name: str) -> RunFacts:
         """Run History's record of the job: when it ran, its error and warnings (the job resource has
         none of them)."""
-        record = self.ml_client.jobs._runs_operations.get_run(name)
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            record = self.ml_client.jobs._runs_operations.get_run(name)
+        except ResourceNotFoundError:  # a job Run History has no record of yet: no times to show
+            return RunFacts()
         return run_facts(record if isinstance(record, Mapping) else None)
 
     def _output_uri(self, name: str, output: str) -> str | None:

@@ -302,8 +302,11 @@ class AzureMLJobs:
         return stores
 
     def _outputs(self, name: str) -> dict[str, str]:
+        """Where each output is: the path it was given, else Azure ML's own place for it on the default
+        datastore, azureml/JOB/OUTPUT/ (where azure-ai-ml's jobs.download also looks for one)."""
         outputs = self.jobs[name]["properties"]["outputs"]
-        return {key: value["uri"] for key, value in outputs.items() if key != "default"}
+        return {key: value.get("uri") or f"azureml://datastores/workspaceblobstore/paths/azureml/{name}/{key}/"
+                for key, value in outputs.items() if key != "default"}
 
     def _experiment(self, name: str) -> str:
         return self.jobs[name]["properties"]["experimentName"]

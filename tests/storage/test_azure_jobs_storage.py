@@ -181,6 +181,19 @@ def test_v1_download_brings_the_runs_files_through_the_artifact_service(job_file
     assert f"{job_files.artifacts}/{RUN_FILES}/outputs/checkpoints/step-00000008/model.bin" in blob_reads
 
 
+def test_an_output_without_a_path_is_found_where_azure_ml_puts_it(job_files, tmp_path):
+    job_files.service.jobs[JOB]["properties"]["outputs"]["ckpt"]["uri"] = None  # Azure ML chooses the place
+    save(job_files.url(job_files.blobstore, f"azureml/{JOB}/ckpt"), 3, 6)
+    job_files.service.set_status(JOB, "Failed", error=PREEMPTION_ERROR)
+    client = job_files.client("v2")
+
+    assert jobs.show_job(client, JOB).preemption.last.step == 6
+    downloaded = jobs.download_job(client, JOB, output="ckpt", to=tmp_path / "d")
+
+    (check,) = downloaded.checks
+    assert check.valid == ("step-00000003", "step-00000006")
+
+
 # --- show: the step a preempted job reached -----------------------------------------------------------------
 def test_v2_show_of_a_preempted_job_reads_the_step_from_its_checkpoint_output(job_files):
     job_files.service.set_status(JOB, "Failed", error=PREEMPTION_ERROR)

@@ -150,6 +150,14 @@ def test_show_v2_gets_the_job_resource_then_its_run_history_record(service):
     assert job.outputs == {"ckpt": "azureml://datastores/workspaceblobstore/paths/runs/digits/"}
 
 
+def test_a_job_run_history_has_no_record_of_yet_shows_without_times(service):
+    del service.runs[JOB]
+
+    job = jobs.show_job(connect(service, "v2"), JOB).job
+
+    assert (job.status, job.facts.started, job.facts.duration_s()) == ("Completed", None, None)
+
+
 def test_show_v1_reads_the_run_definition_for_the_command_and_nodes(service):
     job = jobs.show_job(connect(service, "v1"), JOB).job
 
