@@ -196,6 +196,13 @@ def test_a_part_there_already_is_refused_before_the_download_starts(tmp_path):
     assert started == []
 
 
+def test_an_output_that_brought_no_files_is_refused_and_leaves_nothing(tmp_path):
+    with pytest.raises(JobError, match=r"^job digits_7: output 'ckpt' holds no files \(nothing downloaded"):
+        download("digits_7", "v2", tmp_path, "ckpt", lambda staging: None)
+
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_damaged_checkpoint_fails_the_download_in_one_line_after_the_files_are_in_place(tmp_path):
     def fetch(staging: Path) -> None:
         checkpoints = staging / "named-outputs" / "ckpt"
