@@ -72,6 +72,11 @@ def _imported(script: str) -> object:
     sys.argv, sys.modules[SCRIPT_MODULE] = [str(path)], module
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:  # argparse or sys.exit at the top level: the script's own usage is no answer
+        del sys.modules[SCRIPT_MODULE]
+        raise ConfigError(f"script {script!r} exited (status {exc.code!r}) as it was imported: hvdazure "
+                          "imports it without running its `if __name__ == \"__main__\":` block, so move "
+                          "what parses the command line or exits there") from None
     except BaseException:
         del sys.modules[SCRIPT_MODULE]
         raise

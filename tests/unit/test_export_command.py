@@ -74,6 +74,18 @@ if __name__ == "__main__":
     assert not marker.exists()
 
 
+def test_a_script_that_exits_as_it_is_imported_is_one_line(tmp_path: Path) -> None:
+    script = _script(tmp_path, TRAINER.format(name="Regression", base="TorchTrainer") + """
+import argparse
+argparse.ArgumentParser().add_argument("--data", required=True)
+argparse.ArgumentParser(prog="train.py").parse_args(["--unknown"])  # argparse's exit, status 2
+""")
+    with pytest.raises(ConfigError, match=r"^script '.*train\.py' exited \(status 2\) as it was imported: "
+                                          r"hvdazure imports it without running its"):
+        trainer_class_in(script)
+    assert trainer_class_in(_script(tmp_path, TRAINER.format(name="Other", base="TorchTrainer"), "ok.py"))
+
+
 def test_a_trainer_another_one_extends_is_not_a_choice(tmp_path: Path) -> None:
     script = _script(tmp_path, TRAINER.format(name="Base", base="TorchTrainer") + """
 class Regression(Base):
