@@ -10,10 +10,11 @@ its step is its manifest's (core/checkpoint_store.py's layout): both read throug
 
 from __future__ import annotations
 
+import itertools
 import json
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,14 +54,17 @@ class LastCheckpoint:
 
 
 def checkpoint_place(job: JobDetails) -> CheckpointPlace | None:
-    """Where `job` keeps its checkpoints, read from its command's `--set checkpoint_dir=...` (the last one
-    given wins, as TrainConfig reads them); the Azure ML default without one; None for a job whose
-    command is unknown."""
+    """Where `job` keeps its checkpoints, read from its command (command_checkpoint_place); None for a job
+    whose command is unknown."""
     argv = job.argv
-    if not argv:
-        return None
+    return command_checkpoint_place(argv) if argv else None
+
+
+def command_checkpoint_place(argv: Sequence[str]) -> CheckpointPlace:
+    """Where a command, or a script's arguments, put the checkpoints: its `--set checkpoint_dir=...` (the
+    last one given wins, as TrainConfig reads them), or the Azure ML default without one."""
     value = None
-    for word, following in zip(argv, [*argv[1:], ""], strict=True):
+    for word, following in itertools.pairwise([*argv, ""]):
         setting = following if word == "--set" else word.removeprefix("--set=") if word.startswith("--set=") \
             else None
         if setting is not None and setting.startswith("checkpoint_dir="):

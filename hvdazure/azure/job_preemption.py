@@ -17,13 +17,14 @@ again. So a job counts as preempted when its Run History error or one of its war
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hvdazure.azure.errors import SubmitError
 from hvdazure.azure.job_checkpoints import CheckpointPlace, LastCheckpoint, checkpoint_place
 from hvdazure.azure.job_records import JobDetails
+from hvdazure.azure.resume_from import resume_command
 
 _PREEMPTED = re.compile(r"\bpre-?empt", re.I)
 
@@ -37,7 +38,8 @@ class Preemption:
     ended: bool  # True: the job ended (resume it); False: Azure ML runs it again
     place: CheckpointPlace | None
     last: LastCheckpoint | None
-    resume_command: str
+    resume_command: str | None  # what resumes it (resume_from.resume_command); None: --resume-from cannot
+    not_resumable: str | None = None  # why --resume-from cannot
 
     def line(self) -> str:
         """`preempted at step N (last checkpoint ...), resume with: hvdazure submit ...`."""
@@ -48,6 +50,8 @@ class Preemption:
             where = f"(no checkpoint could be read from {self.place.describe()})"
         else:
             where = "(where its checkpoints are is unknown)"
+        if self.ended and self.resume_command is None:
+            return f"preempted {where}; not resumable with --resume-from: {self.not_resumable}"
         if self.ended:
             return f"preempted {where}, resume with: {self.resume_command}"
         return f"preempted {where}; Azure ML runs it again (status {self.status})"
@@ -57,7 +61,8 @@ class Preemption:
                 "checkpoints": self.place.describe() if self.place else None,
                 "last_checkpoint": self.last.name if self.last else None,
                 "step": self.last.step if self.last else None,
-                "resume_command": self.resume_command if self.ended else None}
+                "resume_command": self.resume_command if self.ended else None,
+                "not_resumable": self.not_resumable if self.ended else None}
 
 
 def reported_preemption(job: JobDetails) -> str | None:
@@ -75,17 +80,9 @@ def preemption(job: JobDetails,
         return None
     place = checkpoint_place(job)
     last = read_last(place) if place is not None else None
+    try:
+        command, why_not = resume_command(job), None
+    except SubmitError as exc:  # what --resume-from would refuse, in its words
+        command, why_not = None, str(exc).removeprefix(f"--resume-from {job.name}: ")
     return Preemption(reported=reported, status=job.status, ended=job.ended, place=place, last=last,
-                      resume_command=resume_command(job))
-
-
-def resume_command(job: JobDetails) -> str:
-    """`hvdazure submit SCRIPT --compute C --nodes N --resume-from NAME ...`: the job's script and layout
-    (change --nodes and --compute for a bigger cluster), the rest of its options as they were."""
-    argv = job.argv
-    script = argv[1] if len(argv) > 1 and argv[0].startswith("python") and not argv[1].startswith("-") \
-        else "SCRIPT"
-    words = ["hvdazure", "submit", script, "--compute", job.compute or "COMPUTE"]
-    if job.nodes is not None:
-        words += ["--nodes", str(job.nodes)]
-    return shlex.join([*words, "--resume-from", job.name]) + " ..."
+                      resume_command=command, not_resumable=why_not)

@@ -74,6 +74,7 @@ class JobDetails:
     inputs: dict[str, str] = field(default_factory=dict)  # name -> URI
     outputs: dict[str, str] = field(default_factory=dict)  # name -> URI, or "" where the service chose it
     tags: dict[str, str] = field(default_factory=dict)
+    job_type: str | None = None  # SDK v2's: command, sweep, pipeline, ...; None where the SDK does not say
 
     @property
     def hvdazure_version(self) -> str | None:

@@ -41,13 +41,13 @@ _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,255}$")
 _SINGULARITY_TIERS = ("basic", "premium")
 
 
-def check_job_name(name: str | None) -> str | None:
-    """`--name` as Azure ML takes a job's name (None: Azure ML names the job)."""
+def check_job_name(name: str | None, option: str = "--name") -> str | None:
+    """`--name` (or `option`, another that names a job) as Azure ML takes a job's name (None: none)."""
     if name is None:
         return None
     if not isinstance(name, str) or not _JOB_NAME.match(name):
-        raise JobSpecError(f"--name {name!r}: 1 to 256 letters, digits, '_' and '-', starting with a letter "
-                           "or digit (Azure ML's job names)")
+        raise JobSpecError(f"{option} {name!r}: 1 to 256 letters, digits, '_' and '-', starting with a "
+                           "letter or digit (Azure ML's job names)")
     return name
 
 

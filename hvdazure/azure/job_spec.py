@@ -12,7 +12,9 @@ Azure is checked here, before anything is uploaded, each problem as one line nam
 - no credential is put into the job in plain text, by any field (credential_check.py, first of all);
 - the script's `--config` / `--set` arguments are parsed by `TrainConfig`, with the same code the job runs;
 - the job's own settings, name, description, max duration and queue (job_settings.py), and serverless
-  compute's VM size.
+  compute's VM size;
+- `--resume-from NAME` (resume_from.py): a command job, no `--set resume=` of the script's own; its wiring
+  (an input and `--set resume=...`) is added to the job and checked as the user's own would be.
 
 The job runs `python SCRIPT ARGS` from the top of the code directory on every rank: Azure ML starts
 `mpirun` itself, with `nodes x processes_per_node` ranks. A sweep (`JobSpec.sweep`, see sweep_spec.py)
@@ -31,12 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdazure.azure import credential_check, data_inputs, job_settings, sweep_spec, vm_sizes
+from hvdazure.azure import credential_check, data_inputs, job_settings, resume_from, sweep_spec, vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.compute import check_compute_name
 from hvdazure.azure.errors import JobSpecError, check_count
 from hvdazure.azure.job_identity import with_identity
-from hvdazure.azure.resolved_job import SERVERLESS, InputSpec, JobEnvironment, OutputSpec, ResolvedJob
+from hvdazure.azure.resolved_job import (
+    SERVERLESS,
+    InputSpec,
+    JobEnvironment,
+    OutputSpec,
+    ResolvedJob,
+    ResumeSource,
+)
 from hvdazure.azure.script_args import argument_names
 from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
 from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
@@ -84,6 +93,7 @@ class JobSpec:
     max_duration: int | None = None  # seconds, at least 60: Azure ML cancels the job (a sweep job) then
     job_tier: str | None = None  # spot or standard, with compute "serverless"
     priority: str | None = None  # low, medium or high, with compute "serverless"
+    resume_from: str | None = None  # a job whose newest valid checkpoint this one goes on from (resume_from)
 
 
 # --- credentials: none in any field of the job -------------------------------------------------------------
@@ -113,7 +123,8 @@ def _spec_fields(spec: JobSpec) -> Iterator[tuple[str, object, str]]:
         ("--compute", spec.compute), ("--code", spec.code_dir), ("--image", spec.image),
         ("--environment", spec.environment), ("--experiment", spec.experiment),
         ("--display-name", spec.display_name), ("--name", spec.name), ("--description", spec.description),
-        ("--shm-size", spec.shm_size), ("--docker-args", spec.docker_args)]
+        ("--shm-size", spec.shm_size), ("--docker-args", spec.docker_args),
+        ("--resume-from", spec.resume_from)]
     if spec.sweep is not None:
         options += [("--space", spec.sweep.space), ("--metric", spec.sweep.metric)]
     for option, text in options:
@@ -167,12 +178,14 @@ def parse_mapping(items: Sequence[str], option: str) -> dict[str, str]:
 
 # --- validation and resolution ----------------------------------------------------------------------------
 def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = None,
-            snapshot: CodeSnapshot | None = None) -> ResolvedJob:
+            snapshot: CodeSnapshot | None = None, resume: ResumeSource | None = None) -> ResolvedJob:
     """Validate `spec` and work out the job: raises JobSpecError with one line naming what to change.
     `vm_size` is the compute's size as Azure reports it, when known (else `spec.vm_size`); `snapshot` a
-    scan of the same code directory made earlier (a second resolve need not walk it again)."""
+    scan of the same code directory made earlier (a second resolve need not walk it again); `resume` the
+    wiring of `spec.resume_from` as the job was looked up (else assumed, as a dry run does)."""
     cwd = Path.cwd() if cwd is None else cwd
     check_credentials(spec)  # first: later checks name values in their messages
+    spec, resume = _with_resume(spec, resume)
     vm_size = vm_size or spec.vm_size
     nodes = check_count(spec.nodes, "--nodes")
     compute = check_compute_name(spec.compute, "--compute")
@@ -216,11 +229,24 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
         vm_size=vm_size, snapshot=snapshot, warnings=tuple(warnings),
         name=job_settings.check_job_name(spec.name), description=spec.description or None,
         max_duration=job_settings.check_duration(spec.max_duration, "--max-duration"),
-        queue=job_settings.queue_settings(spec.job_tier, spec.priority, compute))
+        queue=job_settings.queue_settings(spec.job_tier, spec.priority, compute), resume=resume)
     job = with_identity(job, spec.identity)
     if spec.sweep is None:
         return job
     return sweep_spec.apply(spec.sweep, job, config=config, cwd=cwd)
+
+
+def _with_resume(spec: JobSpec, resume: ResumeSource | None) -> tuple[JobSpec, ResumeSource | None]:
+    """`spec` with the wiring of its --resume-from (resume_from.py) added: the input that reads the job's
+    checkpoints and the script's `--set resume=...`; as it is without --resume-from."""
+    if spec.resume_from is None:
+        return spec, None
+    name = str(job_settings.check_job_name(spec.resume_from, "--resume-from"))
+    resume_from.check_new_job(name, spec.script_args, [i.name for i in spec.inputs], spec.sweep is not None)
+    resume = resume or resume_from.assumed(name, spec.script_args)
+    inputs = [*spec.inputs, *([resume.input] if resume.input else [])]
+    args = [*spec.script_args, *resume_from.resume_arguments(resume)]
+    return dataclasses.replace(spec, inputs=inputs, script_args=args), resume
 
 
 def check_train_config_args(script_args: Sequence[str], code_dir: Path) -> TrainConfig | None:

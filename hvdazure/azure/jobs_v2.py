@@ -61,7 +61,7 @@ class V2Jobs:
             outputs={key: str(getattr(value, "path", None) or "")
                      for key, value in (getattr(job, "outputs", None) or {}).items()
                      if key != DEFAULT_OUTPUT},
-            tags=dict(job.tags or {}))
+            tags=dict(job.tags or {}), job_type=getattr(job, "type", None))
 
     def stream(self, name: str) -> None:
         """azure-ai-ml's jobs.stream, which raises once a failed job's logs are printed: that is no error

@@ -54,7 +54,9 @@ def add_submit_parsers(sub: argparse._SubParsersAction[P], parser_class: type[P]
                "      --image myacr.azurecr.io/hvdazure-gpu:0.1.0 --dry-run -- --set epochs=10\n"
                "  hvdazure submit train.py --compute gpu-cluster --nodes 2 --processes-per-node 8 \\\n"
                "      --environment azureml:hvdazure-gpu@latest --input data=azureml:digits@latest \\\n"
-               "      --stream -- --set extra.data_dir='${{inputs.data}}'",
+               "      --stream -- --set extra.data_dir='${{inputs.data}}'\n"
+               "  hvdazure submit train.py --compute big-cluster --nodes 8 \\\n"
+               "      --environment azureml:hvdazure-gpu@latest --resume-from digits_1767225600_a1b2c3d4",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_submit_arguments(submit)
@@ -192,6 +194,13 @@ def _add_submit_arguments(parser: argparse.ArgumentParser,
     job.add_argument("--priority", metavar="low|medium|high",
                      help="with --compute serverless: the job's scheduling priority within its tier; SDK v2")
     job.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="tag (repeatable)")
+    if add_sweep_options is None:  # a command job's: a sweep's trials would all go on with one run
+        job.add_argument("--resume-from", metavar="JOB",
+                         help="go on with job JOB's training from its newest valid checkpoint, on any "
+                              "--nodes or --vm-size: its checkpoint directory (where its command put "
+                              "checkpoint_dir) becomes the read-only input resume_from and the script gets "
+                              "--set resume=... (leave resume out); the job is looked up before anything is "
+                              "uploaded (not by --dry-run); SDK v2")
     job.add_argument("--identity", metavar="user|managed|managed:CLIENT_ID",
                      help="what the job runs as: the submitting user's identity, or the compute's managed "
                           "identity (CLIENT_ID: a user-assigned one, also DefaultAzureCredential's in the "
@@ -212,7 +221,7 @@ def _add_submit_arguments(parser: argparse.ArgumentParser,
     submission.add_argument("--json", action="store_true", help="print the result as JSON")
     submission.add_argument("-v", "--verbose", action="store_true",
                             help="show the SDK's traceback on failure")
-    parser.set_defaults(script_args=[])
+    parser.set_defaults(script_args=[], resume_from=None)
 
 
 def add_azure_parser(sub: argparse._SubParsersAction[P]) -> P:
@@ -269,7 +278,7 @@ def job_spec(args: argparse.Namespace) -> JobSpec:
         docker_args=args.docker_args, vm_size=args.vm_size, identity=args.identity,
         sweep=args.sweep_from(args) if args.sweep_from else None, name=args.name,
         description=args.description, max_duration=args.max_duration, job_tier=args.job_tier,
-        priority=args.priority)
+        priority=args.priority, resume_from=args.resume_from)
 
 
 def compute_for_job(args: argparse.Namespace) -> ClusterSpec | None:

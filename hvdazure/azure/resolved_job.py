@@ -121,6 +121,35 @@ class JobIdentity:
         return {"type": self.kind, "client_id": self.client_id}
 
 
+@dataclass(frozen=True)
+class ResumeSource:
+    """What `--resume-from` wires in (resume_from.py): job `job`'s checkpoints (`where`, in words), read
+    through `input` (None: a URL the new job reads itself), and the script argument `--set resume=SETTING`.
+    `looked_up`: where they are was read from the job in the workspace (a submission), not assumed from the
+    new job's own command (a dry run)."""
+
+    job: str
+    where: str
+    setting: str
+    input: InputSpec | None
+    looked_up: bool
+
+    def describe(self) -> list[str]:
+        through = f", read through input {self.input.name}" if self.input else ""
+        lines = [f"resume: job {self.job}'s newest valid checkpoint in {self.where}{through}, with --set "
+                 f"resume={self.setting} (the new job writes its own checkpoints; the run goes on)"]
+        if not self.looked_up:
+            lines.append(f"job {self.job} not looked up (a dry run has no workspace): its checkpoints are "
+                         "assumed to be where this job's command puts its own; a submission reads where "
+                         "from its command, and refuses a job that is missing, not ended, a sweep or "
+                         "keeps no checkpoints, before any upload")
+        return lines
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "checkpoints": self.where, "setting": f"resume={self.setting}",
+                "input": dataclasses.asdict(self.input) if self.input else None, "looked_up": self.looked_up}
+
+
 # --- the job's kind ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CommandJob:
@@ -290,6 +319,7 @@ class ResolvedJob:
     description: str | None = None
     max_duration: int | None = None  # seconds, after which Azure ML cancels the job (a sweep job: all of it)
     queue: QueueSettings | None = None  # serverless compute's job tier and priority
+    resume: ResumeSource | None = None  # --resume-from: its input is among `inputs`, its setting in the args
 
     @property
     def serverless(self) -> bool:
@@ -355,4 +385,6 @@ class ResolvedJob:
             lines.append(f"input {spec.name}: {spec.type} {spec.uri} ({spec.mode}{uploaded})")
         for out in self.outputs:
             lines.append(f"output {out.name}: {out.describe()}")
+        if self.resume:
+            lines += self.resume.describe()
         return lines + self.kind.summary(self)

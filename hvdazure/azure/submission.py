@@ -3,12 +3,14 @@
 Order of a submission, cheapest checks first, nothing uploaded before the last step:
 1. the JobSpec is validated offline (job_spec.resolve), and the SDK the user chose is importable;
 2. the workspace is named and a credential obtains a token (one line if not);
-3. the compute is looked up (or created with --create-compute, sized for the nodes the job holds at once:
+3. the job `--resume-from` names is looked up, and refused if it cannot be resumed (resume_from.py); then
+   what the job names in the workspace (its name, data assets, a registered environment);
+4. the compute is looked up (or created with --create-compute, sized for the nodes the job holds at once:
    a sweep job's concurrent trials): its VM size gives the processes per node and the NCCL settings when
    they were not given; a cluster too small for the job is warned about (serverless compute has no cluster:
    its VM size is --vm-size's);
-4. the job is written as YAML into a temporary directory and validated by the SDK, as in a dry run;
-5. the environment is registered if new, the code uploaded and the job created.
+5. the job is written as YAML into a temporary directory and validated by the SDK, as in a dry run;
+6. the environment is registered if new, the code uploaded and the job created.
 
 Each SDK is a SubmitSdk (sdk.py: submit_v2.V2Sdk, submit_v1.V1Sdk), chosen once from
 `--sdk`. A sweep (`JobSpec.sweep`) takes the same steps: its options are validated in step 1, where the
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hvdazure.azure import resume_from
 from hvdazure.azure.code_snapshot import is_ignored
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import JobSpecError, SubmitError, redacted_line
@@ -65,7 +68,8 @@ class DryRunResult:
                 "identity": job.identity.as_dict() if job.identity else None, "name": job.name,
                 "description": job.description, "max_duration": job.max_duration,
                 "queue_settings": dataclasses.asdict(job.queue) if job.queue else None,
-                "outputs": [out.as_dict() for out in job.outputs], **job.kind.json_fields()}
+                "outputs": [out.as_dict() for out in job.outputs],
+                "resume_from": job.resume.as_dict() if job.resume else None, **job.kind.json_fields()}
 
     def report(self) -> list[str]:
         """What the dry run found, for a person: the layout, the files, what was checked, how to submit."""
@@ -135,8 +139,11 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
     credential = credential or workspace_module.default_credential()
     workspace_module.check_credential(credential)
     try:
+        # 3. what the job names in the workspace, before a cluster is created or anything uploaded: first
+        # the job it resumes from, then (the SDK's connection) its name, data assets and environment
+        resume = None if spec.resume_from is None else \
+            resume_from.look_up(spec.resume_from, workspace, credential, client_options or {})
         connection = api.connect(workspace, credential, client_options or {})
-        # 3. what the job names in the workspace, before a cluster is created or anything uploaded
         connection.check_references(first)
         # 4. the compute
         if create_compute is not None:
@@ -150,7 +157,7 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
             vm_size = connection.compute_vm_size(spec.compute)
         if spec.vm_size and vm_size and spec.vm_size.lower() != vm_size.lower():
             warn(f"compute {spec.compute} has VM size {vm_size}, not {spec.vm_size}: using {vm_size}")
-        job = resolve(spec, vm_size=vm_size, snapshot=first.snapshot)
+        job = resolve(spec, vm_size=vm_size, snapshot=first.snapshot, resume=resume)
         for warning in job.warnings:
             warn(warning)
         # 5. the dry run's validation, on the job about to be sent; 6. upload and submit

@@ -127,6 +127,9 @@ class V1Sdk:
 
     def check_supported(self, job: ResolvedJob) -> None:
         """What SDK v1 jobs cannot do, refused offline."""
+        if job.resume is not None:
+            raise JobSpecError(f"--resume-from {job.resume.job} needs SDK v2 (the default): it mounts the "
+                               "job's checkpoints as an input, and azureml-core jobs take no inputs here")
         if job.inputs or job.outputs:
             raise JobSpecError("--input and --output need SDK v2 (the default); with --sdk v1, pass the "
                                "script a datastore path instead")

@@ -202,7 +202,8 @@ def test_v2_show_of_a_preempted_job_reads_the_step_from_its_checkpoint_output(jo
 
     assert report.report()[-1] == (
         f"preempted at step 20 (last checkpoint step-00000020 in output ckpt), resume with: hvdazure submit "
-        f"train.py --compute gpu-cluster --nodes 2 --resume-from {JOB} ...")
+        f"train.py --compute gpu-cluster --nodes 2 --resume-from {JOB} ... -- --set epochs=10 --set "
+        "'checkpoint_dir=${{outputs.ckpt}}'")
     # read: the pointer, then that checkpoint's manifest; no checkpoint downloaded
     reads = [p.split("/", 1)[1] for m, p in job_files.service.paths("blob") if "/" in p]
     assert reads == ["runs/digits/latest", "runs/digits/step-00000020/manifest.json"]
@@ -215,7 +216,8 @@ def test_v1_show_of_a_preempted_job_reads_the_step_from_its_files(job_files):
 
     assert report.preemption.last.step == 8
     assert report.report()[-1].startswith(
-        "preempted at step 8 (last checkpoint step-00000008 in the job's outputs/checkpoints), resume with: ")
+        "preempted at step 8 (last checkpoint step-00000008 in the job's outputs/checkpoints); not resumable "
+        "with --resume-from: ")  # an SDK v1 run: the line says what to do instead
 
 
 # --- stream -------------------------------------------------------------------------------------------------

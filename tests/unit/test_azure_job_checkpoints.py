@@ -6,6 +6,7 @@ and tests/storage/test_azure_jobs_storage.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -89,24 +90,42 @@ def test_a_preemption_is_what_the_services_error_or_a_warning_says(error, warnin
     assert (reported is not None) == found
 
 
-def test_the_resume_command_has_the_script_compute_nodes_and_the_jobs_name():
-    assert resume_command(job()) == ("hvdazure submit train.py --compute gpu-cluster --nodes 2 --resume-from "
-                                     "digits_7 ...")
-    in_job_sweep = job("python -m hvdazure.sweep --space s.yaml")
-    assert resume_command(in_job_sweep).startswith("hvdazure submit SCRIPT ")
+def test_the_resume_command_has_the_script_compute_nodes_the_jobs_name_and_its_arguments_but_resume():
+    resumed = job("python train.py --set epochs=3 --set resume=auto --set=resume=auto")
+    # --resume-from sets resume itself, and refuses the script's own
+    assert resume_command(resumed) == ("hvdazure submit train.py --compute gpu-cluster --nodes 2 "
+                                       "--resume-from digits_7 ... -- --set epochs=3")
+    assert resume_command(job("python train.py")).endswith("--resume-from digits_7 ...")
+
+
+@pytest.mark.parametrize(("command", "sdk", "why"), [
+    ("python -m hvdazure.sweep train.py --space s.yaml", "v2", "is an in-job sweep, whose trials each keep"),
+    ("python train.py --set checkpoint_dir=ckpt", "v2", "keeps checkpoints in ckpt inside the container"),
+    ("python train.py", "v1", "is an SDK v1 run, and --resume-from looks jobs up with SDK v2"),
+])
+def test_a_preempted_job_resume_from_would_refuse_gets_why_instead_of_a_command(command, sdk, why):
+    preempted = dataclasses.replace(job(command, error="PreemptionError: Nodes of this job got pre-empted."),
+                                    sdk=sdk)
+
+    line = preemption(preempted, lambda place: None).line()
+
+    assert line.startswith("preempted ") and "; not resumable with --resume-from: " in line
+    assert why in line
+    assert preemption(preempted, lambda place: None).as_dict()["resume_command"] is None
 
 
 def test_a_preempted_job_that_ended_gets_its_step_and_the_resume_command(tmp_path):
     save(tmp_path, 12)
-    preempted = job("python train.py --set checkpoint_dir=${{outputs.ckpt}}",
-                    error="UserError: AzureMLCompute job failed. PreemptionError: Nodes of this job got "
-                          "pre-empted.")
+    preempted = dataclasses.replace(
+        job("python train.py --set checkpoint_dir=${{outputs.ckpt}} --set resume=auto",
+            error="UserError: AzureMLCompute job failed. PreemptionError: Nodes of this job got pre-empted."),
+        outputs={"ckpt": ""})
 
     found = preemption(preempted, lambda place: last_checkpoint(place, _reader(tmp_path)))
 
     assert found.line() == ("preempted at step 12 (last checkpoint step-00000012 in output ckpt), resume "
                             "with: hvdazure submit train.py --compute gpu-cluster --nodes 2 --resume-from "
-                            "digits_7 ...")
+                            "digits_7 ... -- --set 'checkpoint_dir=${{outputs.ckpt}}'")
     assert found.as_dict()["step"] == 12
 
 

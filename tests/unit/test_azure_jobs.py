@@ -176,9 +176,14 @@ def test_a_preemption_error_says_so_and_how_to_resume(service, sdk):
     assert report.preemption.reported.startswith("UserError: AzureMLCompute job failed. PreemptionError:")
     # no storage answers here: the step is not known, and the line says where it looked
     where = "output ckpt" if sdk == "v2" else "the job's outputs/checkpoints"
-    assert report.report()[-1] == (
-        f"preempted (no checkpoint could be read from {where}), resume with: hvdazure submit train.py "
-        f"--compute gpu-cluster --nodes 2 --resume-from {JOB} ...")
+    # the command that works: its arguments without --set resume=auto, which --resume-from refuses; an SDK
+    # v1 run is not looked up by --resume-from (SDK v2's), and the line says what to do instead
+    how = (f", resume with: hvdazure submit train.py --compute gpu-cluster --nodes 2 --resume-from {JOB} ... "
+           "-- --set epochs=10 --set 'checkpoint_dir=${{outputs.ckpt}}'" if sdk == "v2" else
+           f"; not resumable with --resume-from: job {JOB} is an SDK v1 run, and --resume-from looks jobs "
+           f"up with SDK v2: download its checkpoints (hvdazure jobs download {JOB} --sdk v1) and give them "
+           "to a new job as an --input, with -- --set resume='${{inputs.NAME}}/latest'")
+    assert report.report()[-1] == f"preempted (no checkpoint could be read from {where}){how}"
 
 
 def test_a_preemption_warning_on_a_running_job_says_azure_ml_runs_it_again(service):

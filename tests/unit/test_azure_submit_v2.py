@@ -62,8 +62,10 @@ class FakeCredential:
 
 
 class FakeWorkspace:
-    """The ARM side of workspace `ws`, as far as a command-job submission goes. Every request is appended
-    to `calls` as (method, path below the workspace, JSON body); blob requests join the same list."""
+    """The ARM side of workspace `ws`, as far as a command-job submission goes, and the regional discovery
+    document and Run History's run records, where `hvdazure jobs`' client reads a job (`--resume-from`).
+    Every request is appended to `calls` as (method, path below the workspace, JSON body); blob requests
+    join the same list."""
 
     def __init__(self, computes: dict[str, str] | None = None) -> None:
         self.calls: list[tuple[str, str, dict | None]] = []
@@ -73,6 +75,7 @@ class FakeWorkspace:
         self.data_assets: dict[str, list[str]] = {"digits": ["1", "3"]}  # versions, oldest first
         self.blobs: dict[str, bytes] = {}
         self.jobs: dict[str, dict] = {}  # by name, as created
+        self.runs: dict[str, dict] = {}  # Run History's records, by job name
         self.refuse_uploads = False  # the storage account answers 403, naming the URL (with its SAS)
 
     def answer(self, method: str, url: str, body: dict | None) -> tuple[int, dict]:
@@ -81,6 +84,10 @@ class FakeWorkspace:
         arm_id = WS + path
         if path == "":
             return 200, fixture("v2_workspace.json")
+        if url.endswith("/discovery"):  # the workspace's regional services (its discoveryUrl)
+            return 200, fixture("v1_discovery.json")
+        if match := re.fullmatch(r"/runs/([^/]+)", path):  # Run History's record of a job
+            return (200, self.runs[match[1]]) if match[1] in self.runs else _not_found(path)
         if match := re.fullmatch(r"/computes/([^/]+)", path):
             name = match.group(1)
             if method == "PUT":

@@ -1,0 +1,181 @@
+"""`hvdazure submit SCRIPT --resume-from NAME`: a new job that goes on with job NAME's training from its
+newest valid checkpoint, on another number of nodes or another VM size (the trainer resumes at any world
+size). No Azure SDK here; the job is looked up through `hvdazure jobs`' own client (jobs_v2.V2Jobs).
+
+Where job NAME keeps its checkpoints is read from its command, as `hvdazure jobs` reads it
+(job_checkpoints.checkpoint_place: `--set checkpoint_dir=${{outputs.OUTPUT}}`, a URL, or by default its
+./outputs/checkpoints), and wired into the new job:
+
+- an output of job NAME, or its own files (./outputs, which Azure ML keeps as the job's output named
+  `artifacts` in its URIs): a read-only input `resume_from`, `azureml://jobs/NAME/outputs/OUTPUT/paths/PATH/`
+  (Azure ML's form for a path in a job's output), and the script argument
+  `--set resume=${{inputs.resume_from}}/latest`;
+- a URL (`abfs://...`): no input; `--set resume=URL/latest`, read with the new job's own identity.
+
+`DIR/latest` is the newest checkpoint in DIR that verifies (core/checkpoint_store.py): one cut short or
+damaged falls back to the one before, and a directory with none fails the new job at its start, on every
+rank, in one line. The new job writes its own checkpoints where its own command says, never into job NAME's,
+and keeps the run's id. Not `resume=auto`: that reads the new job's own checkpoint_dir, empty at its first
+start, so it would start afresh without a word. The script's own `--set resume=...` would contradict the
+wiring, and is refused (one rule, rather than one of the two silently winning).
+
+A dry run has no workspace, so it cannot look job NAME up: it assumes the checkpoints are where the new job's
+own command puts its checkpoints, and says so. A submission looks the job up first, after the sign-in and
+before anything else in the workspace, and refuses in one line: a job that does not exist, a sweep job or
+another kind that is not a command job (a sweep's trials are jobs of their own: resume one), an in-job sweep
+(whose trials each keep their own checkpoints), a job that has not ended (it may still write checkpoints,
+and would go on training beside the new one: cancel it first), and a job whose command names no checkpoint
+directory that outlives it (an output it lacks, a path outside ./outputs, or no command at all).
+SDK v1 jobs take no inputs in hvdazure, so `--resume-from` needs SDK v2 (submit_v1.py refuses it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import posixpath
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from hvdazure.azure import credential_check
+from hvdazure.azure.errors import JobError, JobSpecError
+from hvdazure.azure.job_checkpoints import CheckpointPlace, checkpoint_place, command_checkpoint_place
+from hvdazure.azure.job_records import JobDetails
+from hvdazure.azure.resolved_job import InputSpec, ResumeSource
+from hvdazure.azure.script_args import set_fields
+from hvdazure.azure.workspace import WorkspaceRef
+
+RESUME_INPUT = "resume_from"  # the input the new job reads the checkpoints through
+ARTIFACTS_OUTPUT = "artifacts"  # Azure ML's name, in azureml://jobs/... URIs, for a job's own files
+_KEPT = "outputs"  # of a job's own files, Azure ML keeps ./outputs (and the logs)
+_SWEEP_MODULE = "hvdazure.sweep"
+
+
+def check_new_job(name: str, script_args: Sequence[str], input_names: Sequence[str], sweep: bool) -> None:
+    """What the new job must not be or have with `--resume-from NAME`, refused offline (JobSpecError)."""
+    if sweep:
+        raise JobSpecError(f"--resume-from {name}: goes with a command job (hvdazure submit SCRIPT), not a "
+                           "sweep: every trial would go on with the same run")
+    if "resume" in set_fields([str(a) for a in script_args]):
+        raise JobSpecError(f"--resume-from {name} sets resume itself (to job {name}'s newest valid "
+                           "checkpoint): drop the script's --set resume=...")
+    if RESUME_INPUT in input_names:
+        raise JobSpecError(f"--input {RESUME_INPUT}: the input --resume-from {name} reads job {name}'s "
+                           "checkpoints through: name yours otherwise")
+
+
+def assumed(name: str, script_args: Sequence[str]) -> ResumeSource:
+    """A dry run's wiring: job NAME's checkpoints assumed where the new job's arguments put its own."""
+    place = command_checkpoint_place([str(a) for a in script_args])
+    return _wiring(name, place, "this job's command (assumed for job " + name + ")", looked_up=False)
+
+
+def look_up(name: str, workspace: WorkspaceRef, credential: Any,
+            client_options: dict[str, Any]) -> ResumeSource:
+    """A submission's wiring: job NAME as the workspace has it (through `hvdazure jobs`' SDK v2 client),
+    refused in one line (SubmitError) if it cannot be resumed."""
+    from hvdazure.azure.jobs_v2 import V2Jobs
+
+    try:
+        job = V2Jobs(workspace, credential, client_options).details(name)
+    except JobError as exc:  # not found
+        raise JobError(f"--resume-from {name}: {exc}") from None
+    return source_of(job)
+
+
+def source_of(job: JobDetails) -> ResumeSource:
+    """The wiring that resumes `job`; SubmitError (one line) for a job that cannot be resumed."""
+    name = job.name
+    if job.job_type is not None and job.job_type != "command":
+        raise JobError(f"--resume-from {name}: job {name} is a {job.job_type} job, not a command job"
+                       + _kind_hint(job.job_type))
+    if _in_job_sweep(job.argv):
+        raise JobError(f"--resume-from {name}: job {name} is an in-job sweep, whose trials each keep their "
+                       "own checkpoints (outputs/sweep): pass one trial's as an --input, with -- --set "
+                       "resume='${{inputs.NAME}}/latest'")
+    if not job.ended:
+        raise JobError(f"--resume-from {name}: job {name} is {job.status}: it may still write checkpoints, "
+                       f"and would go on training beside the new job; cancel it first (hvdazure jobs cancel "
+                       f"{name}) or wait until it ends")
+    place = checkpoint_place(job)
+    if place is None:
+        raise JobError(f"--resume-from {name}: job {name}'s command is unknown, so is where it keeps its "
+                       "checkpoints")
+    output = place.where.partition("/")[0]
+    if place.kind == "output" and output not in job.outputs:
+        known = ", ".join(sorted(job.outputs)) or "none"
+        raise JobError(f"--resume-from {name}: job {name}'s command puts its checkpoints in output {output}, "
+                       f"which the job does not have (its outputs: {known})")
+    return _wiring(name, place, f"job {name}'s command", looked_up=True)
+
+
+def resume_command(job: JobDetails) -> str:
+    """The command that resumes `job` on a cluster of any size: `hvdazure submit SCRIPT --compute C --nodes N
+    --resume-from NAME ... -- ARGS`, its script arguments less any `--set resume=...` (which --resume-from
+    refuses), `...` for the options the job record does not hold (environment, inputs, outputs). SubmitError
+    saying why, for a job --resume-from refuses."""
+    if job.sdk == "v1":
+        raise JobError(f"job {job.name} is an SDK v1 run, and --resume-from looks jobs up with SDK v2: "
+                       f"download its checkpoints (hvdazure jobs download {job.name} --sdk v1) and give them "
+                       "to a new job as an --input, with -- --set resume='${{inputs.NAME}}/latest'")
+    source_of(job)
+    argv = job.argv
+    script_given = len(argv) > 1 and argv[0].startswith("python") and not argv[1].startswith("-")
+    script, args = (argv[1], _without_resume(argv[2:])) if script_given else ("SCRIPT", [])
+    words = ["hvdazure", "submit", script, "--compute", job.compute or "COMPUTE"]
+    if job.nodes is not None:
+        words += ["--nodes", str(job.nodes)]
+    command = shlex.join([*words, "--resume-from", job.name]) + " ..."
+    return f"{command} -- {shlex.join(args)}" if args else command
+
+
+def resume_arguments(source: ResumeSource) -> list[str]:
+    """The script arguments the wiring adds."""
+    return ["--set", f"resume={source.setting}"]
+
+
+def _wiring(name: str, place: CheckpointPlace, whose: str, looked_up: bool) -> ResumeSource:
+    """Where `place` is read from in the new job: an input of job NAME's output or files, or the URL."""
+    if place.kind == "url":
+        credential_check.refuse_value(f"{whose}'s checkpoint_dir", place.where, credential_check.KEY_VAULT)
+        return ResumeSource(name, place.where, f"{place.where.rstrip('/')}/latest", None, looked_up)
+    if place.kind == "output":
+        output, _, below = place.where.partition("/")
+    elif place.where == _KEPT or place.where.startswith(_KEPT + "/"):
+        output, below = ARTIFACTS_OUTPUT, place.where
+    else:
+        raise JobSpecError(f"--resume-from {name}: {whose} keeps checkpoints in {place.where} inside the "
+                           "container, which Azure ML does not keep (only ./outputs and the outputs are): "
+                           "nothing to resume from")
+    uri = f"azureml://jobs/{name}/outputs/{output}/paths/" + (posixpath.join(below, "") if below else "")
+    spec = InputSpec(name=RESUME_INPUT, uri=uri)
+    return ResumeSource(name, place.describe(), f"${{{{inputs.{RESUME_INPUT}}}}}/latest", spec, looked_up)
+
+
+def _kind_hint(job_type: str) -> str:
+    if job_type == "sweep":
+        return ": its trials are jobs of their own, each with its checkpoints; resume one by its name"
+    if job_type == "pipeline":
+        return ": resume the step that trained, by its own job name"
+    return ""
+
+
+def _in_job_sweep(argv: Sequence[str]) -> bool:
+    return any(pair == ("-m", _SWEEP_MODULE) for pair in itertools.pairwise(argv))
+
+
+def _without_resume(args: Sequence[str]) -> list[str]:
+    """The script arguments less each `--set resume=...` (either form)."""
+    kept: list[str] = []
+    skip = False
+    for index, word in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        following = args[index + 1] if index + 1 < len(args) else ""
+        if word == "--set" and following.startswith("resume="):
+            skip = True
+        elif not word.startswith("--set=resume="):
+            kept.append(word)
+    return kept
+
