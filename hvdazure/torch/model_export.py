@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Callable
+import logging
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,8 @@ def export_model(model: torch.nn.Module, example: tuple[Any, ...], path: str, fo
     target = Path(path)
     with written_beside(target) as partial:
         try:
-            got = _WRITERS[format](model, example, partial)(example)
+            with _exporters_quiet():
+                got = _WRITERS[format](model, example, partial)(example)
         except ExportError:
             raise
         except Exception as exc:  # the exporter's own refusal (an unsupported operation, a dynamic shape)
@@ -50,6 +53,23 @@ def export_model(model: torch.nn.Module, example: tuple[Any, ...], path: str, fo
         worst = check_outputs(format, got, expected, rtol, atol)
         put_in_place(partial, target)
     return Exported(str(target), format, worst)
+
+@contextlib.contextmanager
+def _exporters_quiet() -> Iterator[None]:
+    """Without the notes torch's exporters print on every export that are no concern of the user's: the
+    ONNX registry's 'torchvision is not installed' lines, and torch.export's own FutureWarning about
+    its pytree internals. Their errors still surface."""
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registry.level
+    registry.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
+                                    category=FutureWarning)
+            yield
+    finally:
+        registry.setLevel(level)
+
 
 def _batch_dynamic(example: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple({0: torch.export.Dim.AUTO} if isinstance(a, torch.Tensor) and a.ndim else None

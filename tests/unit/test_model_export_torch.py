@@ -63,6 +63,15 @@ def test_the_artifact_computes_what_the_model_does_on_another_batch_size_too(tmp
     assert sorted(os.listdir(tmp_path)) == [f"model.{format}"]  # no temporary file beside it
 
 
+def test_an_onnx_export_prints_none_of_the_exporters_notes(tmp_path, capfd, recwarn):
+    export_model(TwoHeads().eval(), (torch.randn(8, 6),), str(tmp_path / "model.onnx"), "onnx")
+
+    printed = "".join(capfd.readouterr())
+    assert "torchvision is not installed" not in printed
+    future = [str(w.message) for w in recwarn if issubclass(w.category, FutureWarning)]
+    assert not future, future
+
+
 def test_an_export_that_computes_other_numbers_is_refused_and_nothing_is_written(tmp_path):
     with pytest.raises(ExportError, match="the torchscript export computes other numbers than the model: "
                                           "largest absolute difference"):
