@@ -139,10 +139,10 @@ class ResumeSource:
         lines = [f"resume: job {self.job}'s newest valid checkpoint in {self.where}{through}, with --set "
                  f"resume={self.setting} (the new job writes its own checkpoints; the run goes on)"]
         if not self.looked_up:
-            lines.append(f"job {self.job} not looked up (a dry run has no workspace): its checkpoints are "
-                         "assumed to be where this job's command puts its own; a submission reads where "
-                         "from its command, and refuses a job that is missing, not ended, a sweep or "
-                         "keeps no checkpoints, before any upload")
+            lines.append(f"job {self.job} not looked up (a dry run has no workspace): where its checkpoints "
+                         "are is assumed from this job's command; a submission reads it from job "
+                         f"{self.job}'s, and refuses a job that is missing, not ended, a sweep or keeps no "
+                         "checkpoints, before any upload")
         return lines
 
     def as_dict(self) -> dict[str, Any]:

@@ -20,7 +20,8 @@ start, so it would start afresh without a word. The script's own `--set resume=.
 wiring, and is refused (one rule, rather than one of the two silently winning).
 
 A dry run has no workspace, so it cannot look job NAME up: it assumes the checkpoints are where the new job's
-own command puts its checkpoints, and says so. A submission looks the job up first, after the sign-in and
+own command puts its checkpoints (or at the trainer's default, ./outputs/checkpoints, where those would not
+outlive the job), and says so. A submission looks the job up first, after the sign-in and
 before anything else in the workspace, and refuses in one line: a job that does not exist, a sweep job or
 another kind that is not a command job (a sweep's trials are jobs of their own: resume one), an in-job sweep
 (whose trials each keep their own checkpoints), a job that has not ended (it may still write checkpoints,
@@ -39,7 +40,12 @@ from typing import Any
 
 from hvdazure.azure import credential_check
 from hvdazure.azure.errors import JobError, JobSpecError
-from hvdazure.azure.job_checkpoints import CheckpointPlace, checkpoint_place, command_checkpoint_place
+from hvdazure.azure.job_checkpoints import (
+    DEFAULT_IN_JOB,
+    CheckpointPlace,
+    checkpoint_place,
+    command_checkpoint_place,
+)
 from hvdazure.azure.job_records import JobDetails
 from hvdazure.azure.resolved_job import InputSpec, ResumeSource
 from hvdazure.azure.script_args import set_fields
@@ -65,9 +71,13 @@ def check_new_job(name: str, script_args: Sequence[str], input_names: Sequence[s
 
 
 def assumed(name: str, script_args: Sequence[str]) -> ResumeSource:
-    """A dry run's wiring: job NAME's checkpoints assumed where the new job's arguments put its own."""
+    """A dry run's wiring (and a submission's until the job is looked up): job NAME's checkpoints assumed
+    where the new job's arguments put its own, or at the trainer's default where those would not outlive
+    the job."""
     place = command_checkpoint_place([str(a) for a in script_args])
-    return _wiring(name, place, "this job's command (assumed for job " + name + ")", looked_up=False)
+    if not _outlives_the_job(place):
+        place = CheckpointPlace("job files", DEFAULT_IN_JOB)
+    return _wiring(name, place, "this job's command", looked_up=False)
 
 
 def look_up(name: str, workspace: WorkspaceRef, credential: Any,
@@ -137,19 +147,25 @@ def resume_arguments(source: ResumeSource) -> list[str]:
 def _wiring(name: str, place: CheckpointPlace, whose: str, looked_up: bool) -> ResumeSource:
     """Where `place` is read from in the new job: an input of job NAME's output or files, or the URL."""
     if place.kind == "url":
-        credential_check.refuse_value(f"{whose}'s checkpoint_dir", place.where, credential_check.KEY_VAULT)
+        where = f"the checkpoint_dir of {whose}"
+        credential_check.refuse_value(where, place.where, credential_check.KEY_VAULT)
         return ResumeSource(name, place.where, f"{place.where.rstrip('/')}/latest", None, looked_up)
-    if place.kind == "output":
-        output, _, below = place.where.partition("/")
-    elif place.where == _KEPT or place.where.startswith(_KEPT + "/"):
-        output, below = ARTIFACTS_OUTPUT, place.where
-    else:
-        raise JobSpecError(f"--resume-from {name}: {whose} keeps checkpoints in {place.where} inside the "
-                           "container, which Azure ML does not keep (only ./outputs and the outputs are): "
-                           "nothing to resume from")
+    if not _outlives_the_job(place):
+        raise JobError(f"--resume-from {name}: {whose} keeps checkpoints in {place.where} inside the "
+                       "container, which Azure ML does not keep (only ./outputs and the outputs are): "
+                       "nothing to resume from")
+    # an output's name and the path in it; the job's own files are Azure ML's output `artifacts`
+    output, _, below = place.where.partition("/") if place.kind == "output" else \
+        (ARTIFACTS_OUTPUT, "", place.where)
     uri = f"azureml://jobs/{name}/outputs/{output}/paths/" + (posixpath.join(below, "") if below else "")
     spec = InputSpec(name=RESUME_INPUT, uri=uri)
     return ResumeSource(name, place.describe(), f"${{{{inputs.{RESUME_INPUT}}}}}/latest", spec, looked_up)
+
+
+def _outlives_the_job(place: CheckpointPlace) -> bool:
+    """An output or a URL, or among the job's files in ./outputs, which Azure ML keeps (the rest of the
+    container goes with it)."""
+    return place.kind != "job files" or place.where == _KEPT or place.where.startswith(_KEPT + "/")
 
 
 def _kind_hint(job_type: str) -> str:

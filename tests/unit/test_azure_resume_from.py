@@ -59,6 +59,9 @@ def load(path):
      f"azureml://jobs/{SOURCE}/outputs/ckpt/paths/", "output ckpt"),
     (["--set", "checkpoint_dir=${{outputs.ckpt}}/run1"], [OutputSpec("ckpt")],
      f"azureml://jobs/{SOURCE}/outputs/ckpt/paths/run1/", "output ckpt (run1)"),
+    # this job's own would not outlive it (only ./outputs is kept): the trainer's default is assumed instead
+    (["--set", "checkpoint_dir=/tmp/ckpt"], [], f"azureml://jobs/{SOURCE}/outputs/artifacts/paths/outputs/"
+     "checkpoints/", "the job's outputs/checkpoints"),
 ])
 def test_the_dry_run_reads_the_jobs_checkpoints_through_a_read_only_input_and_sets_resume(
         project, tmp_path, args, outputs, uri, where):
@@ -75,9 +78,9 @@ def test_the_dry_run_reads_the_jobs_checkpoints_through_a_read_only_input_and_se
     assert (f"resume: job {SOURCE}'s newest valid checkpoint in {where}, read through input resume_from, "
             f"with --set {SETTING} (the new job writes its own checkpoints; the run goes on)") in report
     # a dry run has no workspace: it says it assumed where the checkpoints are, and what a submission does
-    assert any(line.startswith(f"job {SOURCE} not looked up (a dry run has no workspace): its checkpoints "
-                               "are assumed to be where this job's command puts its own; a submission reads")
-               for line in report)
+    assert (f"job {SOURCE} not looked up (a dry run has no workspace): where its checkpoints are is assumed "
+            f"from this job's command; a submission reads it from job {SOURCE}'s, and refuses a job that is "
+            "missing, not ended, a sweep or keeps no checkpoints, before any upload") in report
 
 
 def test_checkpoints_at_a_url_are_read_by_the_new_job_itself_without_an_input(project, tmp_path):
@@ -108,9 +111,6 @@ def test_the_cli_dry_runs_json_holds_the_wiring_and_says_it_was_not_looked_up(pr
     ({"script_args": ["--set=resume=/ckpt/latest"]}, rf"^--resume-from {SOURCE} sets resume itself"),
     ({"inputs": [InputSpec("resume_from", "azureml:digits@latest")]},
      rf"^--input resume_from: the input --resume-from {SOURCE} reads job {SOURCE}'s checkpoints through"),
-    ({"script_args": ["--set", "checkpoint_dir=ckpt"]},
-     rf"^--resume-from {SOURCE}: this job's command \(assumed for job {SOURCE}\) keeps checkpoints in ckpt "
-     r"inside the container, which Azure ML does not keep"),
     ({"resume_from": "digits 7"}, r"^--resume-from 'digits 7': 1 to 256 letters, digits"),
     ({"sweep": SweepSpec("space.yaml", "eval_loss")},
      rf"^--resume-from {SOURCE}: goes with a command job \(hvdazure submit SCRIPT\), not a sweep"),
