@@ -14,7 +14,8 @@ Azure is checked here, before anything is uploaded, each problem as one line nam
 - the job's own settings, name, description, max duration and queue (job_settings.py), and serverless
   compute's VM size;
 - `--resume-from NAME` (resume_from.py): a command job, no `--set resume=` of the script's own; its wiring
-  (an input and `--set resume=...`) is added to the job and checked as the user's own would be.
+  (an input, `--set resume=auto --set resume_from=...`) is added to the job and checked as the user's own
+  would be.
 
 The job runs `python SCRIPT ARGS` from the top of the code directory on every rank: Azure ML starts
 `mpirun` itself, with `nodes x processes_per_node` ranks. A sweep (`JobSpec.sweep`, see sweep_spec.py)
@@ -238,7 +239,7 @@ def resolve(spec: JobSpec, *, vm_size: str | None = None, cwd: Path | None = Non
 
 def _with_resume(spec: JobSpec, resume: ResumeSource | None) -> tuple[JobSpec, ResumeSource | None]:
     """`spec` with the wiring of its --resume-from (resume_from.py) added: the input that reads the job's
-    checkpoints and the script's `--set resume=...`; as it is without --resume-from."""
+    checkpoints and the script's `--set resume=auto --set resume_from=...`; as it is without --resume-from."""
     if spec.resume_from is None:
         return spec, None
     name = str(job_settings.check_job_name(spec.resume_from, "--resume-from"))

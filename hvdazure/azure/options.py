@@ -199,8 +199,8 @@ def _add_submit_arguments(parser: argparse.ArgumentParser,
                          help="go on with job JOB's training from its newest valid checkpoint, on any "
                               "--nodes or --vm-size: its checkpoint directory (where its command put "
                               "checkpoint_dir) becomes the read-only input resume_from and the script gets "
-                              "--set resume=... (leave resume out); the job is looked up before anything is "
-                              "uploaded (not by --dry-run); SDK v2")
+                              "--set resume=auto --set resume_from=... (leave both out); the job is looked "
+                              "up before anything is uploaded (not by --dry-run); SDK v2")
     job.add_argument("--identity", metavar="user|managed|managed:CLIENT_ID",
                      help="what the job runs as: the submitting user's identity, or the compute's managed "
                           "identity (CLIENT_ID: a user-assigned one, also DefaultAzureCredential's in the "

@@ -124,7 +124,8 @@ class JobIdentity:
 @dataclass(frozen=True)
 class ResumeSource:
     """What `--resume-from` wires in (resume_from.py): job `job`'s checkpoints (`where`, in words), read
-    through `input` (None: a URL the new job reads itself), and the script argument `--set resume=SETTING`.
+    through `input` (None: a URL the new job reads itself), and the script arguments `--set resume=auto
+    --set resume_from=SETTING`.
     `looked_up`: where they are was read from the job in the workspace (a submission), not assumed from the
     new job's own command (a dry run)."""
 
@@ -134,10 +135,19 @@ class ResumeSource:
     input: InputSpec | None
     looked_up: bool
 
+    def settings(self) -> list[str]:
+        """The config settings the script gets, each after a --set: auto, which finds none of the new job's
+        own at its first start and goes on from job `job`'s (resume_from), and its own when Azure ML runs
+        it again."""
+        return ["resume=auto", f"resume_from={self.setting}"]
+
     def describe(self) -> list[str]:
         through = f", read through input {self.input.name}" if self.input else ""
-        lines = [f"resume: job {self.job}'s newest valid checkpoint in {self.where}{through}, with --set "
-                 f"resume={self.setting} (the new job writes its own checkpoints; the run goes on)"]
+        settings = " ".join(f"--set {s}" for s in self.settings())
+        lines = [f"resume: job {self.job}'s newest valid checkpoint in {self.where}{through}, with "
+                 f"{settings} "
+                 "(the new job writes its own checkpoints and, run again by Azure ML, goes on from those; "
+                 "the run goes on)"]
         if not self.looked_up:
             lines.append(f"job {self.job} not looked up (a dry run has no workspace): where its checkpoints "
                          "are is assumed from this job's command; a submission reads it from job "
@@ -146,7 +156,7 @@ class ResumeSource:
         return lines
 
     def as_dict(self) -> dict[str, Any]:
-        return {"job": self.job, "checkpoints": self.where, "setting": f"resume={self.setting}",
+        return {"job": self.job, "checkpoints": self.where, "settings": self.settings(),
                 "input": dataclasses.asdict(self.input) if self.input else None, "looked_up": self.looked_up}
 
 

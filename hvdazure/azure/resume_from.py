@@ -9,15 +9,18 @@ Where job NAME keeps its checkpoints is read from its command, as `hvdazure jobs
 - an output of job NAME, or its own files (./outputs, which Azure ML keeps as the job's output named
   `artifacts` in its URIs): a read-only input `resume_from`, `azureml://jobs/NAME/outputs/OUTPUT/paths/PATH/`
   (Azure ML's form for a path in a job's output), and the script argument
-  `--set resume=${{inputs.resume_from}}/latest`;
-- a URL (`abfs://...`): no input; `--set resume=URL/latest`, read with the new job's own identity.
+  `--set resume=auto --set resume_from=${{inputs.resume_from}}/latest`;
+- a URL (`abfs://...`): no input; `--set resume=auto --set resume_from=URL/latest`, read with the new job's
+  own identity.
 
 `DIR/latest` is the newest checkpoint in DIR that verifies (core/checkpoint_store.py): one cut short or
 damaged falls back to the one before, and a directory with none fails the new job at its start, on every
 rank, in one line. The new job writes its own checkpoints where its own command says, never into job NAME's,
-and keeps the run's id. Not `resume=auto`: that reads the new job's own checkpoint_dir, empty at its first
-start, so it would start afresh without a word. The script's own `--set resume=...` would contradict the
-wiring, and is refused (one rule, rather than one of the two silently winning).
+and keeps the run's id. `resume=auto` with `resume_from` (TrainConfig): the new job's own checkpoint_dir is
+empty at its first start, so it goes on from job NAME's; when Azure ML runs the new job again (after a
+preemption of its own), auto finds its own newer checkpoints and goes on from those, not from job NAME's
+again. The script's own `--set resume=...` or `resume_from=...` would contradict the wiring, and is refused
+(one rule, rather than one of the two silently winning).
 
 A dry run has no workspace, so it cannot look job NAME up: it assumes the checkpoints are where the new job's
 own command puts its checkpoints (or at the trainer's default, ./outputs/checkpoints, where those would not
@@ -55,6 +58,9 @@ RESUME_INPUT = "resume_from"  # the input the new job reads the checkpoints thro
 ARTIFACTS_OUTPUT = "artifacts"  # Azure ML's name, in azureml://jobs/... URIs, for a job's own files
 _KEPT = "outputs"  # of a job's own files, Azure ML keeps ./outputs (and the logs)
 _SWEEP_MODULE = "hvdazure.sweep"
+_RESUME_FIELDS = ("resume=", "resume_from=")
+# what resumes a job's checkpoints given by hand as the input NAME
+_MANUAL_SETTINGS = "--set resume=auto --set resume_from='${{inputs.NAME}}/latest'"
 
 
 def check_new_job(name: str, script_args: Sequence[str], input_names: Sequence[str], sweep: bool) -> None:
@@ -62,9 +68,9 @@ def check_new_job(name: str, script_args: Sequence[str], input_names: Sequence[s
     if sweep:
         raise JobSpecError(f"--resume-from {name}: goes with a command job (hvdazure submit SCRIPT), not a "
                            "sweep: every trial would go on with the same run")
-    if "resume" in set_fields([str(a) for a in script_args]):
-        raise JobSpecError(f"--resume-from {name} sets resume itself (to job {name}'s newest valid "
-                           "checkpoint): drop the script's --set resume=...")
+    if given := sorted({"resume", "resume_from"} & set(set_fields([str(a) for a in script_args]))):
+        raise JobSpecError(f"--resume-from {name} sets resume and resume_from itself (to job {name}'s newest "
+                           f"valid checkpoint): drop the script's --set {given[0]}=...")
     if RESUME_INPUT in input_names:
         raise JobSpecError(f"--input {RESUME_INPUT}: the input --resume-from {name} reads job {name}'s "
                            "checkpoints through: name yours otherwise")
@@ -101,8 +107,8 @@ def source_of(job: JobDetails) -> ResumeSource:
                        + _kind_hint(job.job_type))
     if _in_job_sweep(job.argv):
         raise JobError(f"--resume-from {name}: job {name} is an in-job sweep, whose trials each keep their "
-                       "own checkpoints (outputs/sweep): pass one trial's as an --input, with -- --set "
-                       "resume='${{inputs.NAME}}/latest'")
+                       "own checkpoints (outputs/sweep): pass one trial's as an --input, with -- "
+                       f"{_MANUAL_SETTINGS}")
     if not job.ended:
         raise JobError(f"--resume-from {name}: job {name} is {job.status}: it may still write checkpoints, "
                        f"and would go on training beside the new job; cancel it first (hvdazure jobs cancel "
@@ -127,7 +133,7 @@ def resume_command(job: JobDetails) -> str:
     if job.sdk == "v1":
         raise JobError(f"job {job.name} is an SDK v1 run, and --resume-from looks jobs up with SDK v2: "
                        f"download its checkpoints (hvdazure jobs download {job.name} --sdk v1) and give them "
-                       "to a new job as an --input, with -- --set resume='${{inputs.NAME}}/latest'")
+                       f"to a new job as an --input, with -- {_MANUAL_SETTINGS}")
     source_of(job)
     argv = job.argv
     script_given = len(argv) > 1 and argv[0].startswith("python") and not argv[1].startswith("-")
@@ -141,7 +147,7 @@ def resume_command(job: JobDetails) -> str:
 
 def resume_arguments(source: ResumeSource) -> list[str]:
     """The script arguments the wiring adds."""
-    return ["--set", f"resume={source.setting}"]
+    return [word for setting in source.settings() for word in ("--set", setting)]
 
 
 def _wiring(name: str, place: CheckpointPlace, whose: str, looked_up: bool) -> ResumeSource:
@@ -181,7 +187,7 @@ def _in_job_sweep(argv: Sequence[str]) -> bool:
 
 
 def _without_resume(args: Sequence[str]) -> list[str]:
-    """The script arguments less each `--set resume=...` (either form)."""
+    """The script arguments less each `--set resume=...` and `--set resume_from=...` (either form)."""
     kept: list[str] = []
     skip = False
     for index, word in enumerate(args):
@@ -189,9 +195,9 @@ def _without_resume(args: Sequence[str]) -> list[str]:
             skip = False
             continue
         following = args[index + 1] if index + 1 < len(args) else ""
-        if word == "--set" and following.startswith("resume="):
+        if word == "--set" and following.startswith(_RESUME_FIELDS):
             skip = True
-        elif not word.startswith("--set=resume="):
+        elif not word.startswith(tuple(f"--set={field}" for field in _RESUME_FIELDS)):
             kept.append(word)
     return kept
 

@@ -141,8 +141,13 @@ class TrainConfig:
     """Each file's integrity hash in the manifest: `xxh3_128` (fast) or `sha256` (a cryptographic
     digest)."""
     resume: str | None = None
-    """`auto`: the newest valid checkpoint in `checkpoint_dir` (none yet: start fresh); a checkpoint's path;
-    or `DIR/latest`, the newest valid one in DIR. Null: start fresh."""
+    """`auto`: the newest valid checkpoint in `checkpoint_dir` (none yet: start fresh, or `resume_from`); a
+    checkpoint's path; or `DIR/latest`, the newest valid one in DIR. Null: start fresh."""
+    resume_from: str | None = None
+    """With `resume: auto`, where `checkpoint_dir` holds no checkpoint yet: the checkpoint to go on from
+    instead (a path or URL, or `DIR/latest`), such as another job's. The run then continues in its own
+    `checkpoint_dir`, so a restart of the job goes on from its own newer checkpoints, not from this one
+    again (`hvdazure submit --resume-from JOB` sets both)."""
     # preemption notices: every rank checkpoints and exits 143 before the VM goes (needs checkpointing)
     preemption_watch: bool | None = None
     """Watch for preemption notices, then checkpoint on every rank and exit 143. Null: the environment
@@ -439,6 +444,11 @@ def _check_values(c: TrainConfig) -> None:
     require(c.keep_best >= 0, "keep_best", "must not be negative")
     require(c.checkpoint_dir is None or bool(c.checkpoint_dir), "checkpoint_dir", "must be a path or URL")
     require(c.resume is None or bool(c.resume), "resume", "must be 'auto', a checkpoint path, or null")
+    require(c.resume_from is None or bool(c.resume_from), "resume_from", "must be a checkpoint path, or null")
+    if c.resume_from is not None and c.resume != "auto":
+        raise ConfigError(f"config field 'resume_from': {c.resume_from!r} goes with resume: auto (it is "
+                          "where a run with no checkpoint of its own yet starts from), not resume: "
+                          f"{c.resume!r}")
     require(c.scheduled_events_url is None or c.scheduled_events_url.startswith(("http://", "https://")),
             "scheduled_events_url", "must be an http:// or https:// URL")
     if c.profile_steps is not None:

@@ -182,19 +182,28 @@ class TrainerCheckpoints:
         self._durable = threading.Event()  # rank 0: the pending write's checkpoint is complete, or it failed
         self._outcome = WriteOutcome()  # rank 0: how the last write ended
 
-    def start_run(self, which: str | None, restore: Callable[[ResumePoint], str]) -> ResumePoint | None:
+    def start_run(self, which: str | None, restore: Callable[[ResumePoint], str],
+                  fallback: str | None = None) -> ResumePoint | None:
         """Begin the run in the checkpoint directory, on every rank, before the first step: resume `which`
         if it is given (see `resume`), decide the run's id, and refuse (a ConfigError on every rank, before
         anything is written) a directory that holds another run's checkpoints. Listing the directory also
         fails before training, on every rank, if rank 0 cannot use it (a missing container, a wrong key, no
         permission), rather than at the first save, an epoch later; one that does not exist yet is fine
         (the first save makes it). A fresh run (`which` None) whose directory holds this very job's
-        checkpoints (run again by its scheduler) resumes them as "auto" would."""
+        checkpoints (run again by its scheduler) resumes them as "auto" would. Where "auto" finds no
+        checkpoint, `fallback` (config field resume_from) is resumed instead."""
         if which is None:
             which = self._start_fresh()
             if which is None:
                 return None
         point = self.resume(which, restore)
+        if point is None and fallback is not None:
+            logger.info(f"no checkpoint in {redact(self.directory)} yet: going on from {redact(fallback)} "
+                        "(resume_from)")
+            which = fallback
+            point = self.resume(which, restore)
+        elif point is None:
+            logger.info(f"no checkpoint to resume from in {redact(self.directory)}; starting from scratch")
         self._claim(point, which)
         return point
 
@@ -379,8 +388,7 @@ class TrainerCheckpoints:
         found = json.loads(self.collectives.broadcast_bytes(mine))
         if "error" in found:
             raise CheckpointError(found["error"])
-        if found["point"] is None:
-            logger.info(f"no checkpoint to resume from in {self.directory}; starting from scratch")
+        if found["point"] is None:  # "auto" found none (start_run says what happens next)
             return None
         point, message, error = ResumePoint(**found["point"]), found.get("message", ""), None
         if not self.is_main:

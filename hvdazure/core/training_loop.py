@@ -373,7 +373,7 @@ class TrainingLoop:
         self.callbacks = [cb for cb in self._default_callbacks() + self._user_callbacks
                           if self.is_main or not cb.main_only]
         if self.checkpoints is not None:  # resumes if asked; refuses a directory holding another run's
-            self.checkpoints.start_run(c.resume, self._continue_from)
+            self.checkpoints.start_run(c.resume, self._continue_from, fallback=c.resume_from)
         elif c.resume is not None:
             # the directory above the checkpoint, as a URL too (pathlib would make abfs://c/run abfs:/c)
             parent = c.resume.rstrip("/").rpartition("/")[0] or "."

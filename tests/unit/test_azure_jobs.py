@@ -182,7 +182,8 @@ def test_a_preemption_error_says_so_and_how_to_resume(service, sdk):
            "-- --set epochs=10 --set 'checkpoint_dir=${{outputs.ckpt}}'" if sdk == "v2" else
            f"; not resumable with --resume-from: job {JOB} is an SDK v1 run, and --resume-from looks jobs "
            f"up with SDK v2: download its checkpoints (hvdazure jobs download {JOB} --sdk v1) and give them "
-           "to a new job as an --input, with -- --set resume='${{inputs.NAME}}/latest'")
+           "to a new job as an --input, with -- --set resume=auto --set "
+           "resume_from='${{inputs.NAME}}/latest'")
     assert report.report()[-1] == f"preempted (no checkpoint could be read from {where}){how}"
 
 

@@ -1,11 +1,12 @@
 """`hvdazure submit --resume-from JOB`: a new job that goes on from job JOB's newest valid checkpoint.
 
 Offline, the dry run's file loaded back by azure-ai-ml (the input that reads the job's checkpoints, the
-script's `--set resume=...`) and every refusal that needs no workspace. Up to HTTP, with the fake workspace
-of test_azure_submit_v2 (ARM, discovery, Run History; blob uploads recorded): the job is looked up first,
-the job PUT carries the wiring, and a job that cannot be resumed is refused before anything is uploaded. The
-jobs looked up are the fixture's (tests/unit/fixtures/azure/README.md) or ones these tests submitted to the
-fake; none ran anywhere, and nothing here shows that Azure ML mounts another job's output as an input.
+script's `--set resume=auto --set resume_from=...`) and every refusal that needs no workspace. Up to
+HTTP, with the fake workspace of test_azure_submit_v2 (ARM, discovery, Run History; blob uploads recorded):
+the job is looked up first, the job PUT carries the wiring, and a job that cannot be resumed is refused
+before anything is uploaded. The jobs looked up are the fixture's (tests/unit/fixtures/azure/README.md) or
+ones these tests submitted to the fake; none ran anywhere, and nothing here shows that Azure ML mounts
+another job's output as an input.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
 IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 SOURCE = "digits_1767225600_a1b2c3d4"  # the fixture's job: 2 nodes, checkpoints in its output ckpt
-SETTING = "resume=${{inputs.resume_from}}/latest"
+SETTING = "resume_from=${{inputs.resume_from}}/latest"
+SETTINGS = f"--set resume=auto --set '{SETTING}'"  # as the command line quotes them
 SPACE = "lr: {type: choice, values: [0.1, 0.01]}\n"
 
 
@@ -71,12 +73,13 @@ def test_the_dry_run_reads_the_jobs_checkpoints_through_a_read_only_input_and_se
     body = load(tmp_path / "job.yml")  # as `az ml job create -f` reads it
     assert body["inputs"]["resume_from"] == {"jobInputType": "uri_folder", "mode": "ReadOnlyMount",
                                              "uri": uri}
-    assert body["command"].endswith(f" --set '{SETTING}'")
+    assert body["command"].endswith(f" {SETTINGS}")
     assert body["resources"]["instanceCount"] == 8
     report = result.report()
     assert f"input resume_from: uri_folder {uri} (ro_mount)" in report
     assert (f"resume: job {SOURCE}'s newest valid checkpoint in {where}, read through input resume_from, "
-            f"with --set {SETTING} (the new job writes its own checkpoints; the run goes on)") in report
+            f"with --set resume=auto --set {SETTING} (the new job writes its own checkpoints and, run again "
+            "by Azure ML, goes on from those; the run goes on)") in report
     # a dry run has no workspace: it says it assumed where the checkpoints are, and what a submission does
     assert (f"job {SOURCE} not looked up (a dry run has no workspace): where its checkpoints are is assumed "
             f"from this job's command; a submission reads it from job {SOURCE}'s, and refuses a job that is "
@@ -89,7 +92,8 @@ def test_checkpoints_at_a_url_are_read_by_the_new_job_itself_without_an_input(pr
 
     body = load(tmp_path / "job.yml")
     assert not body.get("inputs")
-    assert body["command"] == f"python train.py --set checkpoint_dir={url} --set resume={url}/latest"
+    assert body["command"] == (f"python train.py --set checkpoint_dir={url} --set resume=auto "
+                               f"--set resume_from={url}/latest")
 
 
 def test_the_cli_dry_runs_json_holds_the_wiring_and_says_it_was_not_looked_up(project, capsys):
@@ -98,7 +102,7 @@ def test_the_cli_dry_runs_json_holds_the_wiring_and_says_it_was_not_looked_up(pr
 
     assert code == 0
     assert json.loads(capsys.readouterr().out)["resume_from"] == {
-        "job": SOURCE, "checkpoints": "the job's outputs/checkpoints", "setting": SETTING,
+        "job": SOURCE, "checkpoints": "the job's outputs/checkpoints", "settings": ["resume=auto", SETTING],
         "input": {"name": "resume_from", "uri": f"azureml://jobs/{SOURCE}/outputs/artifacts/paths/outputs/"
                                                 "checkpoints/", "type": "uri_folder", "mode": "ro_mount"},
         "looked_up": False}
@@ -106,9 +110,11 @@ def test_the_cli_dry_runs_json_holds_the_wiring_and_says_it_was_not_looked_up(pr
 
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"script_args": ["--set", "resume=auto"]},
-     rf"^--resume-from {SOURCE} sets resume itself \(to job {SOURCE}'s newest valid checkpoint\): drop the "
-     r"script's --set resume=\.\.\.$"),
-    ({"script_args": ["--set=resume=/ckpt/latest"]}, rf"^--resume-from {SOURCE} sets resume itself"),
+     rf"^--resume-from {SOURCE} sets resume and resume_from itself \(to job {SOURCE}'s newest valid "
+     r"checkpoint\): drop the script's --set resume=\.\.\.$"),
+    ({"script_args": ["--set=resume=/ckpt/latest"]}, rf"^--resume-from {SOURCE} sets resume and resume_from"),
+    ({"script_args": ["--set", "resume_from=/ckpt/latest"]},
+     rf"^--resume-from {SOURCE} sets resume and resume_from itself .*drop the script's --set resume_from="),
     ({"inputs": [InputSpec("resume_from", "azureml:digits@latest")]},
      rf"^--input resume_from: the input --resume-from {SOURCE} reads job {SOURCE}'s checkpoints through"),
     ({"resume_from": "digits 7"}, r"^--resume-from 'digits 7': 1 to 256 letters, digits"),
@@ -182,7 +188,7 @@ def test_the_submission_gets_the_job_first_then_puts_one_that_reads_its_checkpoi
     # command would put its own under ./outputs (a dry run's assumption, which the lookup replaces)
     assert body["inputs"]["resume_from"] == {"jobInputType": "uri_folder", "mode": "ReadOnlyMount",
                                              "uri": f"azureml://jobs/{SOURCE}/outputs/ckpt/paths/"}
-    assert body["command"] == f"python train.py --set epochs=10 --set '{SETTING}'"
+    assert body["command"] == f"python train.py --set epochs=10 {SETTINGS}"
     assert (body["resources"]["instanceCount"], body["distribution"]["processCountPerInstance"]) == (4, 8)
 
 
@@ -238,7 +244,7 @@ def test_a_sweep_job_is_refused_resume_one_of_its_trials(project, fake):
 def test_the_scripts_own_resume_is_refused_before_any_request(project, fake):
     add_source(fake)
 
-    with pytest.raises(JobSpecError, match=rf"^--resume-from {SOURCE} sets resume itself"):
+    with pytest.raises(JobSpecError, match=rf"^--resume-from {SOURCE} sets resume and resume_from itself"):
         submit(fake, script_args=["--set", "resume=auto"])
 
     assert fake.calls == []

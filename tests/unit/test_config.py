@@ -110,6 +110,14 @@ def test_adasum_with_gradient_predivision_names_the_value() -> None:
     assert "2.0" in _error(reduce_op="adasum", gradient_predivide_factor=2.0)
 
 
+def test_resume_from_goes_with_resume_auto_only() -> None:
+    assert TrainConfig(resume="auto", resume_from="abfs://c/job-1/latest").resume_from == "abfs://c/job-1/latest"
+    for resume in (None, "runs/a/step-00000004"):
+        with pytest.raises(ConfigError, match=r"^config field 'resume_from': 'runs/a/latest' goes with "
+                                              rf"resume: auto .*, not resume: {resume!r}$"):
+            TrainConfig(resume=resume, resume_from="runs/a/latest")
+
+
 def test_replace_validates_the_new_values() -> None:
     with pytest.raises(ConfigError, match="'epochs'"):
         TrainConfig().replace(epochs=0)

@@ -836,6 +836,24 @@ def test_a_resume_from_elsewhere_into_a_directory_holding_another_run_is_refused
     assert [len(t.steps) for t in trainers] == [0, 0] and _stored(tmp_path / "b") == before
 
 
+def test_resume_from_starts_a_new_directory_and_a_restart_goes_on_from_its_own_newer_checkpoints(
+        tmp_path: Path) -> None:
+    problem = LinearProblem.make(RESUME_SAMPLES)
+    first_job, second_job = str(tmp_path / "job-1"), str(tmp_path / "job-2")
+    fit(2, problem, exact_config(2, first_job).replace(max_steps=4), momentum=EXACT_MOMENTUM)
+    first_stored = _stored(Path(first_job))
+    # another job, on 3 ranks: job-1's checkpoints where its own directory has none yet
+    going_on = exact_config(3, second_job).replace(resume="auto", resume_from=f"{first_job}/latest")
+    resumed = fit(3, problem, going_on.replace(max_steps=6), momentum=EXACT_MOMENTUM)  # preempted at 6
+
+    restarted = fit(3, problem, going_on, momentum=EXACT_MOMENTUM)  # the scheduler runs it again, as it was
+
+    assert resumed[0].steps[0].step == 4 and restarted[0].steps[0].step == 6  # its own, not job-1's again
+    np.testing.assert_allclose(restarted[0].weights, uninterrupted()[0], rtol=0, atol=1e-12)
+    assert set(_run_ids(second_job)) == set(_run_ids(first_job))  # one run, continued
+    assert _stored(Path(first_job)) == first_stored  # job-1's checkpoints untouched
+
+
 def _forget_run_ids(directory: Path) -> None:
     """Make the checkpoints look as an hvdazure from before run ids wrote them."""
     for manifest in directory.glob("step-*/manifest.json"):
