@@ -362,7 +362,6 @@ class JobsTransport(RequestsTransport):
             raise ServiceRequestError("<urllib3.connection.HTTPSConnection>: Failed to establish a new "
                                       "connection: [Errno 111] Connection refused")
         raw = getattr(request, "content", None) or getattr(request, "body", None) or b""
-        response = requests.Response()
         if request.url.startswith(BLOB_HOST):  # a log azure-ai-ml reads through this pipeline
             status, headers, data = self.service.forward_blob(
                 types.SimpleNamespace(method=request.method, url=request.url, headers=dict(request.headers),
@@ -372,15 +371,22 @@ class JobsTransport(RequestsTransport):
                                                           json.loads(raw) if raw else None)
             headers = {"Content-Type": "application/json", **headers}
             data = json.dumps(answer).encode() if answer is not None else b""
-        response.status_code, response.url, response.reason = status, request.url, "fake"
-        response.headers.update(headers)
-        response.raw = io.BytesIO(data)
-        if hasattr(request, "content"):  # an azure.core.rest request (newer generated clients)
-            wrapped = RestRequestsTransportResponse(request=request, internal_response=response)
-            if not kwargs.get("stream"):
-                wrapped.read()
-            return wrapped
-        return RequestsTransportResponse(request, response)
+        return transport_response(request, status, headers, data, stream=bool(kwargs.get("stream")))
+
+
+def transport_response(request: Any, status: int, headers: dict[str, str], data: bytes, stream: bool) -> Any:
+    """What an azure-core transport returns for `request`: the answer as a `requests` response, wrapped for
+    the kind of request azure-core sent (a newer generated client's azure.core.rest one, or the older)."""
+    response = requests.Response()
+    response.status_code, response.url, response.reason = status, request.url, "fake"
+    response.headers.update(headers)
+    response.raw = io.BytesIO(data)
+    if hasattr(request, "content"):  # an azure.core.rest request (newer generated clients)
+        wrapped = RestRequestsTransportResponse(request=request, internal_response=response)
+        if not stream:
+            wrapped.read()
+        return wrapped
+    return RequestsTransportResponse(request, response)
 
 
 @contextmanager

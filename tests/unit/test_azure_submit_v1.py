@@ -9,10 +9,8 @@ Response shapes: tests/unit/fixtures/azure/README.md.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any
 import pytest
 import responses
 from azure_project import make_project
+from fakes.azureml_jobs import FAKE_TOKEN, FakeCredential  # azureml-core reads tenant and user from it
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
@@ -38,24 +37,6 @@ SAS_SIGNATURE = "FAKE-SAS-SIGNATURE"
 
 def fixture(name: str) -> dict:
     return json.loads((FIXTURES / name).read_text())
-
-
-def _b64(data: dict) -> str:
-    return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
-
-
-# azureml-core reads the tenant and user from the token, so the fake one is JWT-shaped (and unsigned).
-FAKE_TOKEN = ".".join([_b64({"alg": "none", "typ": "JWT"}),
-                       _b64({"tid": "tenant-id", "oid": "object-id", "upn": "user@example.com",
-                             "aud": "https://management.azure.com/", "exp": int(time.time()) + 3600}),
-                       "unsigned"])
-
-
-class FakeCredential:
-    def get_token(self, *scopes, **kwargs):
-        from azure.core.credentials import AccessToken
-
-        return AccessToken(FAKE_TOKEN, int(time.time()) + 3600)
 
 
 class FakeService:

@@ -9,7 +9,6 @@ ML would run. Response shapes: tests/unit/fixtures/azure/README.md.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import time
@@ -21,9 +20,9 @@ import requests
 import responses
 from azure.core.credentials import AccessToken, AccessTokenInfo
 from azure.core.exceptions import ClientAuthenticationError
-from azure.core.pipeline.transport import RequestsTransport, RequestsTransportResponse
-from azure.core.rest._requests_basic import RestRequestsTransportResponse
+from azure.core.pipeline.transport import RequestsTransport
 from azure_project import make_project
+from fakes.azureml_jobs import transport_response
 
 from hvdazure.azure import submission, submit_v2
 from hvdazure.azure.compute import ClusterSpec
@@ -182,16 +181,8 @@ class RecordingTransport(RequestsTransport):
         raw = getattr(request, "content", None) or getattr(request, "body", None) or b""
         body = json.loads(raw) if raw else None
         status, answer = self.workspace.answer(request.method, request.url, body)
-        response = requests.Response()
-        response.status_code, response.url, response.reason = status, request.url, "fake"
-        response.headers["Content-Type"] = "application/json"
-        response.raw = io.BytesIO(json.dumps(answer).encode())
-        if hasattr(request, "content"):  # an azure.core.rest request (newer generated clients)
-            wrapped = RestRequestsTransportResponse(request=request, internal_response=response)
-            if not kwargs.get("stream"):
-                wrapped.read()
-            return wrapped
-        return RequestsTransportResponse(request, response)
+        return transport_response(request, status, {"Content-Type": "application/json"},
+                                  json.dumps(answer).encode(), stream=bool(kwargs.get("stream")))
 
 
 @pytest.fixture
