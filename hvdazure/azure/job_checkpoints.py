@@ -20,7 +20,7 @@ from typing import Literal
 
 from hvdazure.azure.job_records import JobDetails
 from hvdazure.core.checkpoint_integrity import MANIFEST
-from hvdazure.core.checkpoint_store import _STEP_NAME, LATEST
+from hvdazure.core.checkpoint_store import LATEST, is_checkpoint_name
 
 DEFAULT_IN_JOB = "outputs/checkpoints"  # the trainer's default inside an Azure ML job, among the job's files
 _OUTPUT = re.compile(r"^\$\{\{\s*outputs\.([A-Za-z0-9_]+)\s*\}\}/?(.*)$")
@@ -83,7 +83,7 @@ def last_checkpoint(place: CheckpointPlace, read: Reader) -> LastCheckpoint | No
     there is no readable pointer."""
     pointer = read(LATEST)
     name = pointer.decode(errors="replace").strip() if pointer else ""
-    if not _STEP_NAME.fullmatch(name):
+    if not is_checkpoint_name(name):
         return None
     manifest = read(f"{name}/{MANIFEST}")
     try:

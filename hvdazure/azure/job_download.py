@@ -30,7 +30,7 @@ from typing import Any
 
 from hvdazure.azure.errors import JobError
 from hvdazure.core.checkpoint_integrity import MANIFEST, CheckpointError
-from hvdazure.core.checkpoint_store import _STEP_NAME, LATEST, CheckpointManager, _step_and_version
+from hvdazure.core.checkpoint_store import LATEST, CheckpointManager, is_checkpoint_name, step_and_version
 
 ARTIFACTS = "artifacts"  # azure-ai-ml's names for the two parts of a download
 NAMED_OUTPUTS = "named-outputs"
@@ -138,7 +138,7 @@ def verify_checkpoints(directory: Path, staging: Path | None = None,
     manager = CheckpointManager(str(directory))
     valid, damaged, incomplete = [], [], []
     for entry in sorted(directory.iterdir(), key=_step_order):
-        if not (entry.is_dir() and _is_step_name(entry.name)):
+        if not (entry.is_dir() and is_checkpoint_name(entry.name)):
             continue
         if not (entry / MANIFEST).is_file():
             incomplete.append(entry.name)
@@ -161,16 +161,11 @@ def _checkpoint_directories(root: Path) -> Iterator[Path]:
     with a manifest), not looking inside the checkpoints themselves."""
     for current, directories, files in os.walk(root):
         here = Path(current)
-        steps = [d for d in directories if _is_step_name(d)]
+        steps = [d for d in directories if is_checkpoint_name(d)]
         if LATEST in files or any((here / d / MANIFEST).is_file() for d in steps):
             yield here
-            directories[:] = [d for d in directories if not _is_step_name(d)]
-
-
-def _is_step_name(name: str) -> bool:
-    """A checkpoint's directory name as the checkpoint store writes it (step-00000120, step-00000120-v2)."""
-    return _STEP_NAME.fullmatch(name) is not None
+            directories[:] = [d for d in directories if not is_checkpoint_name(d)]
 
 
 def _step_order(entry: Path) -> tuple[int, int]:
-    return _step_and_version(entry.name) if _is_step_name(entry.name) else (-1, 0)
+    return step_and_version(entry.name) if is_checkpoint_name(entry.name) else (-1, 0)

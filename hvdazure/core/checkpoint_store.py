@@ -154,7 +154,13 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def _step_and_version(name: str) -> tuple[int, int]:
+def is_checkpoint_name(name: str) -> bool:
+    """Whether `name` is a checkpoint directory's name as the store writes it (step-00000120, and
+    step-00000120-v2 for a step saved again)."""
+    return _STEP_NAME.fullmatch(name) is not None
+
+
+def step_and_version(name: str) -> tuple[int, int]:
     """The sort key of a checkpoint directory name: step, then version (1 for a step saved once)."""
     match = _STEP_NAME.fullmatch(name)
     assert match is not None, name
@@ -162,7 +168,7 @@ def _step_and_version(name: str) -> tuple[int, int]:
 
 
 def _newest_first(checkpoint: Checkpoint) -> tuple[int, int]:
-    step, version = _step_and_version(checkpoint.name)
+    step, version = step_and_version(checkpoint.name)
     return -step, -version
 
 
@@ -260,8 +266,8 @@ class CheckpointManager:
     def _unused_name(self, step: int) -> str:
         """checkpoint_name(step), or if the step has checkpoints already, the next version's name: an
         existing checkpoint (perhaps the one `latest` names) is never overwritten or moved."""
-        versions = [_step_and_version(name)[1] for name, _ in self._entries()
-                    if _STEP_NAME.fullmatch(name) and _step_and_version(name)[0] == step]
+        versions = [step_and_version(name)[1] for name, _ in self._entries()
+                    if _STEP_NAME.fullmatch(name) and step_and_version(name)[0] == step]
         return f"{checkpoint_name(step)}-v{max(versions) + 1}" if versions else checkpoint_name(step)
 
     def _write(self, path: str, write: Callable[[BinaryIO], object]) -> dict[str, Any]:
@@ -514,7 +520,7 @@ class CheckpointManager:
             return self.run_id
         pointed = self._read_latest()
         newest = next((c for c in checkpoints if c.name == pointed), None) or max(
-            checkpoints, key=lambda c: _step_and_version(c.name), default=None)
+            checkpoints, key=lambda c: step_and_version(c.name), default=None)
         return newest.run_id if newest is not None else None
 
     def _of_current_run(self, checkpoints: list[Checkpoint]) -> list[Checkpoint]:
@@ -527,7 +533,7 @@ class CheckpointManager:
 
     def _step_names(self) -> list[str]:
         names = [name for name, kind in self._entries() if kind == "directory" and _STEP_NAME.fullmatch(name)]
-        return sorted(names, key=_step_and_version)
+        return sorted(names, key=step_and_version)
 
     def _entries(self) -> list[tuple[str, str]]:
         try:
