@@ -121,6 +121,22 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return " ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4g}" for k, v in metrics.items())
 
 
+def _max_steps_reached(trainer: Trainer) -> bool:
+    return trainer.config.max_steps is not None and trainer.state.step >= trainer.config.max_steps
+
+
+def _ending_field(trainer: Trainer) -> str:
+    """The config field that ended a run that has ended: max_steps or epochs."""
+    return "max_steps" if _max_steps_reached(trainer) else "epochs"
+
+
+def _ended_by(trainer: Trainer) -> str:
+    """What a run that has ended has done: its max_steps, or its epochs."""
+    if _max_steps_reached(trainer):
+        return f"taken its {trainer.config.max_steps} steps (max_steps)"
+    return f"trained its {trainer.config.epochs} epochs"
+
+
 class ProgressLogger(Callback):
     """Rank 0's progress: a tqdm bar on a terminal, a line per log interval otherwise (logs, pipes)."""
 
@@ -133,6 +149,10 @@ class ProgressLogger(Callback):
 
     def on_train_start(self, trainer: Trainer) -> None:
         self._mark = (time.perf_counter(), trainer.state.samples_seen)
+        if trainer.finished:  # a resume of a run that has ended: say so, rather than end in silence
+            trainer.log(f"nothing to train: the run has {_ended_by(trainer)} already (step "
+                        f"{trainer.state.step}); raise {_ending_field(trainer)} to train further")
+            return
         trainer.log(f"training on {trainer.world_size} rank(s): global batch {trainer.global_batch_size}, "
                     f"{trainer.steps_per_epoch} steps per epoch, peak lr {trainer.schedule.peak_lr:.6g}")
 
@@ -166,8 +186,12 @@ class ProgressLogger(Callback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        record = dict(trainer.state.history[-1])
-        trainer.log(f"epoch {record.pop('epoch') + 1} done: {format_metrics(record)}")
+        record, s = dict(trainer.state.history[-1]), trainer.state
+        ended = "done"
+        if s.samples_in_epoch:  # the loop moves on to the next epoch only after a whole one
+            why = f"max_steps {trainer.config.max_steps}" if _max_steps_reached(trainer) else "stopped"
+            ended = f"cut short at step {s.step_in_epoch} of {trainer.steps_per_epoch} ({why})"
+        trainer.log(f"epoch {record.pop('epoch') + 1} {ended}: {format_metrics(record)}")
 
     def on_train_end(self, trainer: Trainer) -> None:
         if trainer.state.stop_reason:

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import itertools
 import json
+import logging
 import signal
 import threading
 import time
@@ -53,6 +54,18 @@ def build(world_size: int, problem: LinearProblem, config: TrainConfig,
     world = ThreadWorld(world_size)
     return world, [trainer_class(world, rank, problem, config, callbacks(rank), momentum)
                    for rank in range(world_size)]
+
+
+@pytest.fixture
+def rank0_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The lines the `hvdazure` logger writes (rank 0's callbacks log; every thread rank is let through)."""
+    monkeypatch.setenv("HVDAZURE_LOG_ALL_RANKS", "1")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("hvdazure").addHandler(handler)
+    yield lines
+    logging.getLogger("hvdazure").removeHandler(handler)
 
 
 def fit(world_size: int, problem: LinearProblem, config: TrainConfig, **options: object) -> Trainers:
@@ -285,11 +298,14 @@ def test_evaluation_runs_every_eval_every_epochs_and_after_the_last() -> None:
     assert evaluated == [1, 3, 4]
 
 
-def test_a_run_ended_by_max_steps_mid_epoch_is_evaluated() -> None:
+def test_a_run_ended_by_max_steps_mid_epoch_is_evaluated_and_logs_the_epoch_as_cut_short(
+        rank0_log: list[str]) -> None:
     problem = LinearProblem.make(12, num_eval=5)
     trainers = fit(2, problem, make_config(epochs=5, batch_size=2, eval_every=3, max_steps=4))
 
     assert [("eval_loss" in r) for r in trainers[0].state.history] == [False, True]
+    epoch_ends = [line.split(":")[0] for line in rank0_log if line.startswith("epoch ") and ":" in line]
+    assert epoch_ends == ["epoch 1 done", "epoch 2 cut short at step 1 of 3 (max_steps 4)"]
 
 
 @pytest.mark.parametrize(("world_size", "requesting_rank", "at_step", "log_every", "stops_at"), [
@@ -453,14 +469,17 @@ def test_max_steps_of_a_resumed_run_counts_the_steps_taken_before_it(first_world
 
 
 @pytest.mark.parametrize(("first_world", "second_world"), [(2, 4), (3, 1)])
-def test_a_resume_after_the_last_epoch_trains_nothing_more(first_world: int, second_world: int,
-                                                            checkpoint_dir: str) -> None:
+def test_a_resume_after_the_last_epoch_trains_nothing_more_and_says_so(
+        first_world: int, second_world: int, checkpoint_dir: str, rank0_log: list[str]) -> None:
     problem = LinearProblem.make(RESUME_SAMPLES)
     config = make_config(epochs=2, batch_size=3, checkpoint_dir=checkpoint_dir)
     first = fit(first_world, problem, config)
 
+    rank0_log.clear()
     second = fit(second_world, problem, config.replace(resume="auto"))
 
+    said = "nothing to train: the run has trained its 2 epochs already"
+    assert any(line.startswith(said) for line in rank0_log), rank0_log
     assert [len(t.steps) for t in second] == [0] * second_world
     assert second[0].state.history == first[0].state.history
     np.testing.assert_array_equal(second[0].weights, first[0].weights)
