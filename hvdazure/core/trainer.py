@@ -13,6 +13,7 @@ from typing import Any
 from hvdazure.core.backend import Backend, Collectives
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import ConfigError, TrainConfig
+from hvdazure.core.errors import UserError
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
@@ -200,10 +201,14 @@ class Trainer:
         if command.mode == "export":  # one process; the config is the checkpoint's (core/script_export.py)
             from hvdazure.core.script_export import export_checkpoint, export_request
 
-            request = export_request(command.checkpoint or "", command.output or "", command.config_args,
-                                     defaults, format=command.format, example=command.example,
-                                     overwrite=command.overwrite)
-            done = export_checkpoint(cls, request, command.config_args, defaults)
+            try:  # in one process, as `hvdazure export`: every refusal is bad input, exit status 2
+                request = export_request(command.checkpoint or "", command.output or "", command.config_args,
+                                         defaults, format=command.format, example=command.example,
+                                         overwrite=command.overwrite)
+                done = export_checkpoint(cls, request, command.config_args, defaults)
+            except UserError as exc:
+                sys.stderr.write(f"hvdazure: error: {exc}\n")
+                raise SystemExit(2) from None
             logger.info(f"export: {done.describe()}")
             return done
         trainer = cls(TrainConfig.from_cli(command.config_args, **defaults))  # type: ignore[call-arg]

@@ -21,6 +21,7 @@ from hvdazure.core.checkpoint_store import CheckpointError, CheckpointManager
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.model_export import ExportError
 from hvdazure.core.script_export import ExportRequest, export_checkpoint, export_request, read_example
+from hvdazure.core.trainer import Trainer
 from hvdazure.core.training_script import trainer_class_in
 
 TRAINER = """
@@ -269,3 +270,14 @@ def test_the_command_fails_in_one_line_with_exit_status_2_and_json(tmp_path: Pat
     assert json.loads(out.getvalue()) == {"error": f"script '{tmp_path / 'no_such.py'}' not found",
                                           "exit_code": 2}
     assert os.listdir(tmp_path) == []
+
+
+def test_the_scripts_export_mode_fails_with_exit_status_2_as_the_command_does(
+        tmp_path: Path, regression: type[Trainer]) -> None:
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(SystemExit) as exited:
+        regression.main(["export", "--checkpoint", str(tmp_path / "no_such"), "--output",
+                         str(tmp_path / "m.onnx")])
+    assert exited.value.code == 2  # as `hvdazure export` ends on a checkpoint that is missing
+    assert err.getvalue() == f"hvdazure: error: {tmp_path / 'no_such'}: no such directory\n"
+    assert os.listdir(tmp_path) == ["train.py"]
