@@ -32,6 +32,9 @@ def exported_file(checkpoint: str, which: str, file_name: str) -> Iterator[str]:
 @contextlib.contextmanager
 def exported_checkpoint(checkpoint: str, which: str, file_name: str) -> Iterator[tuple[Checkpoint, str]]:
     """`exported_file`, with the checkpoint it chose (to say which one was loaded)."""
+    if not isinstance(checkpoint, str) or which not in ("latest", "best"):  # e.g. load_weights(path, model)
+        raise CheckpointError(f"checkpoint={_short(checkpoint)}, which={_short(which)}: a checkpoint's path "
+                              "or URL (a str) and which 'latest' or 'best'")
     manager = CheckpointManager(checkpoint)
     candidates = manager.checkpoints()
     if not candidates:  # `checkpoint` is itself one checkpoint's directory
@@ -68,3 +71,8 @@ def _run_config(manager: CheckpointManager, candidates: list[Checkpoint]) -> dic
 def _refuse_missing(manager: CheckpointManager, checkpoint: str) -> None:
     if not manager.exists():
         raise CheckpointError(f"{redact(checkpoint)}: no such directory")
+
+
+def _short(value: object) -> str:
+    """A value for a one-line error: a string or number as it is, anything else (a model) by its type."""
+    return repr(value) if isinstance(value, str | int | float | None) else f"a {type(value).__name__}"

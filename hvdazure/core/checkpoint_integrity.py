@@ -178,6 +178,14 @@ def _recorded_hash(record: Mapping[str, Any]) -> tuple[str, str]:
     return algorithm, record[algorithm]
 
 
+def _is_pointer_directory(fs: Any, root: str) -> bool:
+    """Whether `root` holds a `latest` pointer: a directory of checkpoints (checkpoint_store.py's LATEST)."""
+    try:
+        return bool(fs.isfile(posixpath.join(root, "latest")))
+    except Exception:  # storage that cannot answer: the plain message
+        return False
+
+
 def read_manifest(fs: Any, root: str, url: str) -> dict[str, Any]:
     """The manifest of the checkpoint at `url` (stored at `root` on `fs`), parsed and checked for its
     shape; CheckpointError if it is missing, not JSON, or malformed."""
@@ -185,6 +193,10 @@ def read_manifest(fs: Any, root: str, url: str) -> dict[str, Any]:
     try:
         raw = storage_call(fs, f"reading {url}/{MANIFEST}", lambda: fs.cat_file(path))
     except FileNotFoundError:
+        if _is_pointer_directory(fs, root):  # resume=DIR where DIR/latest was meant
+            raise CheckpointError(f"checkpoint {url}: no {MANIFEST}: it is a directory of checkpoints; "
+                                  f"name one of them, or {url.rstrip('/')}/latest for the newest valid one"
+                                  ) from None
         raise CheckpointError(f"checkpoint {url}: no {MANIFEST} (not a checkpoint, or its save was "
                               "interrupted)") from None
     try:

@@ -54,3 +54,20 @@ def test_a_corrupt_optimizer_file_makes_the_checkpoint_invalid_too(tmp_path: Pat
     newest = _save(tmp_path, 2, 2.0)
     (tmp_path / newest / "optimizer.pt").write_bytes(b"not the optimizer")
     assert torch.equal(load_weights(str(tmp_path))["weight"], torch.full((64, 64), 0.5))
+
+
+def test_a_model_or_another_value_for_which_is_one_line(tmp_path: Path) -> None:
+    _save(tmp_path, 1, 0.5)
+    with pytest.raises(CheckpointError, match=r"^checkpoint='.*', which=a Linear: a checkpoint's path or URL "
+                                              r"\(a str\) and which 'latest' or 'best'$"):
+        load_weights(str(tmp_path), torch.nn.Linear(64, 64))  # type: ignore[arg-type]  # the model, by mistake
+    with pytest.raises(CheckpointError, match=r"^checkpoint=a Linear, which='latest'"):
+        load_weights(torch.nn.Linear(64, 64))  # type: ignore[arg-type]
+
+
+def test_a_directory_of_checkpoints_named_as_one_says_to_add_latest(tmp_path: Path) -> None:
+    _save(tmp_path / "ckpt", 1, 0.5)
+    manager = CheckpointManager(str(tmp_path / "ckpt"))
+    with pytest.raises(CheckpointError, match=r"no manifest\.json: it is a directory of checkpoints; name "
+                                              r"one of them, or .*ckpt/latest for the newest valid one$"):
+        manager.open(str(tmp_path / "ckpt"))
