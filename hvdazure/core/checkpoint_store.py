@@ -425,8 +425,8 @@ class CheckpointManager:
             for warning in warnings:
                 logger.warning(warning)
             if checkpoint is None:
-                raise CheckpointError(f"no valid checkpoint in {self.directory}" + (
-                    f" has the metric {self.monitor!r}" if which == "best" else ""))
+                raise self._no_best() if which == "best" else CheckpointError(
+                    f"no valid checkpoint in {self.directory}")
             yield checkpoint, paths
 
     @contextlib.contextmanager
@@ -509,8 +509,17 @@ class CheckpointManager:
                     return checkpoint
                 except CheckpointError as exc:
                     logger.warning(f"skipping invalid {exc}")
-            raise CheckpointError(f"no valid checkpoint in {self.directory} has the metric {self.monitor!r}")
+            raise self._no_best()
         return self.open(which)
+
+    def _no_best(self) -> CheckpointError:
+        """'best' found nothing: which metrics the run's checkpoints do record, and the ways on."""
+        recorded = sorted({name for c in self._of_current_run(self.checkpoints())
+                           for name in (c.manifest.get("metrics") or {})})
+        return CheckpointError(
+            f"no valid checkpoint in {self.directory} has the metric {self.monitor!r} (the run's monitor; "
+            f"its checkpoints record {', '.join(recorded) or 'no metrics'}): take 'latest' or a checkpoint's "
+            "path, or train with monitor set to a metric validation_step returns")
 
     def current_run(self, checkpoints: list[Checkpoint]) -> str | None:
         """The run the directory's `checkpoints` (as `checkpoints()` lists them) are read as: this manager's,

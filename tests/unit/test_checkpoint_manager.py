@@ -402,6 +402,20 @@ def test_resolve_finds_latest_best_and_an_explicit_path(root: str) -> None:
         manager.resolve(f"{root}/step-00000009")
 
 
+def test_best_without_the_monitored_metric_names_what_the_checkpoints_record(root: str) -> None:
+    manager = CheckpointManager(root, keep_last=3, monitor="eval_loss")
+    _save(manager, 1, eval_accuracy=0.8)
+    _save(manager, 2, eval_accuracy=0.9, train_loss=0.1)
+
+    expected = (r"^no valid checkpoint in .* has the metric 'eval_loss' \(the run's monitor; its checkpoints "
+                r"record eval_accuracy, train_loss\): take 'latest' or a checkpoint's path, or train with "
+                r"monitor set to a metric validation_step returns$")
+    with pytest.raises(CheckpointError, match=expected):
+        manager.resolve("best")
+    with pytest.raises(CheckpointError, match=expected), manager.open_valid("best", ["model.pt"]):
+        pass
+
+
 def test_resolve_best_skips_a_corrupt_best_and_needs_a_monitor(root: str) -> None:
     manager = CheckpointManager(root, monitor="eval_loss")
     _save(manager, 1, eval_loss=0.3)
