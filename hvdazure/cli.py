@@ -96,7 +96,7 @@ def _jobs(args: argparse.Namespace) -> int:
     from hvdazure.azure import errors, jobs, options
 
     try:
-        result = args.jobs_call(jobs.connect(args.sdk, options.workspace(args)), args)
+        result = args.jobs_call(jobs.connect(args.sdk, lambda: options.workspace(args)), args)
     except errors.SubmitError as exc:
         if args.verbose and exc.__cause__ is not None:
             print(errors.redact("".join(traceback.format_exception(exc.__cause__))), file=sys.stderr, end="")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -157,16 +157,17 @@ class Cancelled:
         return None
 
 
-def connect(sdk: str = "v2", workspace: WorkspaceRef | None = None, credential: Any = None,
-            client_options: dict[str, Any] | None = None) -> JobsClient:
-    """The jobs of `workspace` (default: the config.json found from here) through SDK `sdk`, after asking
-    `credential` (default: DefaultAzureCredential) for a token. `client_options` go to SDK v2's MLClient and
-    SDK v1's Workspace as submit's do (tests pass a `transport`)."""
+def connect(sdk: str = "v2", workspace: WorkspaceRef | Callable[[], WorkspaceRef] | None = None,
+            credential: Any = None, client_options: dict[str, Any] | None = None) -> JobsClient:
+    """The jobs of `workspace` (default: the config.json found from here; a callable: asked once the SDK is
+    known to be there) through SDK `sdk`, after asking `credential` (default: DefaultAzureCredential) for a
+    token. `client_options` go to SDK v2's MLClient and SDK v1's Workspace as submit's do (tests pass a
+    `transport`)."""
     from hvdazure.azure import workspace as workspace_module
     from hvdazure.azure.submission import sdk_for
 
     sdk_for(sdk)  # an unknown --sdk, or its SDK not installed: the line submit gives
-    workspace = workspace or WorkspaceRef.from_options()
+    workspace = workspace() if callable(workspace) else workspace or WorkspaceRef.from_options()
     credential = credential or workspace_module.default_credential()
     workspace_module.check_credential(credential)
     with service_errors(workspace):

@@ -39,7 +39,7 @@ def add_jobs_parser(sub: argparse._SubParsersAction[P]) -> list[P]:
                                              "compute.")
     listing.add_argument("--experiment", help="experiment name (default: this directory's name, as `hvdazure "
                                               "submit` names it)")
-    listing.add_argument("--limit", type=int, default=10, metavar="N", help="how many jobs (default: 10)")
+    listing.add_argument("--limit", type=_count, default=10, metavar="N", help="how many jobs (default: 10)")
     listing.set_defaults(jobs_call=_list)
 
     show = actions.add_parser("show", help="a job's status, compute, nodes, studio URL, inputs, outputs, "
@@ -82,6 +82,17 @@ def add_jobs_parser(sub: argparse._SubParsersAction[P]) -> list[P]:
         common.add_argument("-v", "--verbose", action="store_true",
                             help="show the SDK's traceback on failure")
     return parsers
+
+
+def _count(text: str) -> int:
+    """--limit's value, checked as it is parsed (before any workspace is looked for)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def default_experiment() -> str:

@@ -325,7 +325,7 @@ def test_show_json_holds_the_job_and_its_preemption(cli, service, capsys):
 
 
 @pytest.mark.parametrize("words", [("jobs", "show", "nope_1"), ("jobs", "cancel", JOB),
-                                   ("jobs", "list", "--limit", "0"), ("jobs", "show", JOB, "--sdk", "v3")])
+                                   ("jobs", "show", JOB, "--sdk", "v3")])
 def test_every_refusal_is_one_line_exit_2_and_json_too(cli, capsys, words):
     assert cli(*words) == 2
     printed = capsys.readouterr()
@@ -337,6 +337,21 @@ def test_every_refusal_is_one_line_exit_2_and_json_too(cli, capsys, words):
     answer = json.loads(capsys.readouterr().out)
     assert answer["exit_code"] == 2
     assert answer["error"] == printed.err.removeprefix("hvdazure: error: ").strip()
+
+
+@pytest.mark.parametrize(("words", "line"), [
+    (("jobs", "list", "--limit", "0"), "argument --limit: must be at least 1, got 0 (see hvdazure jobs list "
+                                        "--help)"),
+    (("jobs", "list", "--limit", "x"), "argument --limit: must be an integer, got 'x'"),
+    (("jobs", "show", JOB, "--sdk", "v3"), "--sdk 'v3': expected v2 (azure-ai-ml, the default) or v1"),
+])
+def test_a_bad_option_is_refused_before_any_workspace_is_looked_for(tmp_path, monkeypatch, capsys, words,
+                                                                    line):
+    monkeypatch.chdir(tmp_path)  # no config.json here: the workspace's refusal would come otherwise
+
+    assert _exit_code(lambda: main(list(words))) == 2
+    printed = capsys.readouterr().err
+    assert line in printed and "workspace" not in printed and len(printed.strip().splitlines()) == 1
 
 
 def test_a_jobs_command_without_a_name_is_refused_by_the_parser(capsys):
