@@ -10,7 +10,6 @@ its step is its manifest's (core/checkpoint_store.py's layout): both read throug
 
 from __future__ import annotations
 
-import itertools
 import json
 import posixpath
 import re
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hvdazure.azure.job_records import JobDetails
+from hvdazure.azure.script_args import settings
 from hvdazure.core.checkpoint_integrity import MANIFEST
 from hvdazure.core.checkpoint_store import LATEST, is_checkpoint_name
 
@@ -63,12 +63,7 @@ def checkpoint_place(job: JobDetails) -> CheckpointPlace | None:
 def command_checkpoint_place(argv: Sequence[str]) -> CheckpointPlace:
     """Where a command, or a script's arguments, put the checkpoints: its `--set checkpoint_dir=...` (the
     last one given wins, as TrainConfig reads them), or the Azure ML default without one."""
-    value = None
-    for word, following in itertools.pairwise([*argv, ""]):
-        setting = following if word == "--set" else word.removeprefix("--set=") if word.startswith("--set=") \
-            else None
-        if setting is not None and setting.startswith("checkpoint_dir="):
-            value = setting.split("=", 1)[1]
+    value = next((s.value for s in reversed(settings(argv)) if s.field == "checkpoint_dir"), None)
     if value is None:
         return CheckpointPlace("job files", DEFAULT_IN_JOB)
     if match := _OUTPUT.match(value):

@@ -51,14 +51,14 @@ from hvdazure.azure.job_checkpoints import (
 )
 from hvdazure.azure.job_records import JobDetails
 from hvdazure.azure.resolved_job import InputSpec, ResumeSource
-from hvdazure.azure.script_args import set_fields
+from hvdazure.azure.script_args import set_fields, without_fields
 from hvdazure.azure.workspace import WorkspaceRef
 
 RESUME_INPUT = "resume_from"  # the input the new job reads the checkpoints through
 ARTIFACTS_OUTPUT = "artifacts"  # Azure ML's name, in azureml://jobs/... URIs, for a job's own files
 _KEPT = "outputs"  # of a job's own files, Azure ML keeps ./outputs (and the logs)
 _SWEEP_MODULE = "hvdazure.sweep"
-_RESUME_FIELDS = ("resume=", "resume_from=")
+_RESUME_FIELDS = ("resume", "resume_from")
 # what resumes a job's checkpoints given by hand as the input NAME
 _MANUAL_SETTINGS = "--set resume=auto --set resume_from='${{inputs.NAME}}/latest'"
 
@@ -68,7 +68,7 @@ def check_new_job(name: str, script_args: Sequence[str], input_names: Sequence[s
     if sweep:
         raise JobSpecError(f"--resume-from {name}: goes with a command job (hvdazure submit SCRIPT), not a "
                            "sweep: every trial would go on with the same run")
-    if given := sorted({"resume", "resume_from"} & set(set_fields([str(a) for a in script_args]))):
+    if given := sorted(set(_RESUME_FIELDS) & set(set_fields([str(a) for a in script_args]))):
         raise JobSpecError(f"--resume-from {name} sets resume and resume_from itself (to job {name}'s newest "
                            f"valid checkpoint): drop the script's --set {given[0]}=...")
     if RESUME_INPUT in input_names:
@@ -188,16 +188,4 @@ def _in_job_sweep(argv: Sequence[str]) -> bool:
 
 def _without_resume(args: Sequence[str]) -> list[str]:
     """The script arguments less each `--set resume=...` and `--set resume_from=...` (either form)."""
-    kept: list[str] = []
-    skip = False
-    for index, word in enumerate(args):
-        if skip:
-            skip = False
-            continue
-        following = args[index + 1] if index + 1 < len(args) else ""
-        if word == "--set" and following.startswith(_RESUME_FIELDS):
-            skip = True
-        elif not word.startswith(tuple(f"--set={field}" for field in _RESUME_FIELDS)):
-            kept.append(word)
-    return kept
-
+    return without_fields(args, _RESUME_FIELDS)

@@ -9,7 +9,8 @@ Options are read as TrainConfig and argparse read them: `--set FIELD=VALUE` or `
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 _OPTION = re.compile(r"^--?[A-Za-z][A-Za-z0-9_\-]*$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")  # a TrainConfig field or extra.NAME
@@ -38,6 +39,39 @@ def argument_names(args: Sequence[str]) -> list[str]:
 def set_fields(args: Sequence[str]) -> list[str]:
     """The fields that the `--set FIELD=VALUE` arguments set, in order."""
     return [name.removeprefix("--set ") for name in argument_names(args) if name.startswith("--set ")]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One `--set FIELD=VALUE` of the arguments: the words it takes (`start`, and 1 or 2 of them)."""
+
+    field: str
+    value: str
+    start: int
+    words: int
+
+
+def settings(args: Sequence[str]) -> list[Setting]:
+    """Every `--set FIELD=VALUE` and `--set=FIELD=VALUE` of `args`, in order (as TrainConfig reads them: the
+    last one of a field wins)."""
+    found = []
+    for index, word in enumerate(args):
+        if word == "--set" and index + 1 < len(args):
+            assignment, words = args[index + 1], 2
+        elif word.startswith("--set="):
+            assignment, words = word.removeprefix("--set="), 1
+        else:
+            continue
+        field, equals, value = assignment.partition("=")
+        if equals and _FIELD.match(field):
+            found.append(Setting(field, value, index, words))
+    return found
+
+
+def without_fields(args: Sequence[str], fields: Collection[str]) -> list[str]:
+    """`args` less every `--set` of one of `fields` (either form)."""
+    dropped = {i for s in settings(args) if s.field in fields for i in range(s.start, s.start + s.words)}
+    return [word for index, word in enumerate(args) if index not in dropped]
 
 
 def _set_name(assignment: str) -> str:
