@@ -26,7 +26,7 @@ from hvdazure._version import __version__
 from hvdazure.core import run_context
 from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
-from hvdazure.core.checkpoint_export import exported_checkpoint
+from hvdazure.core.checkpoint_export import NotACheckpoint, exported_checkpoint, refuse_a_file
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.environments import Environment, detect_environment
@@ -89,6 +89,7 @@ class TrainingLoop:
         self.environment: Environment  # set by fit(): the environment that started this process
         self._fitted: tuple[str, TrainConfig] | None = None  # how the last fit() ended, and its config
         self._built_for_inference = False  # a predict()/test() before any fit() started ranks, built a model
+        self._inference_weights: str | None = None  # before any fit(): what that model holds, on every rank
         self._signal: int | None = None  # a stop signal this rank received
         self._signal_reason: str | None = None  # what asked for it, when not a real signal
         self._step_samples_here: int | None = None  # this rank's samples in the step running (log_metrics)
@@ -157,6 +158,10 @@ class TrainingLoop:
         """Checkpoint now; every rank must call this at the same step. With wait=False rank 0 writes in the
         background and training goes on; the name is returned once written (wait=True)."""
         if self.checkpoints is None:
+            if self._fitted is None:  # nothing trains yet: no run, no step, no checkpoint directory opened
+                raise CheckpointError("save_checkpoint() before fit(): a checkpoint is a step of training "
+                                      "(model, optimizer, data position); call it from a callback or hook "
+                                      "during fit(), or after fit()")
             raise CheckpointError("checkpointing is off: set checkpoint_dir")
         self._reduce_metrics_and_votes()  # the interval's metrics go into the epoch's means, which it keeps
         since = self.times.now()
@@ -327,22 +332,34 @@ class TrainingLoop:
     def ready_for_inference(self, what: str, checkpoint: str | None) -> str | None:
         """The ranks started and the model built (by a fit() or here, without the training data), and the
         weights of `checkpoint` loaded on rank 0 and sent to every rank; returns the URL of the checkpoint
-        loaded (None: none). For predict, test and export."""
+        loaded (None: none). For predict, test and export.
+
+        Without a checkpoint before any fit(), the model is the one build_model() returns, with rank 0's
+        weights sent to every rank: build_model may load pretrained weights (a Hugging Face model, a file),
+        so the model as built is not taken to be untrained; one log line says which weights are used."""
         if self._fitted is None and not self._built_for_inference:
-            if checkpoint is None:
-                raise ConfigError(f"{what}() before fit() needs checkpoint=: 'latest', 'best' (of the "
-                                  "config's checkpoint_dir) or a checkpoint's path; the model as built is "
-                                  "untrained")
             self._start_ranks()
             self.backend.build(self.config.lr)
             self._built_for_inference = True
-        return self._load_weights(checkpoint, what) if checkpoint is not None else None
+        if checkpoint is not None:
+            self._inference_weights = None  # until loaded: a load that fails midway leaves rank 0's alone
+            self._inference_weights = self._load_weights(checkpoint, what)
+            return self._inference_weights
+        if self._fitted is None:
+            if self._inference_weights is None:  # rank 0's, as built: every rank predicts with the same model
+                self.backend.broadcast_model_and_optimizer()
+                self._inference_weights = _AS_BUILT
+            loaded = f"the model's weights of checkpoint {self._inference_weights}, loaded by an earlier call"
+            logger.info(f"{what}(): " + (_AS_BUILT_LINE if self._inference_weights == _AS_BUILT else loaded))
+        return None
 
     def _load_weights(self, checkpoint: str, what: str) -> str:
         """Rank 0 loads the model's weights of `checkpoint` ("latest"/"best" of the checkpoint directory, or a
         path or URL) and every rank gets them; a checkpoint that cannot be used is one line on every rank.
         Returns the checkpoint's URL (redacted; rank 0's)."""
         where, which = checkpoint_location(checkpoint, self.config.checkpoint_dir, self.environment, what)
+        then = "" if what == "export" else f"; then {what}() without checkpoint= uses that model"
+        self._on_rank0_for_all(lambda: refuse_a_file(where, then), (NotACheckpoint,), NotACheckpoint)
         loaded = {"url": ""}  # rank 0's, for its log line
 
         def load() -> None:
@@ -732,6 +749,11 @@ class TrainingLoop:
 # What another fit() of the same trainer may change: how far the run goes, and what it profiles on the way
 _MAY_CHANGE_BETWEEN_FITS = ("epochs", "max_steps", "profile_steps")
 _NO_EVAL_SAMPLES = "eval_dataset() holds no samples: return None for no evaluation"
+# predict()/test() before any fit() and without checkpoint=: the model build_model() made (it may have loaded
+# pretrained weights), rank 0's weights on every rank
+_AS_BUILT = "as built"
+_AS_BUILT_LINE = ("the model as build_model() returns it (rank 0's weights, sent to every rank); checkpoint= "
+                  "loads a checkpoint's weights instead")
 
 
 def loop_of(trainer: Any) -> TrainingLoop:

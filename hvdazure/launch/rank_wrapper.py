@@ -13,8 +13,14 @@ This covers ranks on other nodes too, which no process of `hvdazure run` can see
 The wrapper also says where the rank started, and that it exited when it did not fail (see
 launch/exit_status.py): a rank that says neither was lost, with its node or the network to it.
 
-The command's output is re-emitted a whole line per write: mpirun tags every chunk it reads, so an
-unbuffered `print` (text and newline written separately) would otherwise come out split across tags.
+The command's output is re-emitted a whole segment per write, a segment being a line or a redraw (text
+ended by a carriage return: a progress display, passed on as it comes; launch/console.py): mpirun tags
+every chunk it reads, so an unbuffered `print` (text and newline written separately) would otherwise come
+out split across tags.
+
+Once the wrapper has said how its rank ended, the launcher's signals no longer reach it: horovodrun and
+`hvdazure run` SIGTERM every rank when one fails, and a wrapper killed on its way out would make
+horovodrun's shell print `Terminated` after the report.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import IO
 
 from hvdazure.core.environments import detect_cluster
+from hvdazure.launch.console import Segments
 from hvdazure.launch.exit_status import (
     PEER_SHUTDOWN_MARKERS,
     PEER_TIMEOUT_DETAIL,
@@ -56,10 +64,12 @@ _FOLLOW_ON_DELAY_S = 10.0
 # behind (still importing their framework) before they can say it.
 _BAD_INPUT_HOLD_S = 3.0
 BAD_INPUT_STATUS = 2
+_CHUNK_BYTES = 65536  # read from the command's pipes at most at a time
 
 
 class _LinePump(threading.Thread):
-    """Copies a child's stream a line at a time; notes if a peer's shutdown caused this rank's error."""
+    """Copies a child's stream a segment (a line, or a redraw) at a time as it comes; notes if a peer's
+    shutdown caused this rank's error."""
 
     def __init__(self, source: IO[bytes], sink: IO[bytes]) -> None:
         super().__init__(daemon=True)
@@ -67,9 +77,15 @@ class _LinePump(threading.Thread):
         self.saw_peer_shutdown = False
         self.saw_peer_timeout = False
 
+    def _segments(self) -> Iterator[bytes]:
+        segments = Segments()
+        while chunk := self.source.read1(_CHUNK_BYTES):  # type: ignore[attr-defined]  # a BufferedReader
+            yield from segments.feed(chunk)
+        yield from segments.end()
+
     def run(self) -> None:
         sink: IO[bytes] | None = self.sink
-        for line in iter(self.source.readline, b""):
+        for line in self._segments():
             if sink is not None:
                 try:
                     sink.write(line)
@@ -214,6 +230,15 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _deaf_to(signals: tuple[signal.Signals, ...]) -> None:
+    """Ignore `signals` from now on, through the interpreter's exit (which would restore their default
+    action, death, for handlers set in Python: not for ignored signals)."""
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 if __name__ == "__main__":
     die_with_parent(signal.SIGTERM)  # here, not in main(): it changes the process for good
-    sys.exit(main())
+    exit_code = main()  # the rank's end is reported: from here on, the process only exits
+    _deaf_to(FORWARDED_SIGNALS)
+    sys.exit(exit_code)
