@@ -4,6 +4,10 @@ A binding names its model file and loads it; this finds the checkpoint (one chec
 `latest` or `best` of a directory of them, as CheckpointManager.resolve chooses), verifies it, and hands
 over a local path, with the one-line errors both bindings share. Every file of the chosen checkpoint is read
 once, through its hash, before the path is yielded (CheckpointManager.open_valid).
+
+A checkpoint is a directory (a manifest.json beside its files). A single file named instead (a `.pt`, a
+`.keras`, a `.safetensors` from elsewhere) holds weights hvdazure did not write: `refuse_a_file` says what
+it is and how to load it in build_model, instead of failing on a manifest a file cannot hold.
 """
 
 from __future__ import annotations
@@ -12,9 +16,31 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from hvdazure.core.checkpoint_integrity import CheckpointError
+from hvdazure.core.checkpoint_integrity import CheckpointError, storage_call
 from hvdazure.core.checkpoint_store import Checkpoint, CheckpointManager
-from hvdazure.core.object_store import redact
+from hvdazure.core.object_store import filesystem, redact
+
+
+class NotACheckpoint(CheckpointError):
+    """A file was named as a checkpoint: bad input (exit status 2), not a damaged checkpoint."""
+
+    exit_status = 2
+
+
+# What a model file from elsewhere is, by its name's ending, and how a training script loads it
+_IN_BUILD_MODEL = "load it in build_model: "
+_MODEL_FILES: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    ((".safetensors",), "a safetensors file",
+     _IN_BUILD_MODEL + "model.load_state_dict(safetensors.torch.load_file(path))"),
+    ((".pt", ".pth", ".bin"), "a PyTorch file",
+     _IN_BUILD_MODEL + "model.load_state_dict(torch.load(path, weights_only=True))"),
+    ((".keras",), "a Keras model file", _IN_BUILD_MODEL + "return keras.models.load_model(path)"),
+    ((".h5", ".hdf5"), "a Keras HDF5 file", _IN_BUILD_MODEL + "model.load_weights(path)"),
+    ((".onnx",), "an ONNX model",
+     "hvdazure runs PyTorch and Keras models; serve an ONNX one with onnxruntime"),
+)
+_ANY_FILE = ("a file", "a model file from elsewhere is loaded in build_model (torch.load, "
+                       "keras.models.load_model)")
 
 
 @contextlib.contextmanager
@@ -39,6 +65,7 @@ def exported_checkpoint(checkpoint: str, which: str, file_name: str) -> Iterator
     candidates = manager.checkpoints()
     if not candidates:  # `checkpoint` is itself one checkpoint's directory
         _refuse_missing(manager, checkpoint)
+        refuse_a_file(checkpoint)
         which = checkpoint
     elif which == "best":  # the monitor the current run was configured with, as its newest checkpoint records
         config = _run_config(manager, candidates)
@@ -59,8 +86,23 @@ def recorded_config(checkpoint: str) -> dict[str, Any]:
     if candidates:
         return _run_config(manager, candidates)
     _refuse_missing(manager, checkpoint)
+    refuse_a_file(checkpoint)
     config = manager.open(checkpoint, verify=False).manifest.get("config")
     return config if isinstance(config, dict) else {}
+
+
+def refuse_a_file(checkpoint: str, then: str = "") -> None:
+    """A NotACheckpoint if `checkpoint` (a path or URL) is a file, not a directory: one line saying what the
+    file is by its name (a PyTorch, safetensors or Keras file) and how to load it in build_model, then
+    `then` (how the caller goes on). Nothing if it is a directory or does not exist."""
+    fs, root = filesystem(checkpoint)
+    if not storage_call(fs, f"looking at {redact(checkpoint)}", lambda: fs.isfile(root)):
+        return
+    name = root.rstrip("/").rsplit("/", 1)[-1].lower()
+    kind, how = next(((kind, how) for endings, kind, how in _MODEL_FILES if name.endswith(endings)),
+                     _ANY_FILE)
+    raise NotACheckpoint(f"{redact(checkpoint)} is {kind}, not an hvdazure checkpoint (a directory with a "
+                         f"manifest.json): {how}{then}")
 
 
 def _run_config(manager: CheckpointManager, candidates: list[Checkpoint]) -> dict[str, Any]:

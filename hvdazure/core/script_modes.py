@@ -4,6 +4,7 @@
     python train.py test --checkpoint best [--output metrics.json] [--set ...]
     python train.py predict --checkpoint latest --output predictions.npz [--set ...]
     python train.py predict --checkpoint latest --output abfs://container/predictions   (shards)
+    python train.py predict --output predictions.npz   (no --checkpoint: the model as build_model returns it)
     python train.py export --checkpoint best --output model.onnx [--format F] [--example x.npy] [--overwrite]
 
 The mode is the first argument (default fit); `--checkpoint` and `--output` (and export's `--format`,

@@ -171,17 +171,21 @@ class Trainer:
         any world size, in dataset order, on every rank: one NumPy array with a row per sample, or a dict of
         them where predict_step returns a dict. Each rank predicts a contiguous run of the set's batches of
         `batch_size`, the same batches at any world size. `checkpoint`: "latest", "best" (of the config's
-        checkpoint_dir) or a checkpoint's path or URL, whose weights are loaded first; needed before any
-        fit(), after which the trained model is used without it. `output`: a new directory or URL (e.g.
+        checkpoint_dir) or a checkpoint's path or URL (a directory hvdazure wrote), whose weights are loaded
+        first. Without it: after fit(), the trained model; before any fit(), the model as build_model()
+        returns it (pretrained weights it loads included), rank 0's weights sent to every rank. A model
+        file from elsewhere (.pt, .safetensors, .keras) is loaded in build_model, not given as
+        `checkpoint`. `output`: a new directory or URL (e.g.
         abfs://) to write the predictions to as a ShardedDataset instead, for more than memory holds (each
         rank its part, the index last); the ShardedDataset is returned. Every rank must call it."""
         return self.__loop.predict(dataset, checkpoint, output)
 
     @classmethod
     def main(cls, argv: Sequence[str] | None = None, **defaults: Any) -> Any:
-        """Run the script's command line (core/script_modes.py): `fit` (the default), `test --checkpoint
-        C [--output metrics.json]`, `predict --checkpoint C --output predictions.npz` (or a directory or
-        URL: shards) or `export --checkpoint C --output model.onnx` (core/script_export.py: in one
+        """Run the script's command line (core/script_modes.py): `fit` (the default), `test [--checkpoint
+        C] [--output metrics.json]`, `predict [--checkpoint C] --output predictions.npz` (or a directory or
+        URL: shards; without --checkpoint, the model as build_model() returns it) or `export --checkpoint
+        C --output model.onnx` (core/script_export.py: in one
         process, with the config the checkpoint records), then TrainConfig's `--config` / `--set` over
         `defaults`. Builds `cls(config)`; returns what the mode's method returns (rank 0 writes a file
         --output and logs the test metrics).

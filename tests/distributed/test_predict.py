@@ -55,7 +55,7 @@ def test_predict_and_test_are_exact_at_any_world_size(jobs):
     assert index.tolist() == list(range(N_PREDICT))  # each sample once, in dataset order
     assert values.dtype == np.float64 and values.shape == (N_PREDICT, 1)
     for rank in range(3):
-        for name in ("trained", "latest"):  # every rank returns the whole, the same bytes as 1 rank
+        for name in ("trained", "latest", "pretrained"):  # every rank returns the whole, as 1 rank does
             got = _predictions(three, rank, name)
             assert got.keys() == reference.keys()
             for key in got:
@@ -66,9 +66,19 @@ def test_predict_and_test_are_exact_at_any_world_size(jobs):
     assert report["latest_test"] == report["trained_test"]
     assert alone_report["loaded_test"] == pytest.approx(report["trained_test"], rel=1e-12)
     assert report["train_dataset_calls"] == [1, 0] and alone_report["train_dataset_calls"] == [0]
-    assert report["unloaded"] == ("ConfigError: predict() before fit() needs checkpoint=: 'latest', 'best' "
-                                  "(of the config's checkpoint_dir) or a checkpoint's path; the model as "
-                                  "built is untrained")
+    # build_model loaded the trained weights from a plain file on rank 0: without checkpoint=, every rank
+    # predicted and tested with rank 0's model, and said so once per call
+    assert report["pretrained_test"] == report["trained_test"]
+    assert job.output.count("predict(): the model as build_model() returns it (rank 0's weights, sent to "
+                            "every rank)") == 1
+    assert "test(): the model as build_model() returns it" in job.output
+    pretrained, kind, how = {
+        "torch": ("pretrained.pt", "a PyTorch file",
+                  "model.load_state_dict(torch.load(path, weights_only=True))"),
+        "tensorflow": ("pretrained.weights.h5", "a Keras HDF5 file", "model.load_weights(path)")}[framework]
+    assert report["plain_file"] == (  # the file named as checkpoint=: what it is, and how to load it
+        f"NotACheckpoint: {three / pretrained} is {kind}, not an hvdazure checkpoint (a directory with a "
+        f"manifest.json): load it in build_model: {how}; then predict() without checkpoint= uses that model")
     assert report["other_model"].startswith(
         f"CheckpointError: {checkpoints}: its model does not fit this trainer's build_model(): ")
     assert "\n" not in report["other_model"]

@@ -79,12 +79,6 @@ def test_from_the_checkpoint_every_world_size_predicts_the_same_batches_and_byte
         assert metrics == pytest.approx(results[0][1], rel=1e-12)
 
 
-def test_a_trainer_that_has_not_trained_needs_a_checkpoint_on_every_rank(tmp_path):
-    outcomes, _ = _run(3, _config(tmp_path), lambda t: _outcome(lambda: t.predict((UNSEEN.x, UNSEEN.y))))
-    assert len(set(outcomes)) == 1
-    assert outcomes[0].startswith("ConfigError: predict() before fit() needs checkpoint=: 'latest', 'best'")
-
-
 def test_latest_without_a_checkpoint_dir_is_refused(tmp_path):
     outcomes, _ = _run(2, _config(tmp_path, checkpoint_dir=None),
                        lambda t: _outcome(lambda: t.test(checkpoint="latest")))

@@ -7,8 +7,10 @@ or the world size.
 
 train: fit one epoch with checkpoints in CHECKPOINT_DIR, then predict and test with the trained model; a
        second trainer predicts and tests from checkpoint="latest" without fit() (no training data read);
-       a third's predict() without a checkpoint and a fourth's from a checkpoint of another model are
-       refused (their one-line messages reported).
+       a third, whose build_model loads the trained weights from a plain file (torch.save / Keras
+       save_weights, written by rank 0 after fit) on rank 0 only, predicts and tests without a checkpoint
+       (rank 0's model sent to every rank: "pretrained"); that file named as checkpoint= and a checkpoint
+       of another model are refused (their one-line messages reported).
        The trained run logs a metric with trainer.log_metrics from a callback (reported: its epoch mean);
        TensorFlow: log_metrics inside the compiled training_step is refused (reported).
 load:  only a trainer's predict/test from the checkpoint directory (given as a path), as a separate
@@ -58,6 +60,14 @@ if FRAMEWORK == "torch":
     class OtherModel(Predicting):
         def build_model(self):
             return torch.nn.Linear(5, 1, dtype=torch.float64)
+
+    PRETRAINED = "pretrained.pt"
+
+    def save_pretrained(model, path):
+        torch.save(model.state_dict(), path)
+
+    def load_pretrained(model, path):
+        model.load_state_dict(torch.load(path, weights_only=True))
 else:
     import keras
 
@@ -74,10 +84,29 @@ else:
         def build_model(self):
             return keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
 
+    PRETRAINED = "pretrained.weights.h5"
+
+    def save_pretrained(model, path):
+        model.save_weights(path)
+
+    def load_pretrained(model, path):
+        model.load_weights(path)
+
     class LogsInStep(Predicting):
         def training_step(self, model, batch):
             self.log_metrics({"in_step": 1.0})
             return super().training_step(model, batch)
+
+
+class Pretrained(Predicting):
+    """A model whose weights come from elsewhere (a file of the framework's own format), loaded in build_model
+    on rank 0 only, as a download might be: the other ranks' models are as built, until rank 0's are sent."""
+
+    def build_model(self):
+        model = super().build_model()
+        if self.rank == 0:
+            load_pretrained(model, Path(os.environ["HVDAZURE_TEST_OUT"]) / PRETRAINED)
+        return model
 
 
 class LogsEveryStep(Callback):
@@ -111,6 +140,7 @@ if __name__ == "__main__":
         if trained.rank == 0:  # the trained model exported, the example input caught from its own step
             out = Path(os.environ["HVDAZURE_TEST_OUT"])
             trained.export(str(out / ("model.onnx" if FRAMEWORK == "torch" else "model.keras")))
+            save_pretrained(trained.model, out / PRETRAINED)  # read by rank 0 only, after this
         save(trained, "trained", trained.predict())
         report["trained_test"] = trained.test()
         last = trained.state.history[-1]
@@ -119,7 +149,11 @@ if __name__ == "__main__":
         save(loaded, "latest", loaded.predict(checkpoint="latest"))
         report["latest_test"] = loaded.test()
         report["train_dataset_calls"] = [trained.train_dataset_calls, loaded.train_dataset_calls]
-        report["unloaded"] = refusal(lambda: Predicting(config).predict())
+        pretrained = Pretrained(config)
+        save(pretrained, "pretrained", pretrained.predict())
+        report["pretrained_test"] = pretrained.test()
+        plain_file = Path(os.environ["HVDAZURE_TEST_OUT"]) / PRETRAINED
+        report["plain_file"] = refusal(lambda: Predicting(config).predict(checkpoint=str(plain_file)))
         report["other_model"] = refusal(lambda: OtherModel(config).predict(checkpoint="latest"))
         if FRAMEWORK == "tensorflow":  # training_step runs compiled: log_metrics there is refused
             plain = config.replace(checkpoint_dir=None)
