@@ -13,6 +13,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from hvdazure.core.config import TrainConfig
+from hvdazure.core.lr import LRSchedule, describe_lr
+
 if TYPE_CHECKING:
     from hvdazure.core.trainer import Trainer
 
@@ -121,6 +124,16 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return " ".join(f"{k} {v}" if isinstance(v, int) else f"{k} {v:.4g}" for k, v in metrics.items())
 
 
+def training_line(config: TrainConfig, world_size: int, steps_per_epoch: int, schedule: LRSchedule) -> str:
+    """The first line of a run: how many ranks, the global batch and what makes it, and the LR it trains at
+    with how it was scaled (core/lr.py's describe_lr), so that two runs' LRs can be compared at a glance."""
+    accumulated = f" x {config.grad_accum_steps} grad_accum_steps" if config.grad_accum_steps > 1 else ""
+    ranks = f"{world_size} rank{'' if world_size == 1 else 's'}"
+    return (f"training on {ranks}: global batch {config.global_batch_size(world_size)} (batch_size "
+            f"{config.batch_size} x {ranks}{accumulated}), {steps_per_epoch} steps per epoch; "
+            f"{describe_lr(config, world_size, schedule)}")
+
+
 def _max_steps_reached(trainer: Trainer) -> bool:
     return trainer.config.max_steps is not None and trainer.state.step >= trainer.config.max_steps
 
@@ -153,8 +166,8 @@ class ProgressLogger(Callback):
             trainer.log(f"nothing to train: the run has {_ended_by(trainer)} already (step "
                         f"{trainer.state.step}); raise {_ending_field(trainer)} to train further")
             return
-        trainer.log(f"training on {trainer.world_size} rank(s): global batch {trainer.global_batch_size}, "
-                    f"{trainer.steps_per_epoch} steps per epoch, peak lr {trainer.schedule.peak_lr:.6g}")
+        trainer.log(training_line(trainer.config, trainer.world_size, trainer.steps_per_epoch,
+                                  trainer.schedule))
 
     def on_epoch_start(self, trainer: Trainer) -> None:
         if self.use_bar:

@@ -2,7 +2,9 @@
 
 Everything is counted in optimizer steps (not micro-batches, not per process). The scaled LR depends only on
 the global batch and base_batch_size: with an explicit base_batch_size, the same global batch gets the same
-LR whatever the world size; the default base (the per-worker batch_size) gives Horovod's `lr x size`.
+LR whatever the world size; the default base (the per-worker batch_size) gives Horovod's `lr x size`. So,
+with the defaults, 2 ranks of batch b train at twice the LR of 1 process of batch 2b (its base is 2b): the
+first log line says which LR a run trains at and how it was scaled (`describe_lr`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,28 @@ def scaled_lr(lr: float, global_batch_size: int, base_batch_size: int, scaling: 
     if scaling == "none":
         return lr
     raise ValueError(f"lr_scaling must be none, linear or sqrt, got {scaling!r}")
+
+
+def describe_lr(config: TrainConfig, world_size: int, schedule: LRSchedule) -> str:
+    """How the run's LR came about, for the first log line: the LR after warmup, the rule and the two batches
+    it was scaled by (`lr 0.4 = 0.2 x 64/32, linear scaling from base_batch_size 32`), and where the base
+    came from when it was not set; then the warmup and the schedule, if any."""
+    c, peak = config, schedule.peak_lr
+    base, batch = c.effective_base_batch_size, c.global_batch_size(world_size)
+    default = " (= batch_size: base_batch_size is not set)" if c.base_batch_size is None else ""
+    if c.lr_scaling == "none":
+        line = f"lr {peak:.6g}, not scaled for the global batch {batch} (lr_scaling none)"
+    else:
+        ratio = f"{batch}/{base}" if c.lr_scaling == "linear" else f"sqrt({batch}/{base})"
+        line = (f"lr {peak:.6g} = {c.lr:.6g} x {ratio}, {c.lr_scaling} scaling from base_batch_size "
+                f"{base}{default}")
+    if schedule.warmup_steps:
+        line += f"; warmup from {schedule.start_lr:.6g} over {schedule.warmup_steps} steps"
+    if schedule.schedule == "cosine":
+        line += f"; then cosine decay to {schedule.min_lr:.6g}"
+    elif schedule.schedule == "step":
+        line += f"; then x {schedule.step_gamma:g} every {schedule.step_size_epochs} epoch(s)"
+    return line
 
 
 def warmup_epochs_to_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
