@@ -8,7 +8,8 @@ queues; checked offline, each as one line naming the value. No Azure SDK here.
   submission with SDK v2 checks before anything is uploaded. SDK v1: the run's id (a HyperDrive run's
   custom run id).
 - `--description`: text shown with the job (SDK v1: set on the run once it is created).
-- `--max-duration SECONDS`: Azure ML cancels the job after this long. A command job's (an in-job sweep's)
+- `--max-duration DURATION`: Azure ML cancels the job after this long, given in seconds or with units
+  (`2h`, `1h30m`: core/durations.py) and sent in whole seconds. A command job's (an in-job sweep's)
   `limits.timeout`, SDK v1 the run's `max_run_duration_seconds`; a sweep job's own timeout, its running
   trials cancelled with it (SDK v1: HyperDrive's max_duration_minutes). At least 60, as `--trial-timeout`:
   the service reads a shorter duration as days (azure-ai-ml's comment on its own floor, which it applies to
@@ -31,8 +32,9 @@ from __future__ import annotations
 
 import re
 
-from hvdazure.azure.errors import JobSpecError, check_count
+from hvdazure.azure.errors import JobSpecError
 from hvdazure.azure.resolved_job import SERVERLESS, QueueSettings
+from hvdazure.core.durations import DurationError, parse_whole_seconds
 
 JOB_TIERS = ("spot", "standard")  # serverless compute's; azure-ai-ml's JobTierNames also has basic, premium
 PRIORITIES = ("low", "medium", "high")  # azure-ai-ml's JobPriorityValues
@@ -51,13 +53,17 @@ def check_job_name(name: str | None, option: str = "--name") -> str | None:
     return name
 
 
-def check_duration(seconds: int | None, option: str) -> int | None:
-    """A duration Azure ML ends a job or trial after, in whole seconds of at least a minute (None: none)."""
-    if seconds is None:
+def check_duration(given: str | int | None, option: str) -> int | None:
+    """A duration Azure ML ends a job or trial after (`2h`, `1h30m`, `5400`: core/durations.py), in whole
+    seconds of at least a minute, as the SDKs take it (None: none). A refusal shows the value as given."""
+    if given is None:
         return None
-    check_count(seconds, option, least=0)
+    try:
+        seconds = parse_whole_seconds(given, option)
+    except DurationError as exc:
+        raise JobSpecError(str(exc)) from None
     if seconds < LEAST_DURATION:
-        raise JobSpecError(f"{option} must be at least {LEAST_DURATION} seconds, got {seconds}: Azure ML "
+        raise JobSpecError(f"{option} must be at least {LEAST_DURATION} seconds, got {given}: Azure ML "
                            "reads a shorter duration as days (azure-ai-ml raises a sweep's to 60 s)")
     return seconds
 

@@ -91,7 +91,7 @@ class JobSpec:
     # the job's own settings (job_settings.py)
     name: str | None = None  # the job's name, its id in the workspace; None: Azure ML names it
     description: str | None = None
-    max_duration: int | None = None  # seconds, at least 60: Azure ML cancels the job (a sweep job) then
+    max_duration: int | str | None = None  # 5400, "1h30m", at least 60 s: then Azure ML cancels the job
     job_tier: str | None = None  # spot or standard, with compute "serverless"
     priority: str | None = None  # low, medium or high, with compute "serverless"
     resume_from: str | None = None  # a job whose newest valid checkpoint this one goes on from (resume_from)

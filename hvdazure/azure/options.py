@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from hvdazure.azure.sweep_spec import POLICIES, SAMPLERS, InJobSweepSpec, SweepSpec, early_termination
+from hvdazure.core.durations import DurationAction
 from hvdazure.sweep.options import add_optuna_arguments, add_search_arguments
 
 if TYPE_CHECKING:
@@ -109,9 +110,10 @@ def _add_sweep_job_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument("--max-concurrent-trials", type=int, metavar="K",
                         help="trials running at once, each on --nodes nodes (default: every trial; the "
                              "cluster's size queues the rest)")
-    limits.add_argument("--trial-timeout", type=int, metavar="SECONDS",
-                        help="cancel a trial that runs longer than this, at least 60 (SDK v1: the trial "
-                             "run's max_run_duration_seconds); the sweep goes on with the next")
+    limits.add_argument("--trial-timeout", metavar="DURATION",
+                        help="cancel a trial that runs longer than this: seconds (90) or units (90s, 15m, "
+                             "2h, 1d, 1h30m), at least 60 s (SDK v1: the trial run's "
+                             "max_run_duration_seconds); the sweep goes on with the next")
     limits.add_argument("--early-termination", choices=("none", *POLICIES), metavar="POLICY",
                         help="cancel trials that are behind, by Azure ML's policy: none (default), bandit "
                              "(outside --slack-factor of the best), median (below the median of running "
@@ -184,10 +186,11 @@ def _add_submit_arguments(parser: argparse.ArgumentParser,
                                     "'-'; default: Azure ML's); SDK v1: the run's id")
     job.add_argument("--display-name", help="the job's display name")
     job.add_argument("--description", metavar="TEXT", help="the job's description")
-    job.add_argument("--max-duration", type=int, metavar="SECONDS",
-                     help="cancel the job after this long, at least 60 (a sweep job: all of it, its running "
-                          "trials with it; they get no grace to save a checkpoint, unlike `hvdazure sweep "
-                          "--timeout`); SDK v1: the run's max_run_duration_seconds")
+    job.add_argument("--max-duration", metavar="DURATION",
+                     help="cancel the job after this long: seconds (90) or units (90s, 15m, 2h, 1d, 1h30m), "
+                          "at least 60 s (a sweep job: all of it, its running trials with it; they get no "
+                          "grace to save a checkpoint, unlike `hvdazure sweep --timeout`); SDK v1: the run's "
+                          "max_run_duration_seconds")
     job.add_argument("--job-tier", metavar="spot|standard",
                      help="with --compute serverless: spot (preemptible, cheaper) or standard (dedicated, "
                           "the default) VMs; SDK v2")
@@ -239,8 +242,9 @@ def add_azure_parser(sub: argparse._SubParsersAction[P]) -> P:
     create.add_argument("--max-nodes", type=int, required=True, help="largest number of nodes")
     create.add_argument("--min-nodes", type=int, default=0, help="nodes kept running (default: 0)")
     create.add_argument("--low-priority", action="store_true", help="preemptible VMs (cheaper)")
-    create.add_argument("--idle-seconds", type=int, default=600,
-                        help="idle time before scaling down (default: 600)")
+    create.add_argument("--idle-seconds", action=DurationAction, whole=True, default=600, metavar="DURATION",
+                        help="idle time before scaling down: whole seconds (600) or units (90s, 15m, 2h, 1d, "
+                             "1h30m; default: 600, 10 minutes)")
     create.add_argument("--json", action="store_true", help="print the result as JSON")
     add_workspace_arguments(create)
     return create

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from hvdazure._version import __version__
 from hvdazure.azure.code_snapshot import CodeSnapshot
+from hvdazure.core.durations import describe
 
 if TYPE_CHECKING:
     from hvdazure.sweep.options import SweepOptions
@@ -246,7 +247,7 @@ class SweepJob:
     def summary(self, job: ResolvedJob) -> list[str]:
         seed = f" (seed {self.seed})" if self.seed is not None else ""
         policy = self.early_termination.describe() if self.early_termination else "none"
-        limit = f"; each trial stops after {self.trial_timeout} s" if self.trial_timeout else ""
+        limit = f"; each trial stops after {describe(self.trial_timeout)}" if self.trial_timeout else ""
         parameters = "; ".join(f"{p.name} {p.describe()}" + (f" as {p.key}" if p.key != p.name else "")
                                for p in self.parameters)
         return [f"sweep job: {self.max_total_trials} trial(s) of {job.nodes} node(s) x "
@@ -380,7 +381,7 @@ class ResolvedJob:
         if self.description:
             lines.append(f"description: {self.description}")
         if self.max_duration:
-            lines.append(f"max duration: {self.max_duration} s, then Azure ML cancels the job")
+            lines.append(f"max duration: {describe(self.max_duration)}, then Azure ML cancels the job")
         if self.queue:
             lines.append(f"queue: {self.queue.describe()}")
         if self.identity:

@@ -64,7 +64,7 @@ class SweepSpec:
     sampler: str = "random"
     seed: int | None = None  # random sampling only
     early_termination: EarlyTermination | None = None
-    trial_timeout: int | None = None  # seconds for each trial (SDK v1: the trial run's max_run_duration)
+    trial_timeout: int | str | None = None  # 5400, "1h30m": each trial's (SDK v1: its max_run_duration)
     # the whole sweep job's: JobSpec.max_duration, as for every job
 
 

@@ -36,6 +36,7 @@ from hvdazure.azure.errors import JobSpecError, SubmitError, redacted_line
 from hvdazure.azure.hyperdrive_args import ENTRY_FILE, ENTRY_SOURCE, entry_arguments
 from hvdazure.azure.resolved_job import CommandJob, ResolvedJob, SearchParameter, SweepJob
 from hvdazure.azure.sdk import output_file
+from hvdazure.core.durations import as_units, describe
 from hvdazure.sweep.space import KINDS
 
 MAX_DURATION_MINUTES = 10080  # HyperDrive's own limit: 7 days
@@ -62,8 +63,8 @@ class HyperDriveRun:
             raise SubmitError(f"submit sweep with --sdk v1 needs azureml-train-core (HyperDrive): pip "
                               f"install 'azureml-train-core~=1.61.0' ({redacted_line(exc)})") from None
         if job.max_duration is not None and job.max_duration > MAX_DURATION_MINUTES * 60:
-            raise JobSpecError(f"--max-duration {job.max_duration}: a HyperDrive run lasts at most "
-                               f"{MAX_DURATION_MINUTES} minutes ({MAX_DURATION_MINUTES * 60} s)")
+            raise JobSpecError(f"--max-duration {describe(job.max_duration)}: a HyperDrive run lasts at most "
+                               f"{MAX_DURATION_MINUTES} minutes ({as_units(MAX_DURATION_MINUTES * 60)})")
         if code_snapshot.is_ignored(job.code_dir, ENTRY_FILE):
             ignore_file = job.code_dir / str(job.snapshot.ignore_file)
             raise JobSpecError(f"{ENTRY_FILE} is excluded by {ignore_file}, and an SDK v1 sweep's trials run "

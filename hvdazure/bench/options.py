@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from hvdazure.bench.benchmark import Options
 from hvdazure.bench.registry import NAMES
+from hvdazure.core.durations import DurationAction
 from hvdazure.launch.options import add_controller_arguments
 
 P = TypeVar("P", bound=argparse.ArgumentParser)  # the CLI's parser class: its subcommands' parsers are one
@@ -43,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "abfs://CONTAINER/PATH) against writing and reading the same bytes there with "
                              "fsspec (the store's floor), instead of the local figures; data: write and "
                              "read the dataset there instead of a local folder")
-    parser.add_argument("--timeout", type=float, default=3600.0, metavar="S",
-                        help="stop a job of the benchmark after S seconds (default: 3600)")
+    parser.add_argument("--timeout", action=DurationAction, positive=True, default=3600.0, metavar="DURATION",
+                        help="stop a job of the benchmark after this long: seconds (90) or units (90s, 15m, "
+                             "2h, 1d, 1h30m; default: 1h)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also show the launcher's report on failure")
     parser.set_defaults(controller=None)

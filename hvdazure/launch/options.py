@@ -9,21 +9,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, TypeVar
 
+from hvdazure.core.durations import DurationAction
+
 if TYPE_CHECKING:
     from hvdazure.launch.command import LaunchSpec
 
 P = TypeVar("P", bound=argparse.ArgumentParser)  # the CLI's parser class: its subcommands' parsers are one
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number of seconds above 0, refused in one line otherwise."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
 
 
 def step_range(text: str) -> str:
@@ -47,12 +38,14 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--network-interface", metavar="IFACE|CIDR",
                         help="the interface ranks on different nodes talk over, by name (eth0) or subnet "
                              "(10.0.0.0/24); default: the route to the other hosts, when unambiguous")
-    parser.add_argument("--timeout", type=positive_float, metavar="S",
-                        help="stop every rank and exit 124 after S seconds (a sweep's running trials save a "
-                             "checkpoint first and resume when it is started again)")
-    parser.add_argument("--grace", type=positive_float, default=30.0, metavar="S",
-                        help="seconds ranks get after SIGTERM (timeout, Ctrl-C, preemption) to save a final "
-                             "checkpoint before they are killed (default: 30)")
+    parser.add_argument("--timeout", action=DurationAction, positive=True, metavar="DURATION",
+                        help="stop every rank and exit 124 after this long: seconds (90) or units (90s, "
+                             "15m, 2h, 1d, 1h30m); a sweep's running trials save a checkpoint first and "
+                             "resume when it is started again")
+    parser.add_argument("--grace", action=DurationAction, positive=True, default=30.0, metavar="DURATION",
+                        help="how long ranks get after SIGTERM (timeout, Ctrl-C, preemption) to save a "
+                             "final checkpoint before they are killed: seconds or units, as --timeout "
+                             "(default: 30)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also show the launcher's own report when a rank fails (horovodrun's traceback, "
                              "mpirun's summary), and every rank's traceback in full (by default an error on "

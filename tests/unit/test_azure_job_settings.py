@@ -81,7 +81,7 @@ def test_v2_every_kind_of_job_is_named_described_and_bounded_as_asked(project, t
     report = result.report()
     assert "experiment: project; display name: train.py 2x4; name: digits-lr_7" in report
     assert "description: digits: lr and batch size" in report
-    assert "max duration: 7200 s, then Azure ML cancels the job" in report
+    assert "max duration: 2h (7200 s), then Azure ML cancels the job" in report
     assert result.check.checked.endswith("; the job's name, description, timeout as asked")
     assert {key: result.as_dict()[key] for key in ("name", "description", "max_duration")} == SETTINGS
 
@@ -97,7 +97,7 @@ def test_v1_every_kind_of_run_is_named_described_and_bounded_as_asked(project, t
         assert written["run_configuration"]["maxRunDurationSeconds"] == 2592000
     else:
         assert written["maxRunDurationSeconds"] == 7200
-    assert "max duration: 7200 s, then Azure ML cancels the job" in result.report()
+    assert "max duration: 2h (7200 s), then Azure ML cancels the job" in result.report()
     assert result.check.checked.split("; ")[-1] == "the run's runId and description as asked"
 
 
@@ -122,6 +122,52 @@ def test_cli_takes_name_description_and_max_duration_for_every_kind(project, cap
     result = json.loads(capsys.readouterr().out)
     assert code == 0
     assert {key: result[key] for key in ("name", "description", "max_duration")} == SETTINGS
+
+
+def cli_job(kind: str, *options: str) -> list[str]:
+    """`hvdazure submit` of `kind` as a dry run, with `options`."""
+    return ["submit", *SUBCOMMANDS[kind], "train.py", "--compute", "gpu-cluster", "--nodes", "2", "-ppn", "4",
+            "--image", IMAGE, "--dry-run", *options,
+            *(["--space", "space.yaml", "--metric", "eval_loss"] if kind != "command job" else []),
+            *(["--ranks-per-trial", "2"] if kind == "in-job sweep" else [])]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cli_takes_a_max_duration_with_units_and_sends_it_in_seconds(project, tmp_path, capsys, kind):
+    assert main(cli_job(kind, "--max-duration", "1h30m", "--output-yaml", str(tmp_path / "job.yml"))) == 0
+
+    assert yaml.safe_load((tmp_path / "job.yml").read_text())["limits"]["timeout"] == 5400
+    assert rest_body(tmp_path / "job.yml")[1]["limits"]["timeout"] == "PT1H30M"
+    assert "max duration: 1h30m (5400 s), then Azure ML cancels the job" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("given", "seconds"), [("90m", 5400), ("1.5h", 5400), ("2h", 7200), ("1d", 86400),
+                                                ("3600s", 3600), ("3600", 3600)])
+def test_cli_max_duration_forms_reach_sdk_v1_in_seconds(project, tmp_path, capsys, given, seconds):
+    assert main(cli_job("command job", "--max-duration", given, "--sdk", "v1", "--output-yaml",
+                        str(tmp_path / "run.yml"))) == 0
+
+    assert yaml.safe_load((tmp_path / "run.yml").read_text())["maxRunDurationSeconds"] == seconds
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("given", "message"), [
+    ("2x", "--max-duration 2x: not a duration; use seconds (90) or units: 90s, 15m, 2h, 1d, 1h30m"),
+    ("1h30", "--max-duration 1h30: not a duration; use seconds (90) or units: 90s, 15m, 2h, 1d, 1h30m"),
+    ("30s", "--max-duration must be at least 60 seconds, got 30s: Azure ML reads a shorter duration as days "
+            "(azure-ai-ml raises a sweep's to 60 s)"),
+])
+def test_cli_refuses_a_bad_max_duration_in_one_line_before_the_workspace_is_sought(project, tmp_path, capsys,
+                                                                                   monkeypatch, kind, given,
+                                                                                   message):
+    def no_workspace(args):
+        raise AssertionError("sought the workspace")
+
+    monkeypatch.setattr("hvdazure.azure.options.workspace", no_workspace)
+    argv = [arg for arg in cli_job(kind, "--max-duration", given) if arg != "--dry-run"]
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"hvdazure: error: {message}\n"
 
 
 @pytest.mark.parametrize("name", ["a", "7", "digits-lr_7", "Digits_LR-7", "d" * 256])
@@ -151,8 +197,11 @@ def test_a_credential_in_the_description_is_refused_without_echoing_it(project, 
 @pytest.mark.parametrize(("seconds", "message"), [
     (59, "--max-duration must be at least 60 seconds, got 59: Azure ML reads a shorter duration as days"),
     (0, "--max-duration must be at least 60 seconds, got 0"),
-    (-5, "--max-duration must be at least 0, got -5"),
-    ("3600", "--max-duration must be an integer, got '3600'"),
+    ("30s", "--max-duration must be at least 60 seconds, got 30s: Azure ML reads a shorter duration as days"),
+    (-5, "--max-duration -5: not a duration; use seconds (90) or units: 90s, 15m, 2h, 1d, 1h30m"),
+    ("2x", "--max-duration 2x: not a duration; use seconds (90) or units: 90s, 15m, 2h, 1d, 1h30m"),
+    ("90.5", "--max-duration 90.5: not a whole number of seconds (90.5 s)"),
+    (True, "--max-duration True: not a duration"),
 ])
 def test_a_max_duration_azure_ml_would_misread_is_refused_for_every_kind(project, tmp_path, kind, seconds,
                                                                          message):

@@ -533,26 +533,39 @@ def test_a_trial_timeout_reaches_the_sweep_jobs_limits(project, tmp_path):
 
     _, body = load(tmp_path / "job.yml")
     assert (body["limits"]["trialTimeout"], body["limits"]["timeout"]) == ("PT1H30M", "PT10H")
-    assert "early termination: none; each trial stops after 5400 s" in result.report()
-    assert "max duration: 36000 s, then Azure ML cancels the job" in result.report()
+    assert "early termination: none; each trial stops after 1h30m (5400 s)" in result.report()
+    assert "max duration: 10h (36000 s), then Azure ML cancels the job" in result.report()
     assert result.as_dict()["sweep"]["trial_timeout"] == 5400
 
 
 @pytest.mark.parametrize(("timeout", "message"), [
     (0, "--trial-timeout must be at least 60 seconds, got 0"),
     (30, "--trial-timeout must be at least 60 seconds, got 30: Azure ML reads a shorter duration as days"),
+    ("0.5m", "--trial-timeout must be at least 60 seconds, got 0.5m: Azure ML reads a shorter duration as "
+             "days"),
+    ("1h30", r"--trial-timeout 1h30: not a duration; use seconds \(90\) or units: 90s, 15m, 2h, 1d, 1h30m$"),
 ])
 def test_a_trial_timeout_azure_would_change_is_refused(project, tmp_path, timeout, message):
     with pytest.raises(JobSpecError, match=f"^{message}"):
         submission.dry_run(spec(sweep=sweep(trial_timeout=timeout)), tmp_path / "job.yml")
 
 
-def test_cli_takes_a_trial_timeout(project, capsys):
+@pytest.mark.parametrize(("given", "seconds"), [("3600", 3600), ("1h", 3600), ("90m", 5400), ("1h30m", 5400)])
+def test_cli_takes_a_trial_timeout_in_seconds_or_units(project, capsys, given, seconds):
     code = main(["submit", "sweep", *JOB, "--json", "--space", "space.yaml", "--metric", "eval_loss",
-                 "--trial-timeout", "3600"])
+                 "--trial-timeout", given])
 
     assert code == 0
-    assert json.loads(capsys.readouterr().out)["sweep"]["trial_timeout"] == 3600
+    assert json.loads(capsys.readouterr().out)["sweep"]["trial_timeout"] == seconds
+
+
+def test_cli_refuses_a_trial_timeout_that_is_no_duration_in_one_line(project, capsys):
+    code = main(["submit", "sweep", *JOB, "--space", "space.yaml", "--metric", "eval_loss",
+                 "--trial-timeout", "1h30"])
+
+    assert code == 2
+    assert capsys.readouterr().err == ("hvdazure: error: --trial-timeout 1h30: not a duration; use seconds "
+                                       "(90) or units: 90s, 15m, 2h, 1d, 1h30m\n")
 
 
 @pytest.mark.parametrize("kind", [sweep, in_job])

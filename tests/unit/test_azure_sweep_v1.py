@@ -146,7 +146,9 @@ def test_a_written_file_that_no_longer_says_the_same_fails_to_load_back(project,
      r"^search space parameter 'extra\.flag': choice\[True, False\]: 'choice' values should be 'int', "
      r"'string' or 'float'\. \(HyperDrive, SDK v1\)$"),
     (SPACE, {"max_duration": 7 * 24 * 3600 + 1},
-     r"^--max-duration 604801: a HyperDrive run lasts at most 10080 minutes"),
+     r"^--max-duration 7d1s \(604801 s\): a HyperDrive run lasts at most 10080 minutes \(7d\)$"),
+    (SPACE, {"max_duration": "169h"},
+     r"^--max-duration 7d1h \(608400 s\): a HyperDrive run lasts at most 10080 minutes \(7d\)$"),
 ])
 def test_what_hyperdrive_refuses_is_one_line_before_anything_is_written(project, tmp_path, space, options,
                                                                          message):

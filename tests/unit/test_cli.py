@@ -24,7 +24,8 @@ def test_bad_run_arguments_fail_with_one_line_naming_the_value(capsys, argv, mes
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["run", "-np", "2", "--timeout", "-1", "t.py"], "must be positive, got '-1'"),
+    (["run", "-np", "2", "--timeout", "-1", "t.py"], "--timeout -1: not a duration; use seconds (90) or "
+                                                    "units"),
     (["run", "-np", "two", "t.py"], "invalid int value: 'two'"),
     (["run", "-np", "2", "--gloo", "--mpi", "t.py"], "not allowed with argument"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
