@@ -1,7 +1,9 @@
 """Where the training time goes: each rank's seconds per phase, summed per log interval, reduced over ranks in
 the interval's one fused collective (they ride with the metrics' flags: no collective of their own), and
-shown as shares of the wall time in the log line, TensorBoard and MLflow, and as a table after the first
-interval and at the end of fit(), with a line of advice when one phase stands out.
+shown as shares of the wall time in the log line, TensorBoard and MLflow, and as a table once, at the end
+of fit(), with a line of advice when one phase stands out, true to the run (`RunFacts`: no "MPI instead of
+Gloo" on MPI). The table also shows after the fit's first log interval when that interval is abnormal
+(`abnormal_early`): a loader that starves the model shows within seconds, not at the end.
 
 Phases are timed with the host's clock at their edges (a few `perf_counter` calls per step): the loop times
 the data wait (the step's batches taken from the loader), evaluation and checkpoint stalls; the backend its
@@ -19,6 +21,7 @@ the utilization) its value is NaN and nothing is shown.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -256,8 +259,9 @@ class Breakdown:
         shares = {f"time_{p}": s for p, s in self.shares().items()}
         return {**shares, "samples_per_s": self.samples_per_second, **self.device.scalars()}
 
-    def table(self, title: str) -> str:
-        """Seconds per step and shares, start-up apart, and advice where a phase stands out."""
+    def table(self, title: str, facts: RunFacts | None = None) -> str:
+        """Seconds per step and shares, start-up apart, and advice where a phase stands out, for a run
+        that `facts` describe (None: advice that holds for any run)."""
         shares, steps = self.shares(), max(self.steps, 1)
         lines = [f"{title}: {self.steps} steps in {self.timed:.3g} s on {self.ranks} rank(s) "
                  f"(mean over ranks), {self.samples_per_second:.4g} samples/s",
@@ -268,25 +272,69 @@ class Breakdown:
         if self.startup:
             lines.append(f"  {'first step':<18}{1000 * self.startup:>10.3g}   (start-up, not in the shares)")
         lines.extend(self.device.table_lines())
-        lines.extend(f"  {line}" for line in advice(shares))
+        facts = dataclasses.replace(facts or RunFacts(), accelerator=bool(self.device.spreads()))
+        lines.extend(f"  {line}" for line in advice(shares, facts))
         return "\n".join(lines)
 
-
-# What a phase's large share usually means, and where to look first (docs: guides/performance.md).
-_ADVICE = (
-    ("data", 0.25, "the model waits for data: more loader workers (num_workers), a sharded dataset's "
-                   "read-ahead, or lighter per-sample work"),
-    ("exchange", 0.30, "the gradient exchange dominates: a larger batch_size (fewer exchanges per "
-                       "sample), MPI instead of Gloo across machines, grad_allreduce overlap on GPUs"),
-    ("checkpoint", 0.10, "checkpoints stall training: checkpoint_async true, or checkpoint less often"),
-    ("eval", 0.30, "evaluation takes much of the time: eval_every, or a smaller evaluation set"),
-    ("other", 0.25, "time goes outside the step: callbacks, logging (log_every), or Python work "
-                    "between steps"),
-)
+    def abnormal_early(self) -> str | None:
+        """Why this first interval's table is worth showing before the end of fit() (see
+        EARLY_DATA_WAIT_SHARE), or None."""
+        data = self.shares().get("data", 0.0)
+        if data > EARLY_DATA_WAIT_SHARE:
+            return f"data wait {100 * data:.0f}% of the first steps' time"
+        return None
 
 
-def advice(shares: dict[str, float]) -> list[str]:
-    """One line per phase above its usual threshold, the largest first; none for a healthy breakdown."""
-    found = [(shares[p], f"{_LABELS[p]} {100 * shares[p]:.0f}%: {text} (see 'Why is my training slow?')")
-             for p, threshold, text in _ADVICE if shares.get(p, 0.0) > threshold]
+@dataclass(frozen=True)
+class RunFacts:
+    """What the advice depends on besides the shares: the controller Horovod runs on ("gloo", "mpi", or
+    "none": unknown), the machines the ranks are on, the config's `grad_allreduce` and `checkpoint_async`,
+    and whether the ranks have accelerators (the table knows it from the device columns)."""
+
+    controller: str = "none"
+    nodes: int = 1
+    grad_allreduce: str = "auto"
+    checkpoint_async: bool = True
+    accelerator: bool = False
+
+
+# A loader that starves the model costs every step from the first one on, and its fix (workers, read-ahead)
+# is best made before a long run: above this share in the fit's first interval, the table shows at once.
+EARLY_DATA_WAIT_SHARE = 0.25
+
+
+# Above which share a phase stands out, and what to try (docs: guides/performance.md).
+_THRESHOLDS = {"data": EARLY_DATA_WAIT_SHARE, "exchange": 0.30, "checkpoint": 0.10, "eval": 0.30,
+               "other": 0.25}
+
+
+def _remedies(phase: str, facts: RunFacts) -> str:
+    """What usually helps when `phase` stands out, only what applies to a run that `facts` describe."""
+    if phase == "data":
+        return ("the model waits for data: more loader workers (num_workers), a sharded dataset's "
+                "read-ahead, or lighter per-sample work")
+    if phase == "exchange":
+        fixes = ["a larger batch_size (fewer exchanges per sample)"]
+        if facts.controller == "gloo":
+            where = "across machines" if facts.nodes > 1 else "through shared memory on one machine"
+            fixes.append(f"the MPI controller (hvdazure run --mpi), which exchanges {where} faster than Gloo")
+        if facts.accelerator and facts.grad_allreduce == "after_backward":
+            fixes.append("grad_allreduce overlap (the exchange during backward)")
+        listed = fixes[0] if len(fixes) == 1 else f"{', '.join(fixes[:-1])} or {fixes[-1]}"
+        return f"the gradient exchange dominates: {listed}"
+    if phase == "checkpoint":
+        fix = "" if facts.checkpoint_async else "checkpoint_async true, or "
+        return f"checkpoints stall training: {fix}checkpoint less often"
+    if phase == "eval":
+        return "evaluation takes much of the time: eval_every, or a smaller evaluation set"
+    return "time goes outside the step: callbacks, logging (log_every), or Python work between steps"
+
+
+def advice(shares: dict[str, float], facts: RunFacts | None = None) -> list[str]:
+    """One line per phase above its usual threshold, the largest first; none for a healthy breakdown. Only
+    remedies that apply to the run (`facts`; None: those that apply to any run)."""
+    facts = facts or RunFacts()
+    found = [(shares[p], f"{_LABELS[p]} {100 * shares[p]:.0f}%: {_remedies(p, facts)} (see 'Why is my "
+                         "training slow?')") for p, threshold in _THRESHOLDS.items()
+             if shares.get(p, 0.0) > threshold]
     return [line for _, line in sorted(found, reverse=True)]

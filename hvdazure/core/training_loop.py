@@ -50,7 +50,7 @@ from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 from hvdazure.core.seeds import RankRandomState, rank_seed, resume_seed
 from hvdazure.core.state import TrainState
 from hvdazure.core.step_batches import StepBatches
-from hvdazure.core.step_times import Breakdown, StepTimes
+from hvdazure.core.step_times import Breakdown, RunFacts, StepTimes
 from hvdazure.core.stop_signals import stop_signals_caught
 from hvdazure.core.trainer_checkpoints import (
     CallbackStates,
@@ -665,15 +665,18 @@ class TrainingLoop:
             s.stop_reason = s.stop_reason or "stop requested by another rank"
 
     def _log_interval_times(self) -> None:
-        """A log interval ends: its phase times are the loggers' (`last_times`) and the fit's; after the
-        fit's first interval, rank 0 logs them as a table, so that a starved loader shows within seconds."""
+        """A log interval ends: its phase times are the loggers' (`last_times`) and the fit's. The table is
+        the end's, once; after the fit's first interval rank 0 logs it early only when that interval is
+        abnormal (step_times.Breakdown.abnormal_early: a starved loader shows within seconds)."""
         if not self.times.enabled:
             return
         self.last_times, first = self._interval, not self._fit_times.steps
         self._fit_times.add(self._interval)
         self._interval = Breakdown()
-        if first and self.is_main and self.last_times.steps:
-            logger.info(self.last_times.table(f"where the time went, steps 2-{self._fit_steps}"))
+        why = self.last_times.abnormal_early() if first and self.is_main and self.last_times.steps else None
+        if why is not None:
+            logger.info(self.last_times.table(f"where the time went, steps 2-{self._fit_steps} (shown now: "
+                                              f"{why})", self._run_facts()))
 
     def _end_times(self) -> None:
         """fit() ends: what is left of the phase times is reduced (one collective) and rank 0 logs the
@@ -684,7 +687,15 @@ class TrainingLoop:
         self._fit_times.add(self._interval)
         self._interval = Breakdown()
         if self.is_main and self._fit_times.steps:
-            logger.info(self._fit_times.table("where the time went in fit() (the first step apart)"))
+            logger.info(self._fit_times.table("where the time went in fit() (the first step apart)",
+                                              self._run_facts()))
+
+    def _run_facts(self) -> RunFacts:
+        """What the step-time table's advice depends on (core/step_times.py)."""
+        c = self.config
+        return RunFacts(controller=self.collectives.controller,
+                        nodes=self.environment.describe(os.environ).num_nodes,
+                        grad_allreduce=c.grad_allreduce, checkpoint_async=c.checkpoint_async)
 
     def _run_evaluation(self) -> bool:
         meter = self._new_meter("validation_step")
