@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 from hvdazure.core.config import ControllerError
 from hvdazure.core.errors import UserError
 from hvdazure.core.metrics import MetricAccumulator
+from hvdazure.core.nonfinite import NO_RECORD
 from hvdazure.core.predictions import PredictionWriter
 from hvdazure.core.profiling import StepProfiler
 from hvdazure.core.sample_plan import MicroBatch, SampleOrder
@@ -122,6 +123,11 @@ class FrameworkCheckpointContent(ABC):
     def seed(self, seed: int) -> None:
         """Seed the framework's RNGs on this rank (Python's and NumPy's are the core's)."""
 
+    def nonfinite_weight(self) -> str | None:
+        """The name of a model weight holding NaN or infinite values, or None when all are finite: rank 0
+        writes no checkpoint of such weights (core/nonfinite.py). One reduction over the weights."""
+        return None
+
 
 @dataclass(frozen=True)
 class RankStep:
@@ -133,6 +139,7 @@ class RankStep:
     micro_batches: list[MicroBatch]
     batches: Iterator[Any]
     loss_weights: list[float]
+    number: int = 0  # the optimizer step this is, counted from 1 over the run (state.step after it)
 
     def __iter__(self) -> Iterator[tuple[MicroBatch, Any, float]]:
         return zip(self.micro_batches, self.batches, self.loss_weights, strict=True)
@@ -233,6 +240,11 @@ class Backend(ABC):
     def metric_to_float64(self, value: Any) -> Any:
         """A metric value as float64, on its device (no synchronisation); see MetricAccumulator."""
         return float(value)
+
+    def nonfinite_record(self) -> Sequence[Any]:
+        """This rank's record of non-finite steps (core/nonfinite.py's RECORD: numbers or device scalars,
+        read in the log interval's fused collective); a backend that keeps none reports NO_RECORD."""
+        return NO_RECORD
 
     def min_samples_per_micro_batch(self) -> tuple[int, str, bool]:
         """The fewest samples a training micro-batch may hold, why (e.g. BatchNorm layers need 2), and

@@ -92,6 +92,13 @@ class TrainConfig:
     for (`hvdazure bench peers` measures both). TensorFlow always allreduces after backward."""
     grad_clip_norm: float | None = None
     """Clip the global gradient norm to this value after the allreduce; null: no clipping."""
+    on_nan_loss: Literal["stop", "skip"] = "stop"
+    """What happens when a step's loss (on any rank) or its gradients after the allreduce are NaN or
+    infinite. `stop`: every rank stops at the next log interval or checkpoint, whichever comes first, with
+    one line naming the step, the rank(s) and the newest checkpoint with finite weights (exit status 1).
+    `skip`: the step is not applied, as fp16 loss scaling skips an overflowing step; skipped steps are
+    counted in the log (it reads each loss on the host: a wait for the GPU per micro-batch). Either way, no
+    checkpoint of weights that are not finite is ever written."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Mixed precision: `bf16` autocast (Keras's `mixed_bfloat16`), or `fp16` with loss scaling (CUDA /
     GPU only)."""

@@ -51,6 +51,7 @@ from hvdazure.core.checkpoint_store import (
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.environments import Environment
 from hvdazure.core.errors import exception_line
+from hvdazure.core.nonfinite import NonFiniteError
 from hvdazure.core.object_store import StorageError, redact
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SamplePlan
@@ -159,6 +160,7 @@ class WriteOutcome:
 
     name: str | None = None
     error: str | None = None
+    nonfinite: bool = False  # the error: rank 0 found the weights not finite, and wrote nothing
 
 
 class TrainerCheckpoints:
@@ -181,6 +183,7 @@ class TrainerCheckpoints:
         self._pending: threading.Thread | None = None  # rank 0's write in progress
         self._durable = threading.Event()  # rank 0: the pending write's checkpoint is complete, or it failed
         self._outcome = WriteOutcome()  # rank 0: how the last write ended
+        self.newest_finite: str | None = None  # this run's newest checkpoint (its weights are finite)
 
     def start_run(self, which: str | None, restore: Callable[[ResumePoint], str],
                   fallback: str | None = None) -> ResumePoint | None:
@@ -297,11 +300,13 @@ class TrainerCheckpoints:
         rngs = [json.loads(b) for b in self.collectives.allgather_bytes(mine)]
         if self.is_main:
             try:
-                files, manifest = self._snapshot(reason, rngs, copy=not wait)
+                files, manifest = self._snapshot(reason, rngs, copy=not wait, step=step)
                 self._durable.clear()
                 self._pending = threading.Thread(target=self._write, args=(step, files, manifest, reason),
                                                  name="hvdazure-checkpoint", daemon=True)
                 self._pending.start()
+            except NonFiniteError as exc:
+                self._outcome = WriteOutcome(error=str(exc), nonfinite=True)
             except Exception as exc:  # reported on every rank by finish_pending, never a hang
                 self._outcome = WriteOutcome(error=f"saving a checkpoint to {self.directory} failed: {exc}")
         self.last_saved_step = step
@@ -324,9 +329,20 @@ class TrainerCheckpoints:
         mine = json.dumps(asdict(self._outcome)).encode() if self.is_main else None
         outcome = WriteOutcome(**json.loads(self.collectives.broadcast_bytes(mine)))
         self._outcome = WriteOutcome()
+        if outcome.nonfinite:
+            raise NonFiniteError(outcome.error)
         if outcome.error is not None:
             raise CheckpointError(outcome.error)
+        self.newest_finite = outcome.name or self.newest_finite
         return outcome.name
+
+    def newest_finite_after_pending(self) -> str | None:
+        """The newest checkpoint of this run (written or resumed) with finite weights, once rank 0's write
+        in progress, if any, has ended (a write that failed leaves the one before); every rank calls this
+        at the same point. Every checkpoint written is finite: rank 0 checks the weights first."""
+        with contextlib.suppress(CheckpointError):
+            self.finish_pending()
+        return self.newest_finite
 
     def save_emergency(self, reason: str, step: int) -> str | None:
         """Rank 0 alone, no collectives (peers may be gone): best effort after an error in the loop."""
@@ -336,7 +352,7 @@ class TrainerCheckpoints:
         if self.last_saved_step == step and self._outcome.error is None:
             return None
         try:
-            files, manifest = self._snapshot(reason, [self.pieces.rng.state_dict()], copy=False)
+            files, manifest = self._snapshot(reason, [self.pieces.rng.state_dict()], copy=False, step=step)
             self._write(step, files, manifest, reason)
         except Exception as exc:
             logger.error(f"could not save a checkpoint after the error: {exc}")
@@ -347,10 +363,16 @@ class TrainerCheckpoints:
             self._pending.join()
             self._pending = None
 
-    def _snapshot(self, reason: str, rngs: list[dict[str, Any]],
-                  copy: bool) -> tuple[dict[str, Callable[[BinaryIO], None]], dict[str, Any]]:
+    def _snapshot(self, reason: str, rngs: list[dict[str, Any]], copy: bool,
+                  step: int) -> tuple[dict[str, Callable[[BinaryIO], None]], dict[str, Any]]:
         """Everything a checkpoint holds; model and optimizer copied now if `copy` (training goes on while
-        they are written), the small JSON state always."""
+        they are written), the small JSON state always. A NonFiniteError, before anything is written, for
+        weights that are not finite: `latest` and `best` only ever name finite weights."""
+        if (weight := self.pieces.framework.nonfinite_weight()) is not None:
+            newest = f"the newest finite checkpoint is {self.newest_finite}" if self.newest_finite else \
+                "no checkpoint of this run holds finite weights"
+            raise NonFiniteError(f"the model's weight {weight!r} holds NaN or infinite values at step "
+                                 f"{step}: no checkpoint of it written; stopped all ranks; {newest}")
         state = {name: piece.state_dict() for name, piece in self.pieces.stateful.items()}
         files = {**self.pieces.framework.save_files(copy), STATE_FILE: _json_writer(deepcopy(state)),
                  RNG_FILE: _json_writer(rngs)}
@@ -401,6 +423,7 @@ class TrainerCheckpoints:
         if first := next((e for e in errors if e), None):
             raise CheckpointError(first)  # every rank applied the state, or every rank raises
         self.last_saved_step = point.step
+        self.newest_finite = point.name if found.get("finite", True) else None
         logger.info(message)
         return point
 
@@ -419,7 +442,8 @@ class TrainerCheckpoints:
                 point, state = self._read(checkpoint, paths)
                 self.pieces.framework.load_files(paths)  # the framework's load: model, optimizer
                 message = self._load(point, state, restore)
-                return {"point": asdict(point), "state": state, "message": message}
+                finite = self.pieces.framework.nonfinite_weight() is None  # (written before hvdazure checked)
+                return {"point": asdict(point), "state": state, "message": message, "finite": finite}
         except CheckpointError as exc:
             return {"error": str(exc)}
         except Exception as exc:  # storage (permissions, authentication), a model of other layer sizes, ...

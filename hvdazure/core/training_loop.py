@@ -34,6 +34,7 @@ from hvdazure.core.errors import exception_line
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, RunningMean
+from hvdazure.core.nonfinite import RECORD, NonFiniteError, NonFiniteWatch
 from hvdazure.core.object_store import redact
 from hvdazure.core.predictions import (
     Outputs,
@@ -187,8 +188,8 @@ class TrainingLoop:
                 self._emit("on_train_start")
                 while not self._finished():
                     self._train_epoch()
-            except (ConfigError, CheckpointError, SystemExit, KeyboardInterrupt):
-                raise
+            except (ConfigError, CheckpointError, NonFiniteError, SystemExit, KeyboardInterrupt):
+                raise  # (after a non-finite step the weights are not finite: nothing to save)
             except Exception as exc:
                 if self.checkpoints is not None:  # peers may be gone: rank 0 saves alone, if it can
                     self.checkpoints.save_emergency(f"error: {type(exc).__name__}", self.state.step)
@@ -438,6 +439,7 @@ class TrainingLoop:
         self.times = backend.step_times = StepTimes(enabled=c.step_times, device=backend.device_stats)
         self._step_batches = StepBatches(self.sample_plan, backend.epoch_batches, self.times)
         self._meter, self._epoch_means = self._new_meter(), RunningMean()
+        self._nonfinite = NonFiniteWatch(c.on_nan_loss, self.is_main)
         return CheckpointPieces(
             stateful={"state": self.state, "epoch_train": self._epoch_means,
                       "callbacks": CallbackStates(lambda: self.callbacks), "framework": framework},
@@ -553,7 +555,7 @@ class TrainingLoop:
         """This rank's part of the step: its batches, read from the backend's epoch stream as the backend
         iterates them, and each micro-batch's loss weight."""
         return RankStep(micro_batches, self._step_batches.of_step(micro_batches),
-                        [mb.loss_weight(self._ranks_averaged) for mb in micro_batches])
+                        [mb.loss_weight(self._ranks_averaged) for mb in micro_batches], self.state.step + 1)
 
     def _check_micro_batch_sizes(self) -> None:
         """A ConfigError on every rank, before training, if the plan gives some rank a micro-batch smaller
@@ -648,12 +650,15 @@ class TrainingLoop:
         return MetricAccumulator(self.backend.metric_to_float64, hook)
 
     def _reduce_metrics_and_votes(self) -> None:
-        """One fused collective: the interval's metric sums and counts, and the ranks' stop votes."""
-        s = self.state
+        """One fused collective: the interval's metric sums and counts, the ranks' stop votes and their
+        records of non-finite steps (core/nonfinite.py: `stop` raises NonFiniteError here, on every rank)."""
+        s, kept = self.state, 1 + len(RECORD)
         reduced = self._meter.reduce(self.collectives.allgather_floats, self._gather_names,
-                                     flags=[float(s.stop_requested), *self.times.row()])
-        if len(reduced.flags) > 1:  # each rank's step times (the device's among them) after its stop vote
-            self._interval.add_rows([flags[1:] for flags in reduced.flags_by_rank])
+                                     flags=[float(s.stop_requested), *self.backend.nonfinite_record(),
+                                            *self.times.row()])
+        self._nonfinite.check([flags[1:kept] for flags in reduced.flags_by_rank], s.step, self.checkpoints)
+        if len(reduced.flags) > kept:  # each rank's step times (the device's among them) after the above
+            self._interval.add_rows([flags[kept:] for flags in reduced.flags_by_rank])
         if reduced.count:
             s.train_metrics = reduced.means
         elif reduced.means:  # only metrics logged after the interval's last reduction (log_metrics)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
 from hvdazure.core.model_export import ExportError
+from hvdazure.core.nonfinite import FIRST_GRADIENTS_STEP, FIRST_LOSS, FIRST_LOSS_STEP, RECORD, SKIPPED_STEPS
 from hvdazure.core.sample_plan import SampleOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
 from hvdazure.core.step_times import no_device
@@ -112,8 +114,13 @@ class TensorFlowBackend(Backend):
         # micro-batch runs one on an empty batch (loss weight 0) instead of none.
         self._forward_empty = hvd.size() > 1 and has_sync_batchnorm(self.model)
         optimizer = self.user.build_optimizer(peak_lr)
+        # on_nan_loss 'skip' skips a step whose gradients are not finite the way fp16's loss scaling skips an
+        # overflowing one: by a LossScaleOptimizer, held at a scale of 1 outside fp16. One mechanism, not two.
+        self._scale_of_one = c.on_nan_loss == "skip" and c.precision != "fp16"
         if c.precision == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        elif self._scale_of_one:
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=1.0)
         optimizer.build(self.model.trainable_variables)  # Keras makes its variables lazily: make them now
         self.optimizer = optimizer
         self._compiled = _CompiledSteps(self)
@@ -139,29 +146,35 @@ class TensorFlowBackend(Backend):
         since = times.now()  # then forward, backward, exchange and update: one compiled step, one phase
         if self._forward_empty:  # synchronized BatchNorm layers must meet the other ranks' here too
             work = [(mb, self._train_data.take([]) if batch is None else batch, w) for mb, batch, w in work]
+        number = tf.constant(step.number, tf.float64)
         if len(work) == 1 and work[0][1] is not None:  # forward, backward and update in one call
             micro_batch, batch, weight = work[0]
             self.micro_batch = micro_batch
-            metrics, votes = steps.train(batch, _float64(weight), vote, with_vote)
+            metrics, votes = steps.train(batch, _float64(weight), vote, with_vote, number)
             if not micro_batch.is_empty:  # an empty batch's mean loss is NaN, and counts for nothing
-                meter.add(metrics, len(micro_batch.indices))
+                self._add(meter, metrics, len(micro_batch.indices))
         else:
             total = None
             for micro_batch, batch, weight in work:
                 if batch is None:  # no forward pass; this rank's zeros still join the allreduce
                     continue
                 self.micro_batch = micro_batch
-                gradients, metrics = steps.gradients(batch, _float64(weight))
+                gradients, metrics = steps.gradients(batch, _float64(weight), number)
                 total = gradients if total is None else [
                     a + g for a, g in zip(total, gradients, strict=True)]
                 if not micro_batch.is_empty:
-                    meter.add(metrics, len(micro_batch.indices))
+                    self._add(meter, metrics, len(micro_batch.indices))
             if total is None:
                 total = [tf.zeros_like(v) for v in self.model.trainable_variables]
-            votes = steps.apply(total, vote, with_vote)
+            votes = steps.apply(total, vote, with_vote, number)
         vote_sum = float(votes) if with_vote else 0.0
         times.add("step", since)
         return vote_sum
+
+    def _add(self, meter: MetricAccumulator, metrics: dict[str, tf.Tensor], count: int) -> None:
+        """A micro-batch's metrics into the meter; with on_nan_loss 'skip', those of a finite loss only."""
+        if self.config.on_nan_loss != "skip" or math.isfinite(float(metrics["loss"])):
+            meter.add(metrics, count)
 
     def evaluate(self, meter: MetricAccumulator, first_batch_only: bool = False, data: Any = None) -> bool:
         data = data if data is not None else self._eval_data
@@ -231,6 +244,9 @@ class TensorFlowBackend(Backend):
         except (OSError, KeyError) as exc:
             raise ValueError(f"{MODEL_FILE} is not a model of the TensorFlow binding ({exc})") from None
 
+    def nonfinite_record(self) -> list[Any]:
+        return self._compiled.record
+
     def metric_to_float64(self, value: Any) -> Any:
         # On the host a metric is read as a Python float: the same float64 arithmetic as TensorFlow's, without
         # an eager cast, multiply and add per metric and step (~0.1 ms). On a GPU reading it would wait.
@@ -254,6 +270,9 @@ class _CompiledSteps:
         c = backend.config
         self._allreduce_options = allreduce_options(c.reduce_op, c.compression, c.gradient_predivide_factor)
         self._of_data: dict[tuple[str, int], tuple[Any, _FlatFunction]] = {}  # per hook and data view
+        # this rank's record of non-finite steps (core/nonfinite.py's RECORD), updated inside the compiled
+        # steps: on a GPU it stays there until the log interval's collective reads it
+        self.record = [tf.Variable(0.0, dtype=tf.float64, trainable=False) for _ in RECORD]
 
     # The training functions are made at the first step: predict() and test() before any fit() have no
     # training data (the batch signature is the training data's).
@@ -263,31 +282,34 @@ class _CompiledSteps:
 
     @functools.cached_property
     def _gradients(self) -> _FlatFunction:
-        return _FlatFunction(self._gradients_of_flat, [*tf.nest.flatten(self._batch), _SCALAR])
+        return _FlatFunction(self._gradients_of_flat, [*tf.nest.flatten(self._batch), _SCALAR, _SCALAR])
 
     @functools.cached_property
     def _train(self) -> dict[bool, _FlatFunction]:
         return {with_vote: _FlatFunction(self._train_flat(with_vote),
-                                         [*tf.nest.flatten(self._batch), _SCALAR, _SCALAR])
+                                         [*tf.nest.flatten(self._batch), _SCALAR, _SCALAR, _SCALAR])
                 for with_vote in (False, True)}
 
     @functools.cached_property
     def _apply(self) -> dict[bool, _FlatFunction]:
         gradients = [tf.TensorSpec(v.shape, v.dtype) for v in self.backend.model.trainable_variables]
-        return {with_vote: _FlatFunction(self._apply_flat(with_vote), [*gradients, _SCALAR])
+        return {with_vote: _FlatFunction(self._apply_flat(with_vote), [*gradients, _SCALAR, _SCALAR])
                 for with_vote in (False, True)}
 
     # --- what the backend calls (nested batches and gradient lists; flattened for the compiled calls) -----
-    def train(self, batch: Any, weight: tf.Tensor, vote: tf.Tensor,
-              with_vote: bool) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-        """One micro-batch's forward, backward and update in one call; its metrics and the summed votes."""
-        return self._train[with_vote](*tf.nest.flatten(batch), weight, vote)
+    def train(self, batch: Any, weight: tf.Tensor, vote: tf.Tensor, with_vote: bool,
+              number: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+        """One micro-batch's forward, backward and update in one call (optimizer step `number`); its metrics
+        and the summed votes."""
+        return self._train[with_vote](*tf.nest.flatten(batch), weight, vote, number)
 
-    def gradients(self, batch: Any, weight: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
-        return self._gradients(*tf.nest.flatten(batch), weight)
+    def gradients(self, batch: Any, weight: tf.Tensor,
+                  number: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
+        return self._gradients(*tf.nest.flatten(batch), weight, number)
 
-    def apply(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool) -> tf.Tensor:
-        return self._apply[with_vote](*gradients, vote)
+    def apply(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool,
+              number: tf.Tensor) -> tf.Tensor:
+        return self._apply[with_vote](*gradients, vote, number)
 
     def evaluate(self, data: Any, batch: Any) -> dict[str, tf.Tensor]:
         """validation_step's metrics of `batch` of the data view `data` (a function per view's signature)."""
@@ -308,17 +330,17 @@ class _CompiledSteps:
 
     # --- the compiled bodies, on flat arguments ---------------------------------------------------------
     def _gradients_of_flat(self, *args: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
-        return self._gradients_of(tf.nest.pack_sequence_as(self._batch, args[:-1]), args[-1])
+        return self._gradients_of(tf.nest.pack_sequence_as(self._batch, args[:-2]), args[-2], args[-1])
 
     def _train_flat(self, with_vote: bool) -> Callable[..., tuple[dict[str, tf.Tensor], tf.Tensor]]:
         def train(*args: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-            batch, weight, vote = tf.nest.pack_sequence_as(self._batch, args[:-2]), args[-2], args[-1]
-            gradients, metrics = self._gradients_of(batch, weight)
-            return metrics, self._update(gradients, vote, with_vote)
+            batch, (weight, vote, number) = tf.nest.pack_sequence_as(self._batch, args[:-3]), args[-3:]
+            gradients, metrics = self._gradients_of(batch, weight, number)
+            return metrics, self._update(gradients, vote, with_vote, number)
         return train
 
     def _apply_flat(self, with_vote: bool) -> Callable[..., tf.Tensor]:
-        return lambda *args: self._update(list(args[:-1]), args[-1], with_vote)
+        return lambda *args: self._update(list(args[:-2]), args[-2], with_vote, args[-1])
 
     def _predict_nested(self, batch: Any) -> Any:
         b = self.backend
@@ -340,17 +362,35 @@ class _CompiledSteps:
             weighted = b.optimizer.scale_loss(weighted)
         return weighted, {"loss": tf.cast(loss, tf.float64), **metrics}
 
-    def _gradients_of(self, batch: Any, weight: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
+    def _gradients_of(self, batch: Any, weight: tf.Tensor,
+                      number: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
         variables = self.backend.model.trainable_variables
         with tf.GradientTape() as tape:
             weighted, metrics = self._loss_and_metrics(batch, weight)
         gradients = tape.gradient(weighted, variables)
+        self._record_loss(number, weight, metrics["loss"])
         return dense_gradients(gradients, variables), metrics
 
+    @not_converted  # no user code in it
+    def _record_loss(self, number: tf.Tensor, weight: tf.Tensor, loss: tf.Tensor) -> None:
+        """Keep the first non-finite loss of a micro-batch with samples (weight 0: none, its mean is NaN)."""
+        step, value = self.record[FIRST_LOSS_STEP], self.record[FIRST_LOSS]
+        first = (step == 0) & (weight > 0) & tf.logical_not(tf.math.is_finite(loss))
+        value.assign(tf.where(first, loss, value))
+        step.assign(tf.where(first, number, step))
+
+    @not_converted  # no user code in it
+    def _record_gradients(self, number: tf.Tensor, gradients: list[tf.Tensor]) -> None:
+        """Keep the first step whose allreduced gradients are not finite."""
+        step = self.record[FIRST_GRADIENTS_STEP]
+        finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in gradients]))
+        step.assign(tf.where((step == 0) & tf.logical_not(finite), number, step))
+
     @not_converted  # no user code in it: Horovod's and Keras's own functions, called as they are
-    def _update(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool) -> tf.Tensor:
+    def _update(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool,
+                number: tf.Tensor) -> tf.Tensor:
         """The step's one grouped allreduce of the gradients (and the stop vote beside it), clipping of
-        the global norm, and the update.
+        the global norm, and the update; non-finite gradients recorded (or the loss scaler's skip counted).
 
         Horovod pairs the ranks' collectives by name, and names an unnamed one after its input tensors and
         name scope: a rank with samples runs this inside the fused train step, a rank without (the short
@@ -360,9 +400,19 @@ class _CompiledSteps:
         votes = hvd.allreduce(tf.reshape(vote, [1]), op=hvd.Sum, name="hvdazure.stop_vote",
                               ignore_name_scope=True)[0] if with_vote else vote
         gradients = allreduce_gradients(gradients, self._allreduce_options)
+        scaler = b.optimizer if isinstance(b.optimizer, keras.optimizers.LossScaleOptimizer) else None
+        if scaler is None:
+            self._record_gradients(number, gradients)
+        # a loss scaler skips a step whose gradients are not finite, and halves its scale: counted below
+        scale = tf.identity(scaler.dynamic_scale.value) if scaler is not None else None
         if b.config.grad_clip_norm is not None:
             gradients, _ = tf.clip_by_global_norm(gradients, b.config.grad_clip_norm)
         b.optimizer.apply_gradients(zip(gradients, b.model.trainable_variables, strict=True))
+        if scaler is not None:
+            skipped = self.record[SKIPPED_STEPS]
+            skipped.assign_add(tf.cast(scaler.dynamic_scale.value < scale, tf.float64))
+            if b._scale_of_one:
+                scaler.dynamic_scale.assign(1.0)
         return votes
 
 

@@ -85,6 +85,13 @@ class KerasCheckpointContent(FrameworkCheckpointContent):
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
 
+    def nonfinite_weight(self) -> str | None:
+        weights = [v for v in model_weights(self.model) if tf.as_dtype(v.dtype).is_floating]
+        finite = [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v))) for v in weights]
+        if not weights or bool(tf.reduce_all(tf.stack(finite))):  # one read for all of them
+            return None
+        return next(str(v.path) for v, ok in zip(weights, finite, strict=True) if not bool(ok))
+
     def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:
         return {MODEL_FILE: _writer(model_weights(self.model), copy),
                 OPTIMIZER_FILE: _writer(self.optimizer.variables, copy)}

@@ -12,6 +12,7 @@ The user's hooks (build_model, training_step, ...) are the TorchTrainer's (torch
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
 from hvdazure.core.model_export import ExportError
+from hvdazure.core.nonfinite import FIRST_GRADIENTS_STEP, FIRST_LOSS, FIRST_LOSS_STEP, RECORD, SKIPPED_STEPS
 from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
 from hvdazure.core.step_times import no_device
@@ -114,7 +116,13 @@ class TorchBackend(Backend):
             self.optimizer = optimizer
             self._allreduce_gradients = GradientsAfterBackward(
                 self.model.parameters(), c.reduce_op, c.compression, c.gradient_predivide_factor)
-        self.scaler = torch.amp.GradScaler("cuda") if c.precision == "fp16" else None
+        # on_nan_loss 'skip' skips a step whose gradients are not finite the way fp16's loss scaling skips an
+        # overflowing one: by a GradScaler, held at a scale of 1 outside fp16. One mechanism, not two.
+        self._scale_of_one = c.on_nan_loss == "skip" and c.precision != "fp16"
+        self.scaler = (torch.amp.GradScaler(self.device.type, init_scale=1.0) if self._scale_of_one else
+                       torch.amp.GradScaler("cuda") if c.precision == "fp16" else None)
+        self._trained = [p for p in self.model.parameters() if p.requires_grad]
+        self._nonfinite = _NonFiniteRecord(self.device)
         return TorchCheckpointContent(self.model, self.optimizer, self.scaler, self.device)
 
     def broadcast_model_and_optimizer(self) -> None:
@@ -165,13 +173,16 @@ class TorchBackend(Backend):
             scaled = loss if weight == 1.0 else loss * weight  # exactly 1.0 for a full step, no accumulation
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             if not micro_batch.is_empty:  # an empty batch's mean loss is NaN, and counts for nothing
-                meter.add({"loss": loss.detach(), **metrics}, len(micro_batch.indices))
+                detached = loss.detach()
+                self._nonfinite.loss(step.number, detached)
+                if self.config.on_nan_loss != "skip" or math.isfinite(float(detached)):  # skip: finite only
+                    meter.add({"loss": detached, **metrics}, len(micro_batch.indices))
             if times.enabled and self.device.type == "cuda":
                 # the kernels queued by backward, charged to it rather than to the allreduce wait that
                 # would otherwise absorb them (the exchange waits for the gradients anyway)
                 torch.cuda.synchronize(self.device)
             times.add("compute", since)
-        self._optimizer_step()
+        self._optimizer_step(step.number)
         since = times.now()
         vote = votes()[0] if votes is not None else 0.0
         times.add("exchange", since)
@@ -183,13 +194,17 @@ class TorchBackend(Backend):
             self._empty_batch = to_device(empty_batch(self._train_data, self.collate), self.device)
         return self._empty_batch
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, number: int) -> None:
         opt, clip, times = self.optimizer, self.config.grad_clip_norm, self.step_times
         since = times.now()
         self._allreduce_gradients()  # averaged across ranks before they are unscaled or clipped
         since = times.add("exchange", since)
         if self.scaler is not None:
             self.scaler.unscale_(opt)
+        # the largest absolute value of the gradients: NaN or inf if any is (a skipping scaler skips the step)
+        largest = torch.nn.utils.get_total_norm([p.grad for p in self._trained if p.grad is not None],
+                                                norm_type=math.inf)
+        self._nonfinite.gradients(number, largest, skipped=self.scaler is not None)
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         # Horovod's DistributedOptimizer would synchronize again in step(); Adasum's step is its allreduce
@@ -200,7 +215,7 @@ class TorchBackend(Backend):
             else:
                 opt.step()
         if self.scaler is not None:
-            self.scaler.update()
+            self.scaler.update(new_scale=1.0 if self._scale_of_one else None)
         opt.zero_grad()
         times.add("optimizer", since)
 
@@ -305,6 +320,9 @@ class TorchBackend(Backend):
         for indices, batch in zip(batches, loader, strict=True):
             yield indices, to_device(batch, self.device)
 
+    def nonfinite_record(self) -> list[Any]:
+        return self._nonfinite.values
+
     def metric_to_float64(self, value: Any) -> Any:
         # On the CPU a metric is read as a Python float: the same float64 arithmetic as torch's, without a
         # cast, multiply and add dispatched per metric and step. On a GPU reading it would wait for the step.
@@ -333,6 +351,39 @@ class TorchBackend(Backend):
 
     def device_stats(self) -> tuple[float, float]:
         return self._cuda_stats() if self._cuda_stats is not None else no_device()
+
+
+class _NonFiniteRecord:
+    """This rank's record of its non-finite steps (core/nonfinite.py's RECORD) where the loss is: on a GPU
+    as device scalars updated with torch.where, so that nothing waits for the GPU; on the CPU as numbers
+    (a loss on the CPU is read as fast as one tensor operation is dispatched)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.on_host = device.type == "cpu"
+        self.values: list[Any] = [0.0] * len(RECORD) if self.on_host else [
+            torch.zeros((), dtype=torch.float64, device=device) for _ in RECORD]
+
+    def loss(self, step: int, loss: torch.Tensor) -> None:
+        """A micro-batch's mean loss at optimizer step `step`: its first non-finite one is kept."""
+        v = self.values
+        if self.on_host:
+            if not v[FIRST_LOSS_STEP] and not math.isfinite(value := float(loss)):
+                v[FIRST_LOSS_STEP], v[FIRST_LOSS] = float(step), value
+            return
+        first = (v[FIRST_LOSS_STEP] == 0) & ~torch.isfinite(loss)
+        v[FIRST_LOSS_STEP] = torch.where(first, step, v[FIRST_LOSS_STEP])
+        v[FIRST_LOSS] = torch.where(first, loss.to(torch.float64), v[FIRST_LOSS])
+
+    def gradients(self, step: int, largest: torch.Tensor, skipped: bool) -> None:
+        """The step's largest absolute allreduced gradient (NaN or inf: one is not finite); `skipped`: a
+        loss scaler skips such a step (fp16, on_nan_loss 'skip'), which is counted; else the first is kept."""
+        v, at = self.values, SKIPPED_STEPS if skipped else FIRST_GRADIENTS_STEP
+        if self.on_host:
+            if not math.isfinite(float(largest)) and (skipped or not v[at]):
+                v[at] = v[at] + 1 if skipped else float(step)
+            return
+        bad = ~torch.isfinite(largest)
+        v[at] = v[at] + bad if skipped else torch.where(bad & (v[at] == 0), step, v[at])
 
 
 def _loss_and_metrics(output: Any) -> tuple[torch.Tensor, dict[str, Any]]:

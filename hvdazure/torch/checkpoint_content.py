@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import math
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
@@ -21,6 +22,16 @@ class TorchCheckpointContent(FrameworkCheckpointContent):
                  scaler: torch.amp.GradScaler | None, device: torch.device) -> None:
         self.model, self.optimizer, self.scaler, self.device = model, optimizer, scaler, device
         self._staging = StagingBuffers()
+
+    def nonfinite_weight(self) -> str | None:
+        state = {name: t for name, t in self.model.state_dict().items()
+                 if isinstance(t, torch.Tensor) and t.is_floating_point()}
+        if not state:
+            return None
+        # one max-abs reduction over all of them (NaN and inf survive it), read once: not per tensor
+        if torch.isfinite(torch.nn.utils.get_total_norm(list(state.values()), norm_type=math.inf)):
+            return None
+        return next(name for name, t in state.items() if not bool(torch.isfinite(t).all()))
 
     def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:
         model_state, optimizer_state = self.model.state_dict(), self.optimizer.state_dict()
