@@ -12,9 +12,12 @@ killer), and tears its ranks down; `hvdazure run` is the subreaper of its descen
 parent died is re-parented to it rather than lost; and whatever is left when the launcher exits, however
 it exits, is stopped (see launch/lifetime.py).
 
-What users read: on several nodes, which interface their ranks talk over (launch/network.py); rank output,
-tagged with its rank, as it comes, except that a Python traceback is shown whole and an error once, not
-once per rank (launch/tracebacks.py; `verbose` shows every traceback in full); the launcher's own lines
+What users read: on several nodes, which interface their ranks talk over (launch/network.py); rank output
+as it comes, rank 0's as a 1-process run prints it and another rank's marked `[rank N] `, with rank 0's
+progress display redrawn in place on a terminal (launch/console.py; the launchers' tags are read here, to
+route and attribute each line, and never shown), except that a Python traceback is shown whole and an
+error once, not once per rank (launch/tracebacks.py; `verbose` shows every traceback in full); the
+launcher's own lines
 until a rank fails or the job is being stopped (after that they repeat what the summary says, with a
 traceback: `verbose` keeps them); and one summary line. It names the rank that failed first (and its host,
 on several) and the ranks that failed with the same error, or a node none of whose ranks said how they
@@ -44,7 +47,9 @@ from typing import TextIO
 
 import psutil
 
+from hvdazure.core.progress_display import TERMINAL_ENV
 from hvdazure.launch.command import LaunchSpec, build_command, is_rank_wrapper_command
+from hvdazure.launch.console import Console, Segments, is_redraw, rank_prefix
 from hvdazure.launch.controller import default_controller
 from hvdazure.launch.exit_status import (
     RankFailure,
@@ -63,6 +68,7 @@ from hvdazure.launch.lifetime import (
 )
 from hvdazure.launch.network import CrossNodeInterface, choose_interface, host_names, this_machine
 from hvdazure.launch.rank_wrapper import GRACE_ENV
+from hvdazure.launch.stack_dumps import dump_stacks, stacks_folder
 from hvdazure.launch.timeline import TimelineStamp
 from hvdazure.launch.tracebacks import Tracebacks
 
@@ -71,6 +77,7 @@ TIMEOUT_EXIT_CODE = 124  # as coreutils' timeout(1)
 # fewer (core/stop_signals.py's RANK_STOP_SIGNALS): it has no terminal.
 SUPERVISOR_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _LAUNCHER_GRACE_S = 5.0
+_CHUNK_BYTES = 65536  # read from the launcher's output at most at a time
 _TRACEBACK_POLL_S = 0.25  # how often tracebacks held past their hold time are looked for
 _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:")
 _HOROVODRUN_TAG = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:")
@@ -117,10 +124,13 @@ class _Job:
         self.stopped_by_signal: int | None = None  # the first stop signal `hvdazure run` received
         self.stopping = False  # we stop the job: the launcher's complaints about it are noise
         self.tracebacks = Tracebacks(verbose)
+        self.console = Console(sys.stdout, sys.stderr, terminal=False)  # run_job gives it its streams
         self.output_ended = threading.Event()
         self._output_lock = threading.Lock()  # the output pump and the traceback poll both write
         self._log: TextIO | None = None  # every line of the output (opened by start)
         self._log_path = Path()
+        self.stacks_dir: str | None = None  # where the job's processes register faulthandler (stack_dumps.py)
+        self.stacks_log: Path | None = None  # the log that holds their stacks, once the timeout dumped them
         # Children this process had before the job are not the job's (when run_job is called as a library).
         self._not_ours = {p.pid for p in psutil.Process().children(recursive=True)}
 
@@ -129,7 +139,7 @@ class _Job:
         stops the ranks in order); the kernel sends it SIGTERM if this process dies without doing so."""
         self.proc = subprocess.Popen(
             list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1, errors="replace",
+            stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=die_with_this_process(signal.SIGTERM),
         )
         with contextlib.suppress(OSError):  # no log where no temporary file can be made: -v still shows all
@@ -142,55 +152,91 @@ class _Job:
         self.stop_requested.set()
 
     def pump_output(self, out: TextIO, err: TextIO) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
         try:
-            for raw in self.proc.stdout:
+            for raw in self._segments():
                 line, is_err = normalize_line(raw)
                 with self._output_lock:
                     self._take(line, is_err, out, err)
         finally:
             with self._output_lock:
-                _write(err, self.tracebacks.release_all())
+                self.console.write(err, self.tracebacks.release_all())
+                self.console.close()
             self.output_ended.set()
 
+    def _segments(self) -> Iterator[str]:
+        """The launcher's output a segment (a line, or a redraw: launch/console.py) at a time, as it comes.
+        mpirun tags a chunk of a rank's output, not each segment in it: what follows a redraw in the same
+        chunk gets the redraw's tag."""
+        assert self.proc is not None and self.proc.stdout is not None
+        segments, open_tag = Segments(), ""
+        while True:
+            chunk = self.proc.stdout.read1(_CHUNK_BYTES)  # type: ignore[attr-defined]  # a BufferedReader
+            for piece in segments.feed(chunk) if chunk else segments.end():
+                text = piece.decode(errors="replace")
+                if open_tag and not _MPI_TAG.match(text):
+                    text = open_tag + text
+                tag = _MPI_TAG.match(text)
+                open_tag = tag.group(0) if tag is not None and is_redraw(text) else ""
+                yield text
+            if not chunk:
+                return
+
     def _take(self, line: str, is_err: bool, out: TextIO, err: TextIO) -> None:
-        """Log one line of the launcher's output and show what of it is shown now."""
+        """Log one segment of the launcher's output and show what of it is shown now."""
         tag = _HOROVODRUN_TAG.match(line)
         failure = RankFailure.parse(line) if tag else None
         if failure is not None:
             line = with_time_since_start(line, self.started_at)
-        if self._log is not None:
+        redraw = tag is not None and is_redraw(line)
+        if self._log is not None and not redraw:  # the log keeps the launchers' tags, and no redraws
             self._log.write(line)
         if tag is None:
             if self._shows_launcher_line(line):
-                _write(out, [line])
+                self.console.write(out, [line])
             return
-        rank = int(tag.group(1))
+        rank, text, stream = int(tag.group(1)), line[tag.end():], err if is_err else out
+        if redraw:
+            self.console.redraw(rank, stream, text[:-1])
+            return
+        text = text[:-2] + "\n" if text.endswith("\r\n") else text
         if self._note_start_or_exit(line):
-            _write(err, self.tracebacks.rank_ended(rank))
+            self.console.write(err, self.tracebacks.rank_ended(rank))
         elif failure is not None:
             self._record(failure)
-            _write(err, [*self.tracebacks.rank_ended(rank), line])
+            self.console.write(err, [*self.tracebacks.rank_ended(rank), rank_prefix(rank) + text])
+        elif self.console.line_ends(rank, stream, text):
+            return  # it ended a line this rank was redrawing, as it last was
         elif is_err:
             now = time.monotonic()
-            _write(err, self.tracebacks.stderr_line(rank, line[:tag.end()], line[tag.end():], now))
+            self.console.write(err, self.tracebacks.stderr_line(rank, rank_prefix(rank), text, now))
         else:
-            _write(out, [line])
+            self.console.write(out, [rank_prefix(rank) + text])
 
     def show_tracebacks_held_too_long(self, err: TextIO) -> None:
         """Until the output ends, show each traceback whose next line is overdue: its rank goes on, or is
         slow to exit."""
         while not self.output_ended.wait(_TRACEBACK_POLL_S):
             with self._output_lock:
-                _write(err, self.tracebacks.stale(time.monotonic()))
+                self.console.write(err, self.tracebacks.stale(time.monotonic()))
+
+    def log_stacks(self, err: TextIO) -> None:
+        """The stacks of every process of the job, into the log (on `err` if there is none): where a job
+        that timed out hung (launch/stack_dumps.py)."""
+        stacks = dump_stacks(self.processes(), self.stacks_dir)  # seconds: the output goes on meanwhile
+        with self._output_lock:
+            if self._log is None:
+                _write(err, [stacks])
+                return
+            self._log.write(stacks)
+            self.stacks_log = self._log_path
 
     def close_log(self) -> Path | None:
-        """Close the log: kept, and its path returned, when a traceback was not shown in full; else
-        removed."""
+        """Close the log: kept, and its path returned, when a traceback was not shown in full or it holds
+        the stacks; else removed."""
         if self._log is None:
             return None
         self._log.close()
-        if self.tracebacks.not_in_full:
+        if self.tracebacks.not_in_full or self.stacks_log is not None:
             return self._log_path
         self._log_path.unlink(missing_ok=True)
         return None
@@ -310,22 +356,24 @@ def run_job(
         spec = dataclasses.replace(spec, controller=default_controller())
     if interface is not None:
         err.write(_interface_line(spec, interface))
-    argv, job_env = build_command(spec, env, interface)
+    columns = terminal_columns(err)
+    argv, job_env = build_command(spec, with_terminal(os.environ if env is None else env, columns), interface)
     job_env[GRACE_ENV] = f"{grace_s:g}"  # ranks whose launcher dies stop within the same grace
     if (identity := process_identity()) is not None:  # the rank wrappers watch this process itself
         job_env[LAUNCHER_ENV] = identity
     timeline = TimelineStamp.of(spec.timeline) if spec.timeline is not None else None
     start = time.monotonic()
     job = _Job(verbose)
+    job.console = Console(out, err, terminal=columns is not None)
     pump = threading.Thread(target=job.pump_output, args=(out, err), daemon=True)
     poll = threading.Thread(target=job.show_tracebacks_held_too_long, args=(err,), daemon=True)
     timed_out = False
-    with _stop_signals_caught(job.on_signal), _orphans_adopted():
+    with _stop_signals_caught(job.on_signal), _orphans_adopted(), stacks_folder(job_env) as job.stacks_dir:
         try:
             job.start(argv, job_env)
             pump.start()
             poll.start()
-            timed_out = _supervise(job, start, timeout_s, grace_s, failure_grace_s)
+            timed_out = _supervise(job, start, timeout_s, grace_s, failure_grace_s, err)
         finally:
             if job.proc is not None and job.proc.poll() is None:
                 job.stop(grace_s)  # an exception: nothing may be left running
@@ -343,6 +391,24 @@ def run_job(
     if timeline is not None and result.exit_code == 0:
         err.write(timeline.report_line())
     return result
+
+
+def terminal_columns(stream: TextIO) -> int | None:
+    """The width of the terminal `stream` writes to (where rank 0's progress display is drawn), or None
+    when it is no terminal."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns if stream.isatty() else None
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a StringIO), or no size
+        return None
+
+
+def with_terminal(env: Mapping[str, str], columns: int | None) -> dict[str, str]:
+    """The ranks' environment: with TERMINAL_ENV, the width rank 0 draws its progress display in, when
+    `hvdazure run` writes to a terminal; without it otherwise (not even one inherited from outside)."""
+    env = {name: value for name, value in env.items() if name != TERMINAL_ENV}
+    if columns is not None:
+        env[TERMINAL_ENV] = str(columns)
+    return env
 
 
 def _tracebacks(count: int) -> str:
@@ -365,9 +431,9 @@ def _interface_line(spec: LaunchSpec, interface: CrossNodeInterface) -> str:
 
 
 def _supervise(job: _Job, start: float, timeout_s: float | None, grace_s: float,
-               failure_grace_s: float) -> bool:
-    """Wait for the launcher to exit, stopping the job early on a failure, a signal or the timeout.
-    Returns whether the timeout stopped it."""
+               failure_grace_s: float, err: TextIO) -> bool:
+    """Wait for the launcher to exit, stopping the job early on a failure, a signal or the timeout (after
+    logging every process's stacks, to show where it hung). Returns whether the timeout stopped it."""
     assert job.proc is not None
     while job.proc.poll() is None:
         if job.stop_requested.wait(0.1):
@@ -380,6 +446,7 @@ def _supervise(job: _Job, start: float, timeout_s: float | None, grace_s: float,
             job.stop(grace_s if job.failed_at is None else failure_grace_s)
             return False
         if timeout_s is not None and time.monotonic() - start > timeout_s:
+            job.log_stacks(err)
             job.stop(grace_s)
             return True
     return False
@@ -389,7 +456,8 @@ def _report(job: _Job, timed_out: bool, timeout_s: float | None, duration: float
     """Say in one line how the job ended, and return it as a JobResult."""
     assert job.proc is not None
     if timed_out:
-        err.write(f"hvdazure run: job exceeded --timeout {timeout_s:g}s; stopped all ranks\n")
+        stacks = f" (where it hung: each process's stacks are in {job.stacks_log})" if job.stacks_log else ""
+        err.write(f"hvdazure run: job exceeded --timeout {timeout_s:g}s; stopped all ranks{stacks}\n")
         return JobResult(TIMEOUT_EXIT_CODE, None, True, duration)
     if job.stopped_by_signal is not None:
         name = signal.Signals(job.stopped_by_signal).name

@@ -2,16 +2,22 @@
 
 Workers write one JSON file per rank into a folder the test owns (`report_rank(...)` in workers/_report.py);
 the test asserts on those files, the job's exit code and its output, in the parent process.
+
+A job that hangs past its timeout fails the test with the stacks of every process of the job (the ranks,
+their DataLoader workers, the launcher: hvdazure/launch/stack_dumps.py), taken before it is killed: a hang
+that happens once in a hundred runs says where it happened.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,9 +25,14 @@ from pathlib import Path
 
 import psutil
 
+from hvdazure.launch.stack_dumps import STACKS_DIR_ENV, dump_stacks
+
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
 CONTROLLERS = ("gloo", "mpi")
+# Where the jobs' processes register Python's faulthandler, read where py-spy cannot attach (one per session)
+STACKS_DIR = tempfile.mkdtemp(prefix="hvdazure-test-stacks-")
+atexit.register(shutil.rmtree, STACKS_DIR, ignore_errors=True)
 
 
 @dataclass
@@ -52,16 +63,17 @@ def run_job(
         script = WORKERS / script
     cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", str(np), f"--{controller}", *launcher_args,
            str(script), *args]
-    job_env = {**os.environ, "HVDAZURE_TEST_OUT": str(out_dir), **(env or {})}
+    job_env = {**os.environ, "HVDAZURE_TEST_OUT": str(out_dir), STACKS_DIR_ENV: STACKS_DIR, **(env or {})}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=job_env,
                             cwd=REPO)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = stacks_of_tree(proc.pid)
         kill_tree(proc.pid)  # the ranks too: a hung job's ranks would spin on and load the machine
         stdout, stderr = proc.communicate()
         raise AssertionError(f"job hung: {' '.join(cmd)} still running after {timeout}s\n"
-                             f"{stdout}\n{stderr}") from None
+                             f"{stdout}\n{stderr}\n{stacks}") from None
     return JobRun(proc.returncode, stdout, stderr, read_reports(out_dir))
 
 
@@ -93,24 +105,26 @@ def start_job(script: str | Path, tmp_path: Path, name: str, *settings: str, np:
     script = Path(script) if Path(script).is_absolute() else WORKERS / script
     cmd = [sys.executable, "-m", "hvdazure.cli", "run", "-np", str(np), f"--{controller}", str(script),
            *set_args(settings)]
-    proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out), **(env or {})},
+    proc = subprocess.Popen(cmd, env={**os.environ, "HVDAZURE_TEST_OUT": str(out), STACKS_DIR_ENV: STACKS_DIR,
+                                      **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, out
 
 
 def wait_for(predicate: Callable[[], object], what: str, proc: subprocess.Popen | None = None,
              timeout: float = 180) -> None:
-    """Wait until `predicate()` holds; fail (killing `proc`, with its output) if `proc` ends first or the
-    wait passes `timeout`."""
+    """Wait until `predicate()` holds; fail (killing `proc`, with its output, and its stacks if it hung) if
+    `proc` ends first or the wait passes `timeout`."""
     deadline = time.monotonic() + timeout
     while not predicate():
         ended = proc is not None and proc.poll() is not None
         if ended or time.monotonic() > deadline:
-            output = ""
+            output = stacks = ""
             if proc is not None:
-                proc.kill()
+                stacks = "" if ended else stacks_of_tree(proc.pid)
+                kill_tree(proc.pid)
                 output = proc.communicate()[0]
-            raise AssertionError(f"the job ended or hung before {what}:\n{output}")
+            raise AssertionError(f"the job ended or hung before {what}:\n{output}\n{stacks}")
         time.sleep(0.01)
 
 
@@ -119,10 +133,20 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = stacks_of_tree(proc.pid)
         kill_tree(proc.pid)
-        proc.communicate()
-        raise AssertionError("job hung") from None
+        output, _ = proc.communicate()
+        raise AssertionError(f"job hung: still running after {timeout}s\n{output}\n{stacks}") from None
     return output
+
+
+def stacks_of_tree(pid: int) -> str:
+    """The stacks of a process and every process below it (a job's `hvdazure run`: all of the job)."""
+    try:
+        root = psutil.Process(pid)
+        return dump_stacks([root, *root.children(recursive=True)], STACKS_DIR)
+    except psutil.NoSuchProcess:
+        return "(the job's processes were gone before their stacks could be taken)"
 
 
 def kill_tree(pid: int) -> None:

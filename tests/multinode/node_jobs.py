@@ -17,8 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from two_nodes import TwoNodes, remove_stale, unavailable
+
+from hvdazure.launch.stack_dumps import dump_stacks
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = REPO / "tests" / "distributed" / "workers"
@@ -80,15 +83,28 @@ def finish(nodes: TwoNodes, proc: subprocess.Popen, timeout: float = NO_HANG_TIM
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = stacks_on_nodes(nodes)
         proc.kill()
         stdout, stderr = proc.communicate()
-        raise AssertionError(f"job hung: still running after {timeout}s\n{stdout}\n{stderr}") from None
+        raise AssertionError(f"job hung: still running after {timeout}s\n{stdout}\n{stderr}\n"
+                             f"{stacks}") from None
     reports, reported_from = {}, {}
     for node in nodes.nodes:
         for path in sorted((node.dir / "reports").glob("rank-*.json")):
             rank = int(path.stem.split("-")[1])
             reports[rank], reported_from[rank] = json.loads(path.read_text()), node.name
     return JobRun(proc.returncode, stdout, stderr, reports, reported_from)
+
+
+def stacks_on_nodes(nodes: TwoNodes) -> str:
+    """The stacks of every process on both nodes (py-spy: hvdazure/launch/stack_dumps.py): where a job
+    hung."""
+    processes = []
+    for node in nodes.nodes:
+        for pid in nodes.pids(node.name):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                processes.append(psutil.Process(pid))
+    return dump_stacks(processes)
 
 
 def run(nodes: TwoNodes, script: str | Path, *args: str, controller: str, launcher_args: tuple = (),
