@@ -26,6 +26,7 @@ from typing import Any
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import ConfigError
 from hvdazure.core.errors import exception_line
+from hvdazure.core.nonfinite import NonFiniteError
 from hvdazure.core.run_context import RunContext, active
 from hvdazure.sweep import messages
 from hvdazure.sweep.coordinator import COMPLETE, DIVERGED, FAILED, PRUNED
@@ -243,6 +244,7 @@ def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, co
                          run_name=directory.name, mlflow_parent_run_id=mlflow_parent)
     log = directory / ("trial.log" if group.Get_rank() == 0 else f"trial.rank{group.Get_rank()}.log")
     outcome: dict[str, Any] = {"error": None, "error_kind": None, "interrupted": False, "exit_code": 0}
+    nonfinite: str | None = None  # the trainer stopped every rank on a non-finite loss: the trial diverged
     start = time.time()
     with _output_to(log), active(context), _script_argv(options):
         try:
@@ -252,6 +254,9 @@ def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, co
             runpy.run_path(options.script, run_name="__main__")
         except TrialInterrupted as exc:
             outcome.update(interrupted=True, exit_code=128 + exc.signum, error=str(exc))
+        except NonFiniteError as exc:
+            sys.stderr.write(f"hvdazure: error: {exc}\n")  # into the trial's log, as the script would end
+            nonfinite = str(exc)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if code >= 128:  # a stop signal: the trainer saved a checkpoint; the trial resumes on restart
@@ -273,7 +278,9 @@ def _run_trial(options: SweepOptions, assignment: dict[str, Any], group: Any, co
     outcome.update(start=start, end=time.time(), ended=reporter.ended, pruned=reporter.pruned,
                    diverged=reporter.diverged, best=reporter.best(), values=reporter.values(),
                    epochs=len(reporter.history))
-    if outcome["error"] is None and not reporter.ended:
+    if nonfinite is not None:
+        outcome.update(diverged=True, divergence=f"diverged: {nonfinite}")
+    elif outcome["error"] is None and not reporter.ended:
         outcome.update(error="the script ended without training (no Trainer.fit() ran to its end)",
                        error_kind="error")
     return outcome
@@ -302,8 +309,8 @@ def _summary(number: int, outcomes: list[dict[str, Any]]) -> dict[str, Any]:
     elif real:
         message.update(state=FAILED, error=real[0]["error"], error_kind=real[0]["error_kind"])
     elif lead["diverged"] or lead["best"] is None:
-        message.update(state=DIVERGED, error=f"diverged: the loss or the metric became non-finite "
-                                             f"after {lead['epochs']} epoch(s)")
+        message.update(state=DIVERGED, error=lead.get("divergence") or f"diverged: the loss or the metric "
+                                             f"became non-finite after {lead['epochs']} epoch(s)")
     elif lead["pruned"]:
         message.update(state=PRUNED)
     else:

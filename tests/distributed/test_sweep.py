@@ -125,6 +125,8 @@ def test_pruning_stops_a_bad_trial_early_and_a_diverged_trial_is_not_a_success(t
     diverged = by_params[(0.05, "nan")]
     assert diverged["state"] == "diverged" and diverged["epochs"] < 4, diverged
     assert "diverged" in diverged["error"]
+    # the trainer stopped it at its next log interval (on_nan_loss: stop), and the sweep kept its line
+    assert "training_step returned a non-finite loss (nan) at step" in diverged["error"], diverged
     assert results(out)["best"]["trial"] == trials[0]["trial"]
 
     # --mlflow: a child run per trial under one run for the sweep, in the sweep's store

@@ -1,11 +1,11 @@
 """torch_job.py's or tf_job.py's regression (first argument: torch or tensorflow) whose loss turns NaN on one
 rank from one step on, for the tests of config field on_nan_loss (tests/distributed/test_nonfinite.py).
 
-extra: nan_rank, nan_step (from optimizer step nan_step on, counted from 1, rank nan_rank's training_step
-returns its loss times NaN, which makes its gradients NaN too; on TensorFlow through a variable the
-compiled step reads). The rest as the job it borrows from (`--set ...`, `--runs RUNS.json`). Each rank
-reports its final weights, whether they are finite, and the history; a fit() that raises reports nothing
-and ends the script as a user's would.
+extra: nan_rank, nan_step, nan_steps (for nan_steps optimizer steps from step nan_step on, counted from 1;
+every step from it when not given, rank nan_rank's training_step returns its loss times NaN, which makes its
+gradients NaN too; on TensorFlow through a variable the compiled step reads). The rest as the job it borrows
+from (`--set ...`, `--runs RUNS.json`). Each rank reports its final weights, whether they are finite, and the
+history; a fit() that raises reports nothing and ends the script as a user's would.
 """
 
 import math
@@ -25,8 +25,9 @@ class Poison(Callback):
 
     def on_step_begin(self, trainer) -> None:
         extra = trainer.config.extra
-        poisoned = trainer.rank == extra.get("nan_rank", 0) and trainer.state.step + 1 >= extra.get(
-            "nan_step", math.inf)
+        first = extra.get("nan_step", math.inf)
+        poisoned = trainer.rank == extra.get("nan_rank", 0) and (
+            first <= trainer.state.step + 1 < first + extra.get("nan_steps", math.inf))
         trainer.set_poison(math.nan if poisoned else 0.0)
 
 
