@@ -9,12 +9,14 @@ are made from reduced values (identical on all ranks) or through `state.request_
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.lr import LRSchedule, describe_lr
+from hvdazure.core.progress_display import TERMINAL_ENV, display_width, epoch_bar
 
 if TYPE_CHECKING:
     from hvdazure.core.trainer import Trainer
@@ -151,12 +153,17 @@ def _ended_by(trainer: Trainer) -> str:
 
 
 class ProgressLogger(Callback):
-    """Rank 0's progress: a tqdm bar on a terminal, a line per log interval otherwise (logs, pipes)."""
+    """Rank 0's progress: on a terminal (its own, or that of `hvdazure run`) a tqdm bar per epoch, redrawn in
+    place and replaced by the epoch's line when it ends (core/progress_display.py); elsewhere (logs, pipes) a
+    line per log interval."""
 
     main_only = True
 
     def __init__(self, use_bar: bool | None = None) -> None:
-        self.use_bar = sys.stderr.isatty() if use_bar is None else use_bar
+        width = display_width(os.environ, sys.stderr)  # a terminal's, this process's or `hvdazure run`'s
+        self.use_bar = width is not None if use_bar is None else use_bar
+        self._width = width or 80
+        self._through_hvdazure_run = bool(os.environ.get(TERMINAL_ENV))
         self.bar: Any = None
         self._mark: tuple[float, int] = (0.0, 0)
 
@@ -170,12 +177,10 @@ class ProgressLogger(Callback):
                                   trainer.schedule))
 
     def on_epoch_start(self, trainer: Trainer) -> None:
-        if self.use_bar:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=trainer.steps_per_epoch, initial=trainer.state.step_in_epoch,
-                            desc=f"epoch {trainer.state.epoch + 1}/{trainer.config.epochs}", file=sys.stderr,
-                            dynamic_ncols=True)
+        if self.use_bar:  # redrawn in place; closed, it leaves nothing: the epoch's line takes its place
+            self.bar = epoch_bar(sys.stderr, self._width, self._through_hvdazure_run, trainer.steps_per_epoch,
+                                 trainer.state.step_in_epoch,
+                                 f"epoch {trainer.state.epoch + 1}/{trainer.config.epochs}")
 
     def on_step_end(self, trainer: Trainer) -> None:
         s = trainer.state
@@ -189,7 +194,7 @@ class ProgressLogger(Callback):
         fields = {**s.train_metrics, "lr": s.lr, "samples/s": rate}
         times = trainer.step_times
         if self.bar is not None:
-            self.bar.set_postfix({k: f"{v:.4g}" for k, v in fields.items()}, refresh=False)
+            self.bar.set_postfix_str(format_metrics(fields))  # drawn now: a fast epoch still shows them
         else:
             shares = f" | {times.compact()}" if times is not None and times.steps else ""
             trainer.log(f"epoch {s.epoch + 1} step {s.step_in_epoch}/{trainer.steps_per_epoch} "

@@ -171,11 +171,12 @@ class TrainConfig:
     """The MLflow store; null: Azure ML's inside Azure ML (`MLFLOW_TRACKING_URI`), else
     `sqlite:///` `output_dir/mlflow.db`."""
     progress_bar: bool = True
-    """Rank 0 shows a progress bar on a terminal (a line per interval otherwise); false: lines only."""
+    """Rank 0 shows a progress bar on a terminal, its own or that of `hvdazure run` (a line per interval
+    otherwise); false: lines only."""
     step_times: bool = True
     """Time each step's phases (data wait, forward+backward, allreduce wait, optimizer, checkpoint stalls,
-    evaluation) and report their shares per log interval, and as a table after the first interval and at
-    the end of fit(); false: nothing timed."""
+    evaluation) and report their shares per log interval, and as a table at the end of fit() (after the
+    first interval too when the loader starves the model); false: nothing timed."""
     profile_steps: int | str | None = None
     """Record a profiler trace of these optimizer steps on rank 0, into `output_dir/profile`: `5-8` (steps 5
     to 8, counted from 1 over the whole run, as TensorBoard's step axis) or `5`. PyTorch: torch.profiler, a

@@ -17,6 +17,7 @@ return and no terminal control code is ever written there.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -127,12 +128,29 @@ class Console:
         self.write(stream, [f"{rank_prefix(rank)}{held.text}\n"])
         return True
 
+    def close(self) -> None:
+        """The output ended: a line still being redrawn stays as it last was, and what follows starts on a
+        line of its own."""
+        if self._live is not None:
+            self._live.stream.write("\n")
+            self._live.stream.flush()
+        self._live = None
+        self._held.clear()
+
     def _draw(self, redrawn: _Redrawn) -> None:
-        width = shutil.get_terminal_size().columns
-        redrawn.stream.write(_CLEAR_LINE + redrawn.text[:max(width - 1, 1)])
+        """Draw a line in place, cut to the terminal's width (a wrapped line could not be redrawn)."""
+        redrawn.stream.write(_CLEAR_LINE + redrawn.text[:max(_columns(redrawn.stream) - 1, 1)])
         redrawn.stream.flush()
 
     @staticmethod
     def _clear(stream: TextIO) -> None:
         stream.write(_CLEAR_LINE)
         stream.flush()
+
+
+def _columns(stream: TextIO) -> int:
+    """The width of the terminal `stream` writes to, as it is now (it may have been resized)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return shutil.get_terminal_size().columns

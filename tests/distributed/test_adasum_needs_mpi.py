@@ -3,6 +3,7 @@ MPI (under Gloo every rank used to train one step, then die with `No Adasum oper
 
 import pytest
 from harness import run_job
+from rank_output import lines_of
 
 NO_HANG_TIMEOUT = 120
 
@@ -14,8 +15,7 @@ def test_adasum_under_gloo_is_refused_before_training_on_every_rank(tmp_path, wo
 
     assert job.returncode == 2, job.output  # the bad-input status: every rank is let to say it
     for rank in (0, 1):
-        errors = [line for line in job.stderr.splitlines()
-                  if line.startswith(f"[{rank}]<stderr>:hvdazure: error:")]
+        errors = [line for line in lines_of(job.stderr, rank) if line.startswith("hvdazure: error:")]
         assert len(errors) == 1, job.stderr
         assert "'reduce_op': 'adasum' needs the MPI controller, but Horovod runs on gloo" in errors[0]
         assert "--mpi" in errors[0]

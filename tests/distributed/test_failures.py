@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from harness import CONTROLLERS, WORKERS, processes_running, run_job
+from rank_output import lines_of
 
 # A failed job must end long before this; the harness turns a longer wait into a "job hung" failure.
 NO_HANG_TIMEOUT = 120
@@ -62,10 +63,13 @@ def test_a_bad_config_value_is_reported_in_a_few_lines_without_the_launchers_tra
     summary = re.search(r"^hvdazure run: rank (\d) failed first, with exit code 2; stopped all ranks "
                         r"\(\d+\.\ds after start\)$", job.stderr, re.MULTILINE)
     assert summary, job.output
-    # every rank names it (each parses its own command line), the one that failed first among them
-    for each in ("0", "1"):
-        assert f"[{each}]<stderr>:hvdazure: error: config field 'batch_size': 0 must be at least 1" \
-            in job.stderr, job.stderr
+    # every rank names it (each parses its own command line), the one that failed first among them: rank 0
+    # as one process would, rank 1 marked, both on stderr; no launcher tag, no shell's `Terminated`
+    for each in (0, 1):
+        assert "hvdazure: error: config field 'batch_size': 0 must be at least 1" in lines_of(job.stderr,
+                                                                                             each), job.stderr
+    assert "hvdazure: error:" not in job.stdout and "<stderr>" not in job.output
+    assert "Terminated" not in job.output, job.output
     assert "Traceback" not in job.output and "detected that one or more processes" not in job.output
     # Per rank at most its config error and the wrapper's failure line, then the summary.
     assert len(job.output.splitlines()) <= 5, job.output
@@ -97,7 +101,8 @@ def test_every_rank_names_bad_input_even_a_rank_a_moment_behind(tmp_path, contro
 
     assert job.returncode == 2, job.output
     for rank in (0, 1):
-        assert f"[{rank}]<stderr>:hvdazure: error: config field 'batch_size'" in job.stderr, job.stderr
+        assert any(line.startswith("hvdazure: error: config field 'batch_size'")
+                   for line in lines_of(job.stderr, rank)), job.stderr
     assert "rank 1" in job.stderr.splitlines()[-1] and "failed first" in job.stderr.splitlines()[-1]
 
 
@@ -113,12 +118,14 @@ def test_an_error_on_every_rank_is_shown_once_whole_with_the_users_frame_and_eve
     job = run_job(script, out_dir=tmp_path, controller="mpi", timeout=60, env={"TMPDIR": str(tmp_path)})
 
     assert job.returncode == 1, job.output
-    assert "[0]<stdout>:ready" in job.stdout and "[1]<stdout>:ready" in job.stdout
+    assert "ready" in lines_of(job.stdout, 0) and "ready" in lines_of(job.stdout, 1), job.stdout
+    assert "ready" not in job.stderr  # stdout stays stdout
     error = "ValueError: invalid literal for int() with base 10: 'not-a-number'"
     assert job.stderr.count("Traceback (most recent call last)") == 1 and job.stderr.count(error) == 1
     lines = job.stderr.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.endswith(":Traceback (most recent call last):"))
-    tag = lines[start].split(":")[0] + ":"
+    start = next(i for i, line in enumerate(lines) if line.endswith("Traceback (most recent call last):"))
+    tag = lines[start].removesuffix("Traceback (most recent call last):")  # none (rank 0), or `[rank 1] `
+    assert tag in ("", "[rank 1] "), job.stderr
     assert lines[start + 1:start + 7] == [f'{tag}  File "{script}", line 5, in <module>',
                                           f"{tag}    load(os.environ.get('DATA', 'not-a-number'))",
                                           f'{tag}  File "{script}", line 4, in load',
@@ -142,10 +149,10 @@ def test_a_peers_follow_on_error_is_abridged_below_the_failing_ranks_whole_trace
 
     assert job.returncode == 1, job.output
     lines = job.stderr.splitlines()
-    cause = lines.index("[1]<stderr>:Traceback (most recent call last):")
-    assert lines[cause + 5] == "[1]<stderr>:ValueError: rank 1 dislikes its shard", job.stderr
-    follow_on = next(i for i, line in enumerate(lines) if line.startswith("[0]<stderr>:Traceback"))
-    assert re.fullmatch(r"\[0\]<stderr>:Traceback \(most recent call last; \d+ of \d+ frames not shown\):",
+    cause = lines.index("[rank 1] Traceback (most recent call last):")
+    assert lines[cause + 5] == "[rank 1] ValueError: rank 1 dislikes its shard", job.stderr
+    follow_on = next(i for i, line in enumerate(lines) if line.startswith("Traceback"))  # rank 0's
+    assert re.fullmatch(r"Traceback \(most recent call last; \d+ of \d+ frames not shown\):",
                         lines[follow_on]), job.stderr
     assert lines[follow_on + 1].endswith(", in <module>"), job.stderr  # the script's own frame
     assert lines[follow_on + 2].endswith('hvd.allreduce(torch.ones(1), name="never_completes")'), job.stderr

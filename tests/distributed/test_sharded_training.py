@@ -13,6 +13,7 @@ import signal
 import psutil
 import pytest
 from harness import WORKERS, processes_running, run_job
+from rank_output import lines_of
 from sharded_data import NUM_SAMPLES, write_regression_shards
 
 from hvdazure.core.checkpoint_store import CheckpointManager
@@ -199,7 +200,6 @@ def test_a_resume_on_changed_shards_is_refused_on_every_rank(runs, tmp_path):
 
     assert job.returncode != 0
     for rank in (0, 1):
-        prefix = f"[{rank}]<stderr>:hvdazure: error:"
-        line = next(line for line in job.stderr.splitlines() if line.startswith(prefix))
+        line = next(line for line in lines_of(job.stderr, rank) if line.startswith("hvdazure: error:"))
         assert "the training data's index changed" in line and "sample order changed" in line, line
     assert "Traceback" not in job.stderr

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from harness import CONTROLLERS, run_job, run_trainings
+from rank_output import lines_of
 
 JOB = "tf_job.py"
 # Global batches of 8 (2 ranks x 4, or 1 x 8); base_batch_size 4: the LR is scaled linearly to 2 x lr for
@@ -165,8 +166,9 @@ def test_where_the_time_went_is_the_same_on_every_rank_and_rank_0_tables_it(runs
     assert all(0.0 <= share <= 1.0 for share in times[0]["shares"].values())
     assert sum(times[0]["shares"].values()) == pytest.approx(1.0)
     trainings = len(_trainings(2, controller))
-    assert job.output.count("[0]<stderr>:hvdazure: where the time went in fit()") == trainings
-    assert "[1]<stderr>:hvdazure: where the time went" not in job.output
+    assert [line.startswith("hvdazure: where the time went in fit()") for line in lines_of(job.stderr, 0)
+            ].count(True) == trainings
+    assert not [line for line in lines_of(job.stderr, 1) if "where the time went" in line]
     assert "compiled step" in job.output and "| time data " in job.output
 
 
@@ -223,11 +225,12 @@ def test_rank_0_alone_records_a_tensorflow_profile_of_the_steps_asked_for_and_on
     assert len(written) == 1 and written[0].parent.parent == profile / "plugins" / "profile", written
     assert [p for p in profile.rglob("*") if p.is_file()] == written  # nothing from rank 1, no leftovers
     assert _marked_steps(written[0]) == [3, 4]
-    line = f"[0]<stderr>:hvdazure: profiler trace of steps 3-4 (rank 0) written to {written[0]}; open it "
-    assert job.output.count(line) == 1 and f"`tensorboard --logdir {profile}`, Profile tab" in job.output
+    line = f"hvdazure: profiler trace of steps 3-4 (rank 0) written to {written[0]}; open it "
+    assert [text.startswith(line) for text in lines_of(job.stderr, 0)].count(True) == 1
+    assert f"`tensorboard --logdir {profile}`, Profile tab" in job.output
     # the job's other trainings (accumulation, squatting) asked for none and recorded none
     assert job.output.count("hvdazure: recording a profiler trace") == 1
-    assert "[1]<stderr>:hvdazure: recording a profiler trace" not in job.output
+    assert "[rank 1] hvdazure: recording a profiler trace" not in job.output
 
 
 def _marked_steps(xplane: Path) -> list[int]:

@@ -4,6 +4,7 @@ no full step to give)."""
 
 import pytest
 from harness import CONTROLLERS, run_job
+from rank_output import lines_of
 
 from hvdazure.core.sample_plan import SamplePlan
 
@@ -53,7 +54,7 @@ def test_a_micro_batch_of_one_sample_for_batchnorm_is_a_clear_error_on_every_ran
 
     assert job.returncode == 2, job.output  # an uncaught ConfigError: one line, the bad-input status
     for rank in range(np_):
-        lines = [line for line in job.stderr.splitlines() if line.startswith(f"[{rank}]<stderr>:")]
+        lines = lines_of(job.stderr, rank)
         error = next(line for line in lines if "error:" in line)
         assert "config field 'batch_size': 4 leaves a micro-batch of 1 sample(s)" in error
         assert "BatchNorm1d" in error and "try batch_size 3 or 5" in error, error
@@ -77,8 +78,7 @@ def test_a_global_batch_larger_than_the_training_set_is_one_line_on_every_rank_b
 
     assert job.returncode == 2, job.output
     for rank in (0, 1):
-        errors = [line for line in job.stderr.splitlines()
-                  if line.startswith(f"[{rank}]<stderr>:hvdazure: error:")]
+        errors = [line for line in lines_of(job.stderr, rank) if line.startswith("hvdazure: error:")]
         assert len(errors) == 1, job.stderr
         assert ("config field 'batch_size': the global batch of 64 samples (32 x 2 rank(s) x 1 "
                 "grad_accum_steps) is larger than the 37 training samples") in errors[0]

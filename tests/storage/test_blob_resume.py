@@ -24,6 +24,7 @@ import fsspec
 import pytest
 from distributed.harness import TorchRuns, kill_tree, processes_running, set_args
 from distributed.harness import train as train_job
+from distributed.rank_output import lines_of
 
 from storage.azurite import ACCOUNT_KEY, Azurite, forget_filesystems
 from storage.conftest import ProxiedBlob
@@ -70,8 +71,8 @@ def _damage(url: str, how: str) -> None:
 
 
 def _errors(stderr: str, rank: int) -> list[str]:
-    prefix = f"[{rank}]<stderr>:hvdazure: error: "
-    return [line.removeprefix(prefix) for line in stderr.splitlines() if line.startswith(prefix)]
+    prefix = "hvdazure: error: "
+    return [line.removeprefix(prefix) for line in lines_of(stderr, rank) if line.startswith(prefix)]
 
 
 @pytest.fixture
@@ -189,6 +190,6 @@ def test_a_permanent_storage_error_is_one_line_on_every_rank_and_a_non_zero_exit
     for rank in (0, 1):
         errors = _errors(job.stderr, rank)
         assert len(errors) == 1 and run in errors[0] and problem in errors[0], job.stderr
-        assert f"[{rank}]<stderr>:Traceback" not in job.stderr, job.stderr
+        assert not [line for line in lines_of(job.stderr, rank) if "Traceback" in line], job.stderr
     assert ACCOUNT_KEY not in job.output and "A" * 86 not in job.output
     assert not job.reports
