@@ -62,7 +62,7 @@ def is_redraw(text: str) -> bool:
 
 @dataclass
 class _Redrawn:
-    """A line being redrawn: its rank's prefix and its latest text, on one of the two streams."""
+    """A line being redrawn: its rank, and its latest text on one of the two streams."""
 
     rank: int
     stream: TextIO
@@ -70,11 +70,11 @@ class _Redrawn:
 
 
 class Console:
-    """Writes what the ranks print to `out` and `err` (see the module). `terminal`: `err` is a terminal,
-    where rank 0's redraws are drawn in place."""
+    """Writes what the ranks print to `hvdazure run`'s stdout and stderr (see the module). `terminal`: its
+    stderr is a terminal, where rank 0's redraws are drawn in place."""
 
-    def __init__(self, out: TextIO, err: TextIO, terminal: bool) -> None:
-        self.out, self.err, self.terminal = out, err, terminal
+    def __init__(self, terminal: bool) -> None:
+        self.terminal = terminal
         self._live: _Redrawn | None = None  # rank 0's line drawn in place (terminal only)
         self._held: dict[tuple[int, int], _Redrawn] = {}  # (rank, id(stream)) -> its last redraw, unshown
 

@@ -124,7 +124,7 @@ class _Job:
         self.stopped_by_signal: int | None = None  # the first stop signal `hvdazure run` received
         self.stopping = False  # we stop the job: the launcher's complaints about it are noise
         self.tracebacks = Tracebacks(verbose)
-        self.console = Console(sys.stdout, sys.stderr, terminal=False)  # run_job gives it its streams
+        self.console = Console(terminal=False)  # run_job's says whether its stderr is a terminal
         self.output_ended = threading.Event()
         self._output_lock = threading.Lock()  # the output pump and the traceback poll both write
         self._log: TextIO | None = None  # every line of the output (opened by start)
@@ -364,7 +364,7 @@ def run_job(
     timeline = TimelineStamp.of(spec.timeline) if spec.timeline is not None else None
     start = time.monotonic()
     job = _Job(verbose)
-    job.console = Console(out, err, terminal=columns is not None)
+    job.console = Console(terminal=columns is not None)
     pump = threading.Thread(target=job.pump_output, args=(out, err), daemon=True)
     poll = threading.Thread(target=job.show_tracebacks_held_too_long, args=(err,), daemon=True)
     timed_out = False

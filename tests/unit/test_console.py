@@ -21,7 +21,7 @@ def _shown(*chunks: bytes, terminal: bool = False) -> tuple[str, str]:
     """(stdout, stderr) of `hvdazure run` for the launcher's output `chunks`."""
     out, err = io.StringIO(), io.StringIO()
     job = _Job()
-    job.console = Console(out, err, terminal=terminal)
+    job.console = Console(terminal=terminal)
     job.proc = Launcher(*chunks)  # type: ignore[assignment]
     job.pump_output(out, err)
     return out.getvalue(), err.getvalue()
