@@ -23,7 +23,7 @@ allreduced gradients were not finite, and the steps skipped. The record travels 
 fused collective beside the metric sums (core/metrics.py's flags), so every rank reads every rank's record
 at the same step and all stop together; the loop also reduces before every checkpoint, so no checkpoint is
 written after a non-finite step that went unread. Its cost is a few scalar operations per micro-batch and
-one max-abs pass over the gradients per step (benchmarks/RESULTS.md has the paired step times). `skip`
+one pass over the gradients per step, a read with no write (benchmarks/RESULTS.md has the measurements). `skip`
 also reads each loss on the host (a wait for the GPU per micro-batch, as fp16's GradScaler waits per step).
 
 Independently of the record, rank 0 checks the model's weights (one isfinite reduction) before it writes a

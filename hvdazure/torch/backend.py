@@ -31,7 +31,7 @@ from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
 from hvdazure.core.step_times import no_device
 from hvdazure.data.prediction_output import PredictionShards
-from hvdazure.torch.checkpoint_content import MODEL_FILE, TorchCheckpointContent, load_mapped
+from hvdazure.torch.checkpoint_content import MODEL_FILE, TorchCheckpointContent, load_mapped, nonfinite_probe
 from hvdazure.torch.collectives import TorchCollectives
 from hvdazure.torch.data import DataView, data_view, empty_batch, epoch_loader, eval_batches, to_device
 from hvdazure.torch.gradients import COMPRESSION, OPS, GradientsAfterBackward, overlaps_backward
@@ -201,10 +201,9 @@ class TorchBackend(Backend):
         since = times.add("exchange", since)
         if self.scaler is not None:
             self.scaler.unscale_(opt)
-        # the largest absolute value of the gradients: NaN or inf if any is (a skipping scaler skips the step)
-        largest = torch.nn.utils.get_total_norm([p.grad for p in self._trained if p.grad is not None],
-                                                norm_type=math.inf)
-        self._nonfinite.gradients(number, largest, skipped=self.scaler is not None)
+        # NaN or inf if any gradient is (a loss scaler skips such a step: then it is counted)
+        probe = nonfinite_probe([p.grad for p in self._trained if p.grad is not None])
+        self._nonfinite.gradients(number, probe, skipped=self.scaler is not None)
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         # Horovod's DistributedOptimizer would synchronize again in step(); Adasum's step is its allreduce
@@ -374,15 +373,15 @@ class _NonFiniteRecord:
         v[FIRST_LOSS_STEP] = torch.where(first, step, v[FIRST_LOSS_STEP])
         v[FIRST_LOSS] = torch.where(first, loss.to(torch.float64), v[FIRST_LOSS])
 
-    def gradients(self, step: int, largest: torch.Tensor, skipped: bool) -> None:
-        """The step's largest absolute allreduced gradient (NaN or inf: one is not finite); `skipped`: a
+    def gradients(self, step: int, probe: torch.Tensor | float, skipped: bool) -> None:
+        """The step's allreduced gradients' `nonfinite_probe` (NaN or inf: one is not finite); `skipped`: a
         loss scaler skips such a step (fp16, on_nan_loss 'skip'), which is counted; else the first is kept."""
         v, at = self.values, SKIPPED_STEPS if skipped else FIRST_GRADIENTS_STEP
-        if self.on_host:
-            if not math.isfinite(float(largest)) and (skipped or not v[at]):
+        if self.on_host or not isinstance(probe, torch.Tensor):
+            if not math.isfinite(float(probe)) and (skipped or not v[at]):
                 v[at] = v[at] + 1 if skipped else float(step)
             return
-        bad = ~torch.isfinite(largest)
+        bad = ~torch.isfinite(probe)
         v[at] = v[at] + bad if skipped else torch.where(bad & (v[at] == 0), step, v[at])
 
 

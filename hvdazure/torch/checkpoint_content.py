@@ -26,10 +26,7 @@ class TorchCheckpointContent(FrameworkCheckpointContent):
     def nonfinite_weight(self) -> str | None:
         state = {name: t for name, t in self.model.state_dict().items()
                  if isinstance(t, torch.Tensor) and t.is_floating_point()}
-        if not state:
-            return None
-        # one max-abs reduction over all of them (NaN and inf survive it), read once: not per tensor
-        if torch.isfinite(torch.nn.utils.get_total_norm(list(state.values()), norm_type=math.inf)):
+        if math.isfinite(float(nonfinite_probe(list(state.values())))):  # one read, not one per tensor
             return None
         return next(name for name, t in state.items() if not bool(torch.isfinite(t).all()))
 
@@ -67,6 +64,18 @@ class TorchCheckpointContent(FrameworkCheckpointContent):
 
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
+
+
+def nonfinite_probe(tensors: list[torch.Tensor]) -> torch.Tensor | float:
+    """A number that is NaN or infinite exactly when one of `tensors` holds such a value, computed where they
+    are, without a wait for the GPU. On a GPU their largest absolute value (a fused kernel per dtype); on
+    the CPU, where that kernel is slow (1.5 ms for 400,000 values on this project's machine, against 30 us),
+    the sum of their sums (in float32 at least), which finite values would overflow only past ~1e38."""
+    if not tensors:
+        return 0.0
+    if tensors[0].device.type != "cpu":
+        return torch.nn.utils.get_total_norm(tensors, norm_type=math.inf)
+    return sum(float(t.sum(dtype=torch.float32 if t.element_size() < 4 else None)) for t in tensors)
 
 
 def load_mapped(path: str, device: str | torch.device) -> Any:
