@@ -23,8 +23,9 @@ allreduced gradients were not finite, and the steps skipped. The record travels 
 fused collective beside the metric sums (core/metrics.py's flags), so every rank reads every rank's record
 at the same step and all stop together; the loop also reduces before every checkpoint, so no checkpoint is
 written after a non-finite step that went unread. Its cost is a few scalar operations per micro-batch and
-one pass over the gradients per step, a read with no write (benchmarks/RESULTS.md has the measurements). `skip`
-also reads each loss on the host (a wait for the GPU per micro-batch, as fp16's GradScaler waits per step).
+one pass over the gradients per step, a read with no write (benchmarks/RESULTS.md has the measurements).
+`skip` also reads each loss on the host (a wait for the GPU per micro-batch, as fp16's GradScaler waits per
+step).
 
 Independently of the record, rank 0 checks the model's weights (one isfinite reduction) before it writes a
 checkpoint's manifest, for every save, the emergency save after an error included: a checkpoint of
@@ -90,7 +91,7 @@ def stop_line(what: str, first: int, stopped_at: int, newest_finite: str | None,
     else:
         where = f"the newest finite checkpoint is {newest_finite}"
     last = f"the weights of step {first - 1} were the last finite ones" if first > 1 else \
-        "no step had finite weights after it"
+        "the initial weights were the last finite ones"
     return (f"{what}; stopped all ranks at step {stopped_at} ({last}); {where}. Lower the lr, clip the "
             "gradients (grad_clip_norm), or set on_nan_loss: skip to skip such steps")
 
