@@ -163,6 +163,7 @@ def mpirun_command(spec: LaunchSpec, env: Mapping[str, str], is_root: bool,
     cmd = [_executable("mpirun")]
     if is_root:
         cmd.append("--allow-run-as-root")  # containers (Docker, Azure ML) commonly run as root
+    # --tag-output: the supervisor reads each line's rank and stream, and shows no tag (launch/console.py)
     cmd += ["-np", str(spec.num_proc), "-bind-to", "none", "-map-by", "slot", "--tag-output"]
     cmd += _host_args(spec)
     if interface is not None:
