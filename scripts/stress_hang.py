@@ -25,8 +25,7 @@ sys.path[:0] = [str(REPO / "tests" / "distributed")]
 from harness import run_job  # noqa: E402
 from sharded_data import write_regression_shards  # noqa: E402
 
-SETTINGS = ("epochs=2", "lr=0.05", "base_batch_size=8", "extra.framework=torch", "batch_size=4",
-            "num_workers=2")
+SETTINGS = ("lr=0.05", "base_batch_size=8", "extra.framework=torch", "batch_size=4", "num_workers=2")
 
 
 def busy() -> None:
@@ -40,6 +39,11 @@ def main() -> int:
     parser.add_argument("--busy", type=int, default=2, help="busy-loop processes beside the job")
     parser.add_argument("--timeout", type=float, default=240, help="seconds before a run counts as hung")
     parser.add_argument("--controller", default="mpi", choices=("mpi", "gloo"))
+    parser.add_argument("--epochs", type=int, default=2,
+                        help="epochs per run (the test's 2); each epoch starts the loader workers anew, and "
+                             "saves a checkpoint in the background: more epochs, more chances to hang")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="another setting of the job (e.g. --set checkpoint_async=false)")
     parser.add_argument("--out", type=Path, default=Path(tempfile.mkdtemp(prefix="stress-hang-")))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -52,7 +56,8 @@ def main() -> int:
         for n in range(args.runs):
             run = args.out / f"run-{n}"
             (run / "reports").mkdir(parents=True)
-            settings = (*SETTINGS, f"extra.data={shards}", f"checkpoint_dir={run / 'ckpt'}")
+            settings = (*SETTINGS, f"epochs={args.epochs}", f"extra.data={shards}",
+                        f"checkpoint_dir={run / 'ckpt'}", *args.set)
             started = time.monotonic()
             try:
                 job = run_job("sharded_job.py", *[a for s in settings for a in ("--set", s)],

@@ -41,7 +41,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", action=DurationAction, positive=True, metavar="DURATION",
                         help="stop every rank and exit 124 after this long: seconds (90) or units (90s, "
                              "15m, 2h, 1d, 1h30m); a sweep's running trials save a checkpoint first and "
-                             "resume when it is started again")
+                             "resume when it is started again; the stacks of every process of the job go "
+                             "into the run's log, to show where it hung")
     parser.add_argument("--grace", action=DurationAction, positive=True, default=30.0, metavar="DURATION",
                         help="how long ranks get after SIGTERM (timeout, Ctrl-C, preemption) to save a "
                              "final checkpoint before they are killed: seconds or units, as --timeout "
