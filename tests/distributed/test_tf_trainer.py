@@ -166,9 +166,9 @@ def test_where_the_time_went_is_the_same_on_every_rank_and_rank_0_tables_it(runs
     assert all(0.0 <= share <= 1.0 for share in times[0]["shares"].values())
     assert sum(times[0]["shares"].values()) == pytest.approx(1.0)
     trainings = len(_trainings(2, controller))
-    assert [line.startswith("hvdazure: where the time went in fit()") for line in lines_of(job.stderr, 0)
+    assert [line.startswith("hvdazure: where the time went in fit()") for line in lines_of(job.output, 0)
             ].count(True) == trainings
-    assert not [line for line in lines_of(job.stderr, 1) if "where the time went" in line]
+    assert not [line for line in lines_of(job.output, 1) if "where the time went" in line]
     assert "compiled step" in job.output and "| time data " in job.output
 
 
@@ -226,7 +226,7 @@ def test_rank_0_alone_records_a_tensorflow_profile_of_the_steps_asked_for_and_on
     assert [p for p in profile.rglob("*") if p.is_file()] == written  # nothing from rank 1, no leftovers
     assert _marked_steps(written[0]) == [3, 4]
     line = f"hvdazure: profiler trace of steps 3-4 (rank 0) written to {written[0]}; open it "
-    assert [text.startswith(line) for text in lines_of(job.stderr, 0)].count(True) == 1
+    assert [text.startswith(line) for text in lines_of(job.output, 0)].count(True) == 1
     assert f"`tensorboard --logdir {profile}`, Profile tab" in job.output
     # the job's other trainings (accumulation, squatting) asked for none and recorded none
     assert job.output.count("hvdazure: recording a profiler trace") == 1
