@@ -121,8 +121,7 @@ def dump_stacks(processes: Sequence[psutil.Process], stacks_dir: str | None = No
         elif proc.pid in stacks:
             sections.append(stacks[proc.pid][1])
         else:
-            sections.append("(no stacks: py-spy is not installed, and the process registered no "
-                            "faulthandler)\n")
+            sections.append("(no stacks: no py-spy, and the process registered no faulthandler)\n")
     return "".join(section if section.endswith("\n") else section + "\n" for section in sections)
 
 
