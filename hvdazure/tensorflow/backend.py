@@ -245,7 +245,9 @@ class TensorFlowBackend(Backend):
             raise ValueError(f"{MODEL_FILE} is not a model of the TensorFlow binding ({exc})") from None
 
     def nonfinite_record(self) -> list[Any]:
-        return self._compiled.record
+        # on the host as numbers, as the metrics are there (metric_to_float64): the row stays one constant
+        record = self._compiled.record
+        return record if self._on_gpu else [float(v.numpy()) for v in record]
 
     def metric_to_float64(self, value: Any) -> Any:
         # On the host a metric is read as a Python float: the same float64 arithmetic as TensorFlow's, without

@@ -23,8 +23,10 @@ class TensorFlowCollectives(Collectives):
         if all(isinstance(v, int | float) for v in values):
             row = tf.constant([len(values), *values], tf.float64)
         else:
+            # a number made a float64 constant, not cast: tf.cast would make it a float32 tensor first
             row = tf.stack([tf.constant(float(len(values)), tf.float64),
-                            *(tf.reshape(tf.cast(v, tf.float64), ()) for v in values)])
+                            *(tf.constant(float(v), tf.float64) if isinstance(v, int | float) else
+                              tf.reshape(tf.cast(v, tf.float64), ()) for v in values)])
         joined = hvd.allgather(row, name="hvdazure.rows").numpy().tolist()
         return split_rows(joined)
 
