@@ -16,7 +16,11 @@ wrappers and the launcher, each with its command line and state. Two ways to rea
   process is blocked in C code: the handler runs in C, without the interpreter lock.
 
 py-spy is tried first; where it is missing or cannot attach, the process's faulthandler file is read. A
-process with neither (mpirun, orted) is listed with its command line and state alone. Processes on other
+process with neither (mpirun, orted) is listed with its command line and state alone. Both show Python
+threads only: each process's header also says where in the kernel each of its threads waits (Linux's
+/proc/PID/task/TID/wchan), Horovod's background thread and MPI's among them (`futex_do_wait` or
+`futex_wait_queue`: a lock or a condition; `do_epoll_wait`, `poll_schedule_timeout`: an event loop;
+`hrtimer_nanosleep`: a sleep). Processes on other
 nodes are not reached: each node's are its own.
 
 This module imports only the standard library at the top: `import hvdazure` calls
@@ -34,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, MutableMapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -130,13 +135,31 @@ def _describe(proc: psutil.Process) -> str:
 
     try:
         with proc.oneshot():
-            command = " ".join(proc.cmdline()) or proc.name()
+            command = " ".join(" ".join(proc.cmdline()).split()) or proc.name()  # on one line
             state, parent = proc.status(), proc.ppid()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return f"--- process {proc.pid}: gone\n"
     if len(command) > _COMMAND_CHARS:
         command = command[:_COMMAND_CHARS] + "..."
-    return f"--- process {proc.pid} (parent {parent}), {state}: {command}\n"
+    return f"--- process {proc.pid} (parent {parent}), {state}{_threads(proc.pid)}: {command}\n"
+
+
+def _threads(pid: int) -> str:
+    """", 7 threads (in the kernel: futex_do_wait x3, do_epoll_wait, ..., running)": each thread's wait
+    channel, or its state where it has none; "" where /proc does not say."""
+    waits: Counter[str] = Counter()
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, IndexError):
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                wchan = (task / "wchan").read_text().strip()
+                wait = "running" if state == "R" else wchan if wchan not in ("", "0") else f"state {state}"
+                waits[wait] += 1
+    count = sum(waits.values())
+    if not count:
+        return ""
+    listed = ", ".join(wait if n == 1 else f"{wait} x{n}" for wait, n in waits.most_common())
+    return f", {count} thread{'s' if count > 1 else ''} (in the kernel: {listed})"
 
 
 def _py_spy_stacks(spy: str, processes: Sequence[psutil.Process]) -> dict[int, tuple[bool, str]]:
