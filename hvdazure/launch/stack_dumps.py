@@ -20,8 +20,7 @@ process with neither (mpirun, orted) is listed with its command line and state a
 threads only: each process's header also says where in the kernel each of its threads waits (Linux's
 /proc/PID/task/TID/wchan), Horovod's background thread and MPI's among them (`futex_do_wait` or
 `futex_wait_queue`: a lock or a condition; `do_epoll_wait`, `poll_schedule_timeout`: an event loop;
-`hrtimer_nanosleep`: a sleep). Processes on other
-nodes are not reached: each node's are its own.
+`hrtimer_nanosleep`: a sleep). Processes on other nodes are not reached: each node's are its own.
 
 This module imports only the standard library at the top: `import hvdazure` calls
 `register_from_environment` in every process.
@@ -111,7 +110,8 @@ def dump_stacks(processes: Sequence[psutil.Process], stacks_dir: str | None = No
     """The stacks of `processes` (a job's, parents before children), as text for a log or a failure
     message: one section per process, headed by its pid, parent, state and command line."""
     spy = py_spy()
-    header = (f"stacks of the job's {len(processes)} processes on {os.uname().nodename} at "
+    count = f"{len(processes)} process{'es' if len(processes) != 1 else ''}"
+    header = (f"stacks of the job's {count} on {os.uname().nodename} at "
               f"{time.strftime('%H:%M:%S')}, before they were stopped ("
               f"{'py-spy dump --native' if spy else 'without py-spy'}; Python's faulthandler where "
               "py-spy could not attach):\n")
