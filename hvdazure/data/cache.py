@@ -14,6 +14,10 @@ policy:
   Blob and read through an Azure ML mount, ETags against mtimes, is checked by size alone.)
 - One download per shard per node: every process (ranks, DataLoader workers) takes the shard's lock file
   (fcntl) before downloading and looks again once it holds it, so the others wait and then find the file.
+  A forked child closes the lock files its parent held at the fork (`_close_inherited_locks`): an flock
+  belongs to the open file and every copy of it, so a copy the child kept would hold the shard's lock for
+  the child's life, and the child itself (a DataLoader worker forked while a read-ahead thread downloads
+  the shard it is about to read), or any process of the node, would wait for that shard forever.
 - Transient storage errors (429, 5xx, timeouts, resets, a body cut short) are retried with bounded backoff
   (hvdazure.core.object_store.retrying). A shard that is missing, of another size or changed since
   indexing is a ShardError: one line naming the shard's URL, raised on every rank that needs it.
@@ -414,9 +418,33 @@ def _slug(base: str) -> str:
 def _locked(path: str) -> Iterator[None]:
     """An exclusive lock on `path` across processes and threads (each call opens its own description).
     The kernel releases it when its holder dies, so a killed download never blocks the others."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    with _lock_files_guard:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        _lock_files.add(fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)
+        with _lock_files_guard:
+            _lock_files.discard(fd)
+            os.close(fd)
+
+
+_lock_files: set[int] = set()  # this process's open lock files (descriptors), held or waited for
+_lock_files_guard = threading.Lock()  # held across a fork: no descriptor is opened or closed unrecorded
+
+
+def _close_inherited_locks() -> None:
+    """In a forked child: close its copies of the lock files its parent had open (see the module's
+    docstring: a copy kept would hold the parent's lock for the child's life)."""
+    global _lock_files_guard
+    for fd in _lock_files:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_files.clear()
+    _lock_files_guard = threading.Lock()  # the parent's was held by the forking thread
+
+
+os.register_at_fork(before=lambda: _lock_files_guard.acquire(),
+                    after_in_parent=lambda: _lock_files_guard.release(),
+                    after_in_child=_close_inherited_locks)
