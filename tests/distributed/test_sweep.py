@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 from harness import REPO, WORKERS, kill_tree, run_job
+from rank_output import lines_of
 
 from hvdazure import TrainConfig
 
@@ -214,8 +215,9 @@ def test_a_trainer_on_a_communicator_under_gloo_fails_on_every_rank_in_one_line(
         "SweptRegression(TrainConfig(progress_bar=False), comm=MPI.COMM_SELF).fit()", ""]))
     job = run_job(script, out_dir=tmp_path, np=2, controller="gloo", env={"OMPI_MCA_btl": "self,tcp"})
     assert job.returncode != 0
-    lines = [line for line in job.output.splitlines() if "needs Horovod's MPI controller" in line]
-    assert {line.split("]")[0] for line in lines} == {"[0", "[1"}, job.output
+    said = [rank for rank in (0, 1)
+            if any("needs Horovod's MPI controller" in line for line in lines_of(job.stderr, rank))]
+    assert said == [0, 1], job.output  # every rank says it
     assert "Traceback" not in job.output
 
 
