@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from hvdazure.core.backend import Collectives, FrameworkCheckpointContent
 from hvdazure.core.callbacks import Callback
+from hvdazure.core.checkpoint_export import refuse_a_file
 from hvdazure.core.checkpoint_store import (
     MANIFEST,
     RUN_ID,
@@ -465,6 +466,7 @@ class TrainerCheckpoints:
                     raise CheckpointError(f"no valid checkpoint in {pointed} (named by {which})")
                 yield checkpoint, paths
             return
+        refuse_a_file(which, "; resume= goes on from an hvdazure checkpoint (a directory, or DIR/latest)")
         checkpoint = self.manager.open(which, verify=False)  # local_files verifies each file as it reads it
         with self.manager.local_files(checkpoint) as paths:
             yield checkpoint, paths

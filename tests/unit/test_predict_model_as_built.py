@@ -139,3 +139,20 @@ def test_save_checkpoint_after_a_fit_without_checkpoint_dir_says_checkpointing_i
 
     outcomes, _ = _run(1, _config(tmp_path, checkpoint_dir=None), work)
     assert outcomes == ["CheckpointError: checkpointing is off: set checkpoint_dir"]
+
+
+@pytest.mark.parametrize("checkpoint_dir", [True, False], ids=["with-checkpoint-dir", "without"])
+def test_a_model_file_named_as_resume_is_one_line_saying_how_to_load_it(tmp_path: Path,
+                                                                        checkpoint_dir: bool) -> None:
+    """resume= names a model file from elsewhere: every rank says what it is and how to load it, instead of
+    a NotADirectoryError on its manifest, and nothing is trained."""
+    model_file = tmp_path / "model.pt"
+    model_file.write_bytes(b"not a checkpoint")
+    fields: dict[str, object] = {"resume": str(model_file)}
+    if not checkpoint_dir:
+        fields["checkpoint_dir"] = None
+    outcomes, trainers = _run(2, _config(tmp_path, **fields), lambda t: _outcome(t.fit))
+    for outcome in outcomes:
+        assert isinstance(outcome, str) and FILES["model.pt"] in outcome, outcome
+        assert "resume= goes on from an hvdazure checkpoint" in outcome and "NotADirectory" not in outcome
+    assert [t.state.step for t in trainers] == [0, 0]
