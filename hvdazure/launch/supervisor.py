@@ -384,7 +384,7 @@ def run_job(
     if poll.ident is not None:
         poll.join(timeout=5)
     log = job.close_log()
-    if log is not None:
+    if log is not None and job.tracebacks.not_in_full:  # a log kept for the stacks: the timeout names it
         err.write(f"hvdazure run: {_tracebacks(job.tracebacks.not_in_full)} not shown in full; every rank's "
                   f"output is in {log} (--verbose shows it all here)\n")
     result = _report(job, timed_out, timeout_s, time.monotonic() - start, err)
