@@ -243,7 +243,8 @@ class TrainingLoop:
         record = {"epoch": s.epoch, "step": s.step, "samples_seen": s.samples_seen, "lr": s.lr, **train}
         since = self.times.now()
         evaluated = self._eval_due(epoch_done) and self._run_evaluation()
-        self.times.add("eval", since)
+        if evaluated:  # without evaluation data there is no evaluation phase to show
+            self.times.add("eval", since)
         if evaluated:
             record.update({f"eval_{k}": v for k, v in s.eval_metrics.items()})
             self._emit("on_eval_end")

@@ -75,6 +75,16 @@ def test_evaluation_and_checkpoint_stalls_are_phases_of_their_own(tmp_path):
     assert all(s.seconds["eval"] == 0.0 for s in seen[0] if s not in after_epoch)
 
 
+def test_a_run_without_evaluation_data_shows_no_evaluation_phase():
+    world = ThreadWorld(1)
+    config = TrainConfig(epochs=2, batch_size=4, lr=0.05, progress_bar=False, log_every=1)
+    records = Records()
+    trainer = FakeTrainer(world, 0, LinearProblem.make(num_samples=48, dim=3, seed=1), config, [records])
+    world.run([trainer.fit])
+    assert records.seen and all(s.seconds["eval"] == 0.0 for s in records.seen)
+    assert all("eval" not in s.shares() for s in records.seen)
+
+
 class OnGpus(FakeTrainer):
     """Each rank reports its device as a GPU rank would: rank r peaks at (r + 1) GiB, at 50 + 10 r % busy."""
 
