@@ -9,24 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from shard_files import indexed_shard
 
 from hvdazure.data import source as source_module
 from hvdazure.data.cache import LocalShards, ShardCache, ShardError, open_shards
 from hvdazure.data.index import ShardEntry, ShardIndex
 from hvdazure.data.sizes import parse_size
 from hvdazure.data.source import MissingIndexError, is_fuse_mounted, resolve_source
-
-
-def _shard(directory: Path, name: str, data: bytes) -> ShardEntry:
-    """Write a shard and index it as the index builder does (size, f"{mtime_ns}:{size}")."""
-    path = directory / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    stat = path.stat()
-    return ShardEntry(name, "tar", 1, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}",
-                      offsets=np.zeros(1, dtype=np.int64))
 
 
 def _pretend_fuse(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mount: Path) -> None:
@@ -39,7 +29,7 @@ def _pretend_fuse(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mount: Path) 
 
 # --- a local directory: read in place ----------------------------------------------------------------------
 def test_a_local_directory_is_read_in_place_without_a_copy(tmp_path: Path) -> None:
-    entry = _shard(tmp_path / "data", "train/shard-0.tar", b"x" * 100)
+    entry = indexed_shard(tmp_path / "data", "train/shard-0.tar", b"x" * 100)
     shards = open_shards(ShardIndex(str(tmp_path / "data"), (entry,)))
 
     assert isinstance(shards, LocalShards)
@@ -57,7 +47,7 @@ CHANGES = {
 
 @pytest.mark.parametrize("change", CHANGES)
 def test_a_local_shard_changed_since_indexing_is_one_line_naming_it(tmp_path: Path, change: str) -> None:
-    entry = _shard(tmp_path, "shard-0.tar", b"x" * 100)
+    entry = indexed_shard(tmp_path, "shard-0.tar", b"x" * 100)
     damage, message = CHANGES[change]
     damage(tmp_path / "shard-0.tar")
 
@@ -68,7 +58,7 @@ def test_a_local_shard_changed_since_indexing_is_one_line_naming_it(tmp_path: Pa
 
 def test_an_index_of_etags_read_from_a_local_copy_is_checked_by_size(tmp_path: Path) -> None:
     # Indexed on Blob, then downloaded (an Azure ML input in download mode): no mtime to compare with.
-    local = _shard(tmp_path, "shard-0.tar", b"x" * 100)
+    local = indexed_shard(tmp_path, "shard-0.tar", b"x" * 100)
     indexed_on_blob = ShardEntry(local.path, "tar", 1, 100, '"0x8DC1A2B3C4D5E6F"', offsets=local.offsets)
     shards = LocalShards(str(tmp_path))
 
@@ -85,7 +75,7 @@ def _read_in_forked_child(cache: ShardCache, entries: list[ShardEntry], results:
 
 def test_a_forked_copy_of_a_cache_starts_afresh_and_reads_through_the_same_files(tmp_path: Path) -> None:
     # What a DataLoader worker started by fork gets: the parent's object, its prefetch thread not running.
-    entries = [_shard(tmp_path / "data", f"shard-{n}.tar", bytes([n]) * 100) for n in range(2)]
+    entries = [indexed_shard(tmp_path / "data", f"shard-{n}.tar", bytes([n]) * 100) for n in range(2)]
     cache = ShardCache(str(tmp_path / "data"), str(tmp_path / "cache"))
     cache.prefetch(entries[:1])
     deadline = time.monotonic() + 10
@@ -105,7 +95,7 @@ def test_a_forked_copy_of_a_cache_starts_afresh_and_reads_through_the_same_files
 
 
 def test_cache_true_copies_even_local_shards_into_the_cache(tmp_path: Path) -> None:
-    entry = _shard(tmp_path / "data", "shard-0.tar", b"x" * 100)
+    entry = indexed_shard(tmp_path / "data", "shard-0.tar", b"x" * 100)
     shards = open_shards(ShardIndex(str(tmp_path / "data"), (entry,)), cache=True,
                          cache_dir=str(tmp_path / "cache"), limit_bytes="1MB")
 
@@ -132,7 +122,7 @@ def test_a_fuse_mount_is_recognised_from_mountinfo() -> None:
 def test_shards_on_a_fuse_mount_are_copied_whole_into_the_cache_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     mount = tmp_path / "INPUT_data"
-    entries = [_shard(mount, f"shard-{n}.tar", bytes([n]) * 1000) for n in range(2)]
+    entries = [indexed_shard(mount, f"shard-{n}.tar", bytes([n]) * 1000) for n in range(2)]
     _pretend_fuse(monkeypatch, tmp_path, mount)
     monkeypatch.setenv("HVDAZURE_CACHE_DIR", str(tmp_path / "cache"))
 
@@ -149,7 +139,7 @@ def test_shards_on_a_fuse_mount_are_copied_whole_into_the_cache_once(
 def test_a_mounted_shard_changed_since_indexing_is_not_copied(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     mount = tmp_path / "INPUT_data"
-    entry = _shard(mount, "shard-0.tar", b"x" * 100)
+    entry = indexed_shard(mount, "shard-0.tar", b"x" * 100)
     os.utime(mount / "shard-0.tar", ns=(1, 1))
     _pretend_fuse(monkeypatch, tmp_path, mount)
 

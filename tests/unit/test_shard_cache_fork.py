@@ -12,22 +12,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from shard_files import indexed_shard
 
 from hvdazure.data.cache import ShardCache
 from hvdazure.data.index import ShardEntry
 
 _FORK = multiprocessing.get_context("fork")  # as torch's DataLoader starts its workers on Linux
-
-
-def _shard(directory: Path, name: str, data: bytes) -> ShardEntry:
-    path = directory / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    stat = path.stat()
-    return ShardEntry(name, "tar", 1, stat.st_size, f"{stat.st_mtime_ns}:{stat.st_size}",
-                      offsets=np.zeros(1, dtype=np.int64))
 
 
 def _read_in_worker(cache: ShardCache, entry: ShardEntry, results: Any) -> None:
@@ -36,7 +27,7 @@ def _read_in_worker(cache: ShardCache, entry: ShardEntry, results: Any) -> None:
 
 def test_a_worker_forked_during_a_read_ahead_download_reads_that_shard_when_it_ends(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    entry = _shard(tmp_path / "data", "shard-00000.tar", b"x" * 1000)
+    entry = indexed_shard(tmp_path / "data", "shard-00000.tar", b"x" * 1000)
     cache = ShardCache(str(tmp_path / "data"), str(tmp_path / "cache"), prefetch_threads=1)
     downloading, download_may_end, rank = threading.Event(), threading.Event(), os.getpid()
     download = ShardCache._download
