@@ -5,6 +5,7 @@
 #
 #   HOROVOD_VERSION       from versions.env (required)
 #   HOROVOD_BUILD_LOG     where the compiler output goes (default: <out>/horovod-build.log)
+#   HOROVOD_SDIST         horovod-<version>.tar.gz to build instead of downloading it from PyPI
 #   HOROVOD_WITH_*/WITHOUT_*, HOROVOD_GPU_OPERATIONS   passed through to Horovod's own build
 set -euo pipefail
 
@@ -16,7 +17,11 @@ log=${HOROVOD_BUILD_LOG:-$out_dir/horovod-build.log}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-python -m pip download --quiet --no-deps --no-binary :all: "horovod==${HOROVOD_VERSION}" -d "$work"
+if [[ -n ${HOROVOD_SDIST:-} ]]; then  # a local sdist, for machines without internet (scripts/gpu_check.sh)
+  cp "$HOROVOD_SDIST" "$work/horovod-${HOROVOD_VERSION}.tar.gz"
+else
+  python -m pip download --quiet --no-deps --no-binary :all: "horovod==${HOROVOD_VERSION}" -d "$work"
+fi
 tar -xzf "$work/horovod-${HOROVOD_VERSION}.tar.gz" -C "$work"
 src="$work/horovod-${HOROVOD_VERSION}"
 
