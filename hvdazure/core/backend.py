@@ -154,6 +154,8 @@ class Backend(ABC):
     # The loop's clock of the step's phases (core/step_times.py): run_step charges its compute, exchange
     # and optimizer time (or one compiled step's) to it; the loop times the data wait itself.
     step_times: StepTimes = StepTimes(enabled=False)
+    # The job's devices in one line, set by start() (core/devices.py's Placement.layout); rank 0 logs it.
+    device_layout = ""
 
     @abstractmethod
     def start(self, comm: Any) -> Collectives:

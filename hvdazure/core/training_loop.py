@@ -426,6 +426,8 @@ class TrainingLoop:
         self.rank, self.world_size = self.collectives.rank, self.collectives.size
         self.local_rank = self.collectives.local_rank
         configure_logging(self.rank)
+        if backend.device_layout:
+            logger.info(backend.device_layout)
 
     def _build(self) -> CheckpointPieces:
         """Build model and optimizer, seed this rank, set up the step's inputs and meters; returns what a

@@ -39,7 +39,7 @@ from hvdazure.tensorflow.checkpoint_content import (
     load_variables,
     model_weights,
 )
-from hvdazure.tensorflow.collectives import TensorFlowCollectives, init_horovod
+from hvdazure.tensorflow.collectives import TensorFlowCollectives, start_horovod
 from hvdazure.tensorflow.data import DataView, data_view, output_as_numpy
 from hvdazure.tensorflow.gradients import (
     allreduce_gradients,
@@ -73,7 +73,9 @@ class TensorFlowBackend(Backend):
         return self.user.config
 
     def start(self, comm: Any) -> TensorFlowCollectives:
-        self._on_gpu = init_horovod(comm)
+        placement = start_horovod(comm)
+        self._on_gpu = placement.on_gpu
+        self.device_layout = placement.layout(hvd.size(), hvd.cross_size())
         self.collectives = TensorFlowCollectives()
         return self.collectives
 

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdazure.core.backend import Collectives, horovod_controller, split_rows
+from hvdazure.core.devices import Placement, place_rank
 
 
 class TensorFlowCollectives(Collectives):
@@ -48,21 +49,28 @@ class TensorFlowCollectives(Collectives):
 
 
 def init_horovod(comm: Any = None) -> bool:
-    """Start Horovod (on an mpi4py communicator's ranks when given) and place this rank: one GPU per local
-    rank (memory allocated as needed), or on CPU TensorFlow's threads limited to this rank's share of the
-    node's cores unless OMP_NUM_THREADS or TF_NUM_INTRAOP_THREADS is set. Returns whether a GPU is used.
-    Call it before building a model: TensorFlow fixes its devices and threads when it runs its first
-    operation (later, this changes nothing)."""
+    """`start_horovod`, answering whether this rank uses a GPU (for callers that need no more)."""
+    return start_horovod(comm).on_gpu
+
+
+def start_horovod(comm: Any = None) -> Placement:
+    """Start Horovod (on an mpi4py communicator's ranks when given) and place this rank: its GPU as
+    core/devices.py decides (the only one TensorFlow then sees, memory allocated as needed), or on CPU
+    TensorFlow's threads limited to this rank's share of the node's cores unless OMP_NUM_THREADS or
+    TF_NUM_INTRAOP_THREADS is set. Returns the placement. Call it before building a model: TensorFlow fixes
+    its devices and threads when it runs its first operation (later, this changes nothing)."""
     hvd.init(comm=comm)
     gpus = tf.config.list_physical_devices("GPU")
+    placement = place_rank(hvd.local_rank(), hvd.local_size(), len(gpus),
+                           os.environ.get("CUDA_VISIBLE_DEVICES"))
     try:
-        if gpus:
-            tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
-            tf.config.experimental.set_memory_growth(gpus[hvd.local_rank() % len(gpus)], True)
+        if placement.index is not None:
+            tf.config.set_visible_devices(gpus[placement.index], "GPU")
+            tf.config.experimental.set_memory_growth(gpus[placement.index], True)
         elif not {"OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"} & set(os.environ):
             share = max(1, len(os.sched_getaffinity(0)) // hvd.local_size())
             tf.config.threading.set_intra_op_parallelism_threads(share)
             tf.config.threading.set_inter_op_parallelism_threads(min(2, share))
     except RuntimeError:  # TensorFlow already ran an operation: its devices and threads are fixed
         pass
-    return bool(gpus)
+    return placement

@@ -24,6 +24,7 @@ import torch
 
 from hvdazure.core.backend import Backend, RankStep
 from hvdazure.core.config import ConfigError, TrainConfig
+from hvdazure.core.devices import place_rank
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
 from hvdazure.core.model_export import ExportError
 from hvdazure.core.nonfinite import FIRST_GRADIENTS_STEP, FIRST_LOSS, FIRST_LOSS_STEP, RECORD, SKIPPED_STEPS
@@ -66,9 +67,13 @@ class TorchBackend(Backend):
 
     def start(self, comm: Any) -> TorchCollectives:
         hvd.init(comm=comm)
-        if torch.cuda.is_available():
-            torch.cuda.set_device(hvd.local_rank())
-            self.device = torch.device("cuda", hvd.local_rank())
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        placement = place_rank(hvd.local_rank(), hvd.local_size(), visible,
+                               os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.device_layout = placement.layout(hvd.size(), hvd.cross_size())
+        if placement.index is not None:
+            torch.cuda.set_device(placement.index)
+            self.device = torch.device("cuda", placement.index)
             self._cuda_stats = CudaStats(self.device)
         else:
             self.device = torch.device("cpu")

@@ -39,6 +39,22 @@ def test_collectives_give_exact_results_on_every_rank(collectives_job, controlle
 
 
 @pytest.mark.parametrize("controller", CONTROLLERS)
+def test_each_rank_seeing_one_gpu_of_its_own_is_placed_on_its_cuda_0(collectives_job, controller):
+    """Under FakeCuda, a fake device layer at the torch boundary (no GPU ran): a launcher that sets
+    CUDA_VISIBLE_DEVICES per rank leaves each rank one GPU, cuda:0, whatever its local rank (before, rank 1
+    asked for cuda:1 and failed with 'invalid device ordinal')."""
+    job = collectives_job("torch", controller)
+
+    assert job.returncode == 0, job.output
+    placed = {rank: report["fake_gpu_per_rank"] for rank, report in job.reports.items()}
+    assert {rank: (p.get("device"), p.get("current")) for rank, p in placed.items()} == {
+        0: ("cuda:0", 0), 1: ("cuda:0", 0)}, placed
+    # what rank 0 logs
+    assert placed[0]["layout"] == ("2 ranks on 1 node, 1 GPU each (each rank sees one: "
+                                   "CUDA_VISIBLE_DEVICES=0 on rank 0)")
+
+
+@pytest.mark.parametrize("controller", CONTROLLERS)
 def test_cluster_detection_before_init_agrees_with_horovod(collectives_job, controller):
     job = collectives_job("torch", controller)
 

@@ -36,9 +36,35 @@ else:
         "allgather": hvd.allgather(tf.constant([float(rank)] * (rank + 1)), name="g").numpy().tolist(),
     }
 
+
+def fake_gpu_per_rank() -> dict:
+    """TorchBackend.start where a launcher gave each rank one GPU of its own (CUDA_VISIBLE_DEVICES set per
+    rank): FakeCuda, a fake device layer at the torch boundary (tests/unit/fake_cuda.py), shows each rank
+    one GPU. No GPU runs: this checks which device the binding picks and the layout rank 0 would log."""
+    from pathlib import Path
+
+    import pytest
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))
+    from fake_cuda import FakeCuda
+
+    from hvdazure.torch.backend import TorchBackend
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CUDA_VISIBLE_DEVICES", str(hvd.local_rank()))
+        cuda = FakeCuda(1).install(patch)
+        backend = TorchBackend(None, None)  # type: ignore[arg-type]
+        try:
+            backend.start(None)  # Horovod is running: its init returns at once
+        except RuntimeError as exc:
+            return {"error": str(exc)}
+        return {"device": str(backend.device), "current": cuda.current, "layout": backend.device_layout}
+
+
 placement = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 report_rank(rank, {
     "horovod": {name: getattr(hvd, name)() for name in placement},
     "detected": detected,
     "results": results,
+    **({"fake_gpu_per_rank": fake_gpu_per_rank()} if framework == "torch" else {}),
 })
