@@ -206,6 +206,7 @@ def test_digits_sample_reaches_95_percent_on_two_ranks(tmp_path):
     assert job.returncode == 0, job.output
     final = [line for line in job.stdout.splitlines() if "final: eval accuracy" in line]
     assert len(final) == 1, job.stdout  # printed by rank 0 only
+    assert job.stderr.splitlines().count("hvdazure: 2 ranks on 1 node, CPU") == 1, job.stderr  # the layout
     accuracy = float(final[0].split("eval accuracy ")[1].split(",")[0])
     assert accuracy >= 0.95
 
