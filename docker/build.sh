@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
 # Build an hvdazure image with every pin from versions.env passed as --build-arg, locally or in Azure.
 #
-#   docker/build.sh cpu|gpu [options] [-- extra arguments for the builder]
+#   docker/build.sh cpu|torch-gpu|tf-gpu [options] [-- extra arguments for the builder]
 #
 #   --builder docker|podman|buildah|acr   what builds it (default: docker). acr runs `az acr build`: the build
 #                                          happens in Azure Container Registry, nothing is built here.
 #   --registry NAME                        the registry for --builder acr (NAME.azurecr.io)
-#   --tag IMAGE:TAG                        default: hvdazure-<variant>:<hvdazure version>
+#   --tag IMAGE:TAG                        default: hvdazure-<kind>:<hvdazure version>
 #   --push                                 push the tag after a local build (acr always stores the image)
 #   --dry-run                              print the command instead of running it
 #
 # The build context is a small staging folder holding only what the Dockerfiles copy (versions.env,
-# requirements/, scripts/build_horovod.sh, the package, docker/), so a multi-GB .venv is never uploaded.
+# requirements/, the two build scripts, the package, docker/), so a multi-GB .venv is never uploaded.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 usage() { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 variant=${1:-}
-[[ $variant == cpu || $variant == gpu ]] || usage
+[[ $variant =~ ^(cpu|torch-gpu|tf-gpu)$ ]] || usage
 shift
 builder=docker registry="" tag="" push=0 dry_run=0 extra=()
 while (($#)); do
@@ -52,7 +52,7 @@ build_args+=(--build-arg "HVDAZURE_VERSION=$version" --build-arg "VCS_REF=$revis
 
 # Run from inside the context: `az acr build --file` takes a path relative to it.
 case $builder in
-  acr) # ACR Tasks default to a 1-hour timeout; the GPU image's Horovod build alone can take most of that.
+  acr) # ACR Tasks default to a 1-hour timeout; a GPU image's Horovod build alone can take most of that.
     cmd=(az acr build --registry "$registry" --image "$tag" --file "$dockerfile" --platform linux/amd64
       --timeout 10800 "${build_args[@]}" "${extra[@]}" .) ;;
   docker) cmd=(docker build --file "$dockerfile" --tag "$tag" "${build_args[@]}" "${extra[@]}" .) ;;
@@ -66,7 +66,8 @@ if ((dry_run)); then
 fi
 context=$(mktemp -d)
 trap 'rm -rf "$context"' EXIT
-tar -C "$root" -cf - --exclude=__pycache__ versions.env requirements scripts/build_horovod.sh setup.py \
+tar -C "$root" -cf - --exclude=__pycache__ versions.env requirements scripts/build_horovod.sh \
+  scripts/pypi_cuda_toolkit.sh setup.py \
   pyproject.toml README.md hvdazure docker | tar -C "$context" -xf -
 echo "building $tag with $builder from $dockerfile"
 (cd "$context" && "${cmd[@]}")

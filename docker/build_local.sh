@@ -1,33 +1,47 @@
 #!/usr/bin/env bash
-# Build the CPU image where there is no Docker daemon and no Docker Hub, with buildah, and run the 2-rank
-# collectives check inside it. A benchmark-style experiment, not part of CI: it needs root, buildah and
-# debootstrap (`apt-get install buildah debootstrap`), PyPI and a Debian mirror, and takes tens of minutes.
+# Build an image where there is no Docker daemon and no Docker Hub, with buildah, and run hvdazure inside it.
+# A benchmark-style experiment, not part of CI: it needs root, buildah and debootstrap (`apt-get install buildah
+# debootstrap`), PyPI and a Debian mirror, and takes tens of minutes (the CPU image) to an hour (torch-gpu).
 #
-#   docker/build_local_cpu.sh [WORK_DIR]     (default: /tmp/hvdazure-local-build)
+#   docker/build_local.sh cpu|torch-gpu [WORK_DIR]     (default: /tmp/hvdazure-local-build)
 #
-#   1. a stand-in for python:3.11-slim-bookworm, made from Debian 12's own packages by debootstrap (the same
-#      Debian release and Open MPI as the real base; Python is Debian's 3.11, with headers, not python.org's)
-#   2. PyTorch's CPU index served from the local wheels in $PIP_FIND_LINKS when download.pytorch.org is unreachable
-#   3. docker/build.sh cpu --builder buildah, with chroot isolation (no daemon, no user namespaces needed)
-#   4. `hvdazure doctor` and samples/collectives_check.py on 2 ranks (Gloo and MPI) inside the built image
+#   1. a stand-in for python:3.11-slim-bookworm, both images' base, made from Debian 12's own packages by
+#      debootstrap (the same Debian release and Open MPI as the real base; Python is Debian's 3.11, with headers,
+#      not python.org's)
+#   2. cpu: PyTorch's CPU index served from the local wheels in $PIP_FIND_LINKS when download.pytorch.org is
+#      unreachable (torch-gpu takes PyPI's torch, the CUDA 13 build, and needs no index)
+#   3. docker/build.sh KIND --builder buildah, with chroot isolation (no daemon, no user namespaces needed)
+#   4. inside the built image: `hvdazure doctor`, samples/collectives_check.py on 2 ranks (Gloo and MPI), and for
+#      torch-gpu samples/torch_digits.py on 2 ranks, all on the CPU
+#
+# tf-gpu is not built this way: its build stage needs NVIDIA's CUDA 12 devel image for nvcc (PyPI has no CUDA 12
+# nvcc), which this script cannot stand in for; docs/guides/docker.md says what was tried.
 #
 #   STORAGE_DRIVER   buildah storage driver (default: overlay; vfs needs no kernel overlayfs but copies every
 #                    layer in full: here it filled over 30 GB and then failed to commit the layer holding the venv)
 #   EXTRA_CA_DIR     *.crt files the stand-in base trusts besides Debian's CAs, for machines behind a proxy that
 #                    re-signs TLS (default: /usr/local/share/ca-certificates, this machine's local CAs)
+#   BUILD_ARGS       more arguments for `buildah build` (e.g. "--target deps" to build the dependency layers only)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-work=${1:-/tmp/hvdazure-local-build}
+kind=${1:-}
+case $kind in
+  cpu | torch-gpu) ;;
+  tf-gpu) echo "build_local.sh: tf-gpu needs nvidia/cuda's CUDA 12 devel image, which has no local stand-in;" \
+    "build it with docker/build.sh tf-gpu (docs/guides/docker.md)" >&2; exit 2 ;;
+  *) echo "usage: build_local.sh cpu|torch-gpu [WORK_DIR]" >&2; exit 2 ;;
+esac
+work=${2:-/tmp/hvdazure-local-build}
 # shellcheck source=../versions.env
 set -a; . "$root/versions.env"; set +a
 storage=(--storage-driver "${STORAGE_DRIVER:-overlay}")
 base=localhost/python:${PYTHON_VERSION}-slim-bookworm-standin
-image=localhost/hvdazure-cpu:local
+image=localhost/hvdazure-$kind:local
 mkdir -p "$work"
 log() { echo "[local-build $(date +%H:%M:%S)] $*"; }
 for tool in buildah debootstrap; do
-  command -v "$tool" >/dev/null || { echo "build_local_cpu.sh: needs $tool (apt-get install $tool)" >&2; exit 1; }
+  command -v "$tool" >/dev/null || { echo "build_local.sh: needs $tool (apt-get install $tool)" >&2; exit 1; }
 done
 
 # --- 1. base image ----------------------------------------------------------------------------------------------
@@ -57,12 +71,13 @@ base_s=$(($(date +%s) - start))
 # --- 2. PyTorch's CPU wheel: the real index if reachable, else a local stand-in ---------------------------------
 torch_index=https://download.pytorch.org/whl
 server_pid=""
+index_args=()
 trap '[[ -z $server_pid ]] || kill "$server_pid"' EXIT
-if ! curl -fsS -o /dev/null --max-time 10 "$torch_index/cpu/torch/" 2>/dev/null; then
+if [[ $kind == cpu ]] && ! curl -fsS -o /dev/null --max-time 10 "$torch_index/cpu/torch/" 2>/dev/null; then
   wheels=("${PIP_FIND_LINKS:-/opt/wheels}"/torch-"${TORCH_VERSION}"+cpu-*.whl)
   wheel=${wheels[0]}
   if [[ ! -f $wheel ]]; then
-    echo "build_local_cpu.sh: $torch_index is unreachable and there is no torch ${TORCH_VERSION}+cpu wheel" >&2
+    echo "build_local.sh: $torch_index is unreachable and there is no torch ${TORCH_VERSION}+cpu wheel" >&2
     exit 1
   fi
   mkdir -p "$work/index/cpu/torch"
@@ -73,17 +88,20 @@ if ! curl -fsS -o /dev/null --max-time 10 "$torch_index/cpu/torch/" 2>/dev/null;
   torch_index=http://127.0.0.1:$port
   log "download.pytorch.org unreachable; serving $(basename "$wheel") at $torch_index/cpu"
 fi
+[[ $kind != cpu ]] || index_args=(--build-arg "TORCH_INDEX_URL=$torch_index")
 
 # --- 3. the image -----------------------------------------------------------------------------------------------
-log "building $image (log: $work/build.log)"
+log "building $image (log: $work/build-$kind.log)"
 start=$(date +%s)
-if ! "$root/docker/build.sh" cpu --builder buildah --tag "$image" -- "${storage[@]}" --isolation chroot --layers \
-    --build-arg "BASE_IMAGE=$base" --build-arg "TORCH_INDEX_URL=$torch_index" >"$work/build.log" 2>&1; then
-  tail -n 40 "$work/build.log" >&2
-  echo "build_local_cpu.sh: the build FAILED after $(($(date +%s) - start))s; full log: $work/build.log" >&2
+# shellcheck disable=SC2086  # BUILD_ARGS: words on purpose
+if ! "$root/docker/build.sh" "$kind" --builder buildah --tag "$image" -- "${storage[@]}" --isolation chroot \
+    --layers --build-arg "BASE_IMAGE=$base" "${index_args[@]}" ${BUILD_ARGS:-} >"$work/build-$kind.log" 2>&1; then
+  tail -n 40 "$work/build-$kind.log" >&2
+  echo "build_local.sh: the build FAILED after $(($(date +%s) - start))s; full log: $work/build-$kind.log" >&2
   exit 1
 fi
 build_s=$(($(date +%s) - start))
+[[ ${BUILD_ARGS:-} != *--target* ]] || { log "built the target only (${build_s}s)"; exit 0; }
 
 # --- 4. inside the image ----------------------------------------------------------------------------------------
 ctr=$(buildah "${storage[@]}" from "$image")
@@ -98,7 +116,12 @@ log "hvdazure doctor in the image"
 in_image hvdazure doctor
 start=$(date +%s)
 in_image hvdazure run -np 2 --gloo /samples/collectives_check.py --framework torch
-in_image hvdazure run -np 2 --mpi /samples/collectives_check.py --framework tensorflow
+if [[ $kind == cpu ]]; then
+  in_image hvdazure run -np 2 --mpi /samples/collectives_check.py --framework tensorflow
+else  # no TensorFlow in the torch GPU image; no GPU here, so the ranks train on the CPU
+  in_image hvdazure run -np 2 --mpi /samples/collectives_check.py --framework torch
+  in_image hvdazure run -np 2 --gloo /samples/torch_digits.py --set checkpoint_dir=/tmp/digits
+fi
 run_s=$(($(date +%s) - start))
 
 size=$(buildah "${storage[@]}" images --format '{{.Size}}' "$image")

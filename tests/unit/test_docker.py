@@ -1,5 +1,5 @@
 """The Dockerfiles lint clean and docker/build.sh builds them from versions.env. No Docker engine is needed:
-the images themselves are built by docker/build.sh (or docker/build_local_cpu.sh), not by this suite."""
+the images themselves are built by docker/build.sh (or docker/build_local.sh), not by this suite."""
 
 import re
 import shutil
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGES = ["cpu", "gpu"]
+IMAGES = ["cpu", "torch-gpu", "tf-gpu"]
 
 
 def hadolint() -> str:
@@ -56,15 +56,15 @@ def test_build_sh_passes_every_pin_the_dockerfile_declares(image):
 
 
 def test_build_sh_builds_in_azure_container_registry_with_the_same_arguments():
-    local = build_sh("gpu", "--dry-run").stdout.split()
-    acr = build_sh("gpu", "--builder", "acr", "--registry", "myregistry", "--dry-run").stdout.split()
+    local = build_sh("torch-gpu", "--dry-run").stdout.split()
+    acr = build_sh("torch-gpu", "--builder", "acr", "--registry", "myregistry", "--dry-run").stdout.split()
 
     assert acr[:5] == ["az", "acr", "build", "--registry", "myregistry"]
     assert build_args(acr) | {"BUILD_DATE": "-"} == build_args(local) | {"BUILD_DATE": "-"}
 
 
 def test_build_sh_rejects_acr_without_a_registry_in_one_line():
-    proc = build_sh("gpu", "--builder", "acr", "--dry-run")
+    proc = build_sh("torch-gpu", "--builder", "acr", "--dry-run")
 
     assert proc.returncode == 2
     assert proc.stderr.strip() == "build.sh: --builder acr needs --registry NAME"

@@ -10,12 +10,23 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = {"cpu": ROOT / "docker/cpu/Dockerfile", "gpu": ROOT / "docker/gpu/Dockerfile"}
-# The versions.env keys each image is built from (the CPU image has no CUDA or NCCL).
+DOCKERFILES = {kind: ROOT / f"docker/{kind}/Dockerfile" for kind in ("cpu", "torch-gpu", "tf-gpu")}
+# The versions.env keys each image is built from: the CPU image has both frameworks and no CUDA; each GPU
+# image has one framework on the CUDA line its wheels bring.
+COMMON_PINS = {"PYTHON_VERSION", "HOROVOD_VERSION", "OPENMPI_VERSION"}
 IMAGE_PINS = {
-    "cpu": {"PYTHON_VERSION", "TORCH_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION", "OPENMPI_VERSION"},
-    "gpu": {"PYTHON_VERSION", "TORCH_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION", "OPENMPI_VERSION",
-            "CUDA_VERSION", "NCCL_VERSION"},
+    "cpu": COMMON_PINS | {"TORCH_VERSION", "TENSORFLOW_VERSION"},
+    "torch-gpu": COMMON_PINS | {"TORCH_VERSION", "TORCH_CUDA_VERSION", "TORCH_NCCL_VERSION"},
+    "tf-gpu": COMMON_PINS | {"TENSORFLOW_VERSION", "TF_CUDA_VERSION", "TF_NCCL_VERSION"},
+}
+# What each image installs its framework(s) as, from the pins.
+FRAMEWORK_SPECS = {
+    "cpu": ['"torch==${TORCH_VERSION}+cpu"', '"tensorflow-cpu==${TENSORFLOW_VERSION}"'],
+    "torch-gpu": ['"torch==${TORCH_VERSION}"', '"cuda-toolkit==${TORCH_CUDA_VERSION}.*"',
+                  '"nvidia-nccl-cu13==${TORCH_NCCL_VERSION}.*"'],
+    "tf-gpu": ['"tensorflow[and-cuda]==${TENSORFLOW_VERSION}"',
+               '"nvidia-cuda-runtime-cu12==${TF_CUDA_VERSION}.*"',
+               '"nvidia-nccl-cu12==${TF_NCCL_VERSION}.*"'],
 }
 REQUIREMENT_FILES = [ROOT / "requirements/base.txt", ROOT / "requirements/dev.txt",
                      ROOT / "docker/requirements-image.txt"]
@@ -91,31 +102,50 @@ def test_dockerfile_arg_defaults_equal_versions_env(image):
 @pytest.mark.parametrize("image", sorted(DOCKERFILES))
 def test_dockerfiles_install_the_frameworks_from_the_pins_not_from_literals(image):
     text = DOCKERFILES[image].read_text()
-    tensorflow = "tensorflow" if image == "gpu" else "tensorflow-cpu"
 
-    assert "torch==${TORCH_VERSION}+" in text
-    assert f"{tensorflow}==${{TENSORFLOW_VERSION}}" in text
+    for spec in FRAMEWORK_SPECS[image]:
+        assert spec in text
     assert '"openmpi-bin=${OPENMPI_VERSION}.*"' in text
     assert "bash /opt/hvdazure/scripts/build_horovod.sh" in text
-    for key in ("TORCH_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION"):
-        assert text.count(PINS[key]) == 1, f"{PINS[key]} ({key}) written outside its ARG default"
+    assert f"check_image.sh {image}" in text
+    for key in sorted(IMAGE_PINS[image] - COMMON_PINS | {"HOROVOD_VERSION"}):
+        assert text.count(f"{key}={PINS[key]}") == 1, f"{key} declared with its value more than once"
+        if key in ("TORCH_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION"):
+            assert text.count(PINS[key]) == 1, f"{PINS[key]} ({key}) written outside its ARG default"
 
 
-def test_cpu_image_is_based_on_the_pinned_python():
-    base = global_arg_defaults(DOCKERFILES["cpu"])["BASE_IMAGE"]
+@pytest.mark.parametrize("image", ["cpu", "torch-gpu"])
+def test_cpu_and_torch_gpu_images_are_based_on_the_pinned_python(image):
+    base = global_arg_defaults(DOCKERFILES[image])["BASE_IMAGE"]
 
     assert base.startswith(f"python:{PINS['PYTHON_VERSION']}-")
 
 
-def test_gpu_image_build_and_runtime_bases_are_the_pinned_cuda():
-    defaults = global_arg_defaults(DOCKERFILES["gpu"])
-    text = DOCKERFILES["gpu"].read_text()
+def test_torch_gpu_image_takes_cuda_from_pypi_and_builds_horovod_with_nccl():
+    text = DOCKERFILES["torch-gpu"].read_text()
+
+    assert set(re.findall(r"^FROM (\S+)", text, re.M)) == {"${BASE_IMAGE}", "deps"}  # no CUDA base image
+    assert "scripts/pypi_cuda_toolkit.sh" in text
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in text
+    assert "COPY --from=build /opt/cuda-toolkit" not in text  # nvcc stays in the build stage
+
+
+def test_tf_gpu_image_build_and_runtime_bases_are_the_pinned_cuda_12():
+    defaults = global_arg_defaults(DOCKERFILES["tf-gpu"])
+    text = DOCKERFILES["tf-gpu"].read_text()
 
     for stage in ("BUILD_IMAGE", "RUNTIME_IMAGE"):
-        assert defaults[stage].startswith(f"nvidia/cuda:{PINS['CUDA_VERSION']}."), stage
-    assert defaults["BUILD_IMAGE"].replace("-devel-", "-runtime-") == defaults["RUNTIME_IMAGE"]
-    assert '"libnccl-dev=${NCCL_VERSION}.*+cuda${CUDA_VERSION}"' in text
+        assert defaults[stage].startswith(f"nvidia/cuda:{PINS['TF_CUDA_VERSION']}."), stage
+    assert defaults["BUILD_IMAGE"].replace("-devel-", "-base-") == defaults["RUNTIME_IMAGE"]
+    assert '"release ${TF_CUDA_VERSION},"' in text  # the build stops on another nvcc
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in text
+
+
+def test_the_two_cuda_lines_are_the_ones_the_frameworks_bring():
+    """PyTorch's wheels are CUDA 13 and TensorFlow's CUDA 12 (their PyPI metadata): one pin per line."""
+    assert PINS["TORCH_CUDA_VERSION"].split(".")[0] == "13"
+    assert PINS["TF_CUDA_VERSION"].split(".")[0] == "12"
+    assert "CUDA_VERSION" not in PINS and "NCCL_VERSION" not in PINS  # the old single GPU line is gone
 
 
 def test_local_setup_reads_the_same_pins():
