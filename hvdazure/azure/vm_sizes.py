@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hvdazure.core.nccl_environment import nccl_environment as core_nccl_environment
+
 
 @dataclass(frozen=True)
 class VmSize:
@@ -53,17 +55,17 @@ def known_sizes() -> list[str]:
 
 
 def nccl_environment(vm_size: str | None) -> dict[str, str]:
-    """NCCL and UCX settings for the size: what docs/guides/docker.md advises, without NCCL_DEBUG (the user's
-    choice) and NCCL_TOPO_FILE (the file must be visible in the container first). Every value here can be
+    """NCCL and UCX settings for the size: NCCL's own as core/nccl_environment.py decides them for an Azure
+    VM (eth0 between nodes, InfiniBand as the size has it), and what docs/guides/docker.md advises besides,
+    without NCCL_TOPO_FILE (the file must be visible in the container first). Every value here can be
     overridden with `--env`."""
-    env = {"NCCL_SOCKET_IFNAME": "eth0"}  # every Azure VM: bootstrap over eth0, not ib* or docker0
     size = lookup(vm_size)
+    # every Azure VM: bootstrap over eth0, not ib* or docker0; no InfiniBand probe on a size without it
+    env = core_nccl_environment({}, "eth0", size.infiniband if size is not None else None)
     if size is None:
         return env
     if size.infiniband:
         env.update(NCCL_IB_PCI_RELAXED_ORDERING="1", UCX_IB_PCI_RELAXED_ORDERING="on")
-    else:
-        env["NCCL_IB_DISABLE"] = "1"  # skip the InfiniBand probe: TCP sockets between nodes
     if size.name.startswith("Standard_ND"):
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # GPU numbering that matches the topology
     return env

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hvdazure.core.nccl_environment import nccl_environment
 from hvdazure.launch.network import CrossNodeInterface
 from hvdazure.launch.timeline import TIMELINE_ENV
 
@@ -204,9 +205,10 @@ def build_command(spec: LaunchSpec, env: Mapping[str, str] | None = None,
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     if spec.controller is None:
         raise ValueError("no controller chosen: run_job chooses the default one (launch/controller.py)")
+    # NCCL's variables (core/nccl_environment.py; those the environment sets stay): forwarded to every rank,
+    # by mpirun as NCCL_* (-x), by horovodrun with the whole environment
+    env.update(nccl_environment(env, interface.name if interface is not None else None))
     if spec.controller == "mpi":
-        if interface is not None:
-            env.setdefault("NCCL_SOCKET_IFNAME", interface.name)  # forwarded to every rank (NCCL_*)
         launcher = mpirun_command(spec, env, is_root, interface)
     else:
         launcher = horovodrun_command(spec, interface)

@@ -1,5 +1,6 @@
 """`python -m hvdazure.launch.horovodrun ARGS` is `horovodrun ARGS`, with its check that Horovod was built
-with Gloo asked once per installation instead of once per job.
+with Gloo asked once per installation instead of once per job, and the environment's NCCL_SOCKET_IFNAME
+left to the ranks (horovodrun puts its own over it).
 
 horovodrun --gloo asks each framework's Horovod extension in turn, TensorFlow's first, whether it was built
 with Gloo, in a forked process that imports it: an import of TensorFlow (about 9 s of CPU) before the first
@@ -17,6 +18,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 FRAMEWORKS = ("tensorflow", "torch", "mxnet")  # the frameworks whose Horovod extensions horovodrun asks
 
@@ -70,12 +72,30 @@ def cached_check(check: Callable[..., bool | None], key: str, path: Path) -> Cal
     return answer
 
 
+def keep_the_users_nccl_interface() -> None:
+    """horovodrun --gloo starts each rank as `env ENVIRONMENT... NCCL_SOCKET_IFNAME=ITS_INTERFACES COMMAND`:
+    its own list (the interfaces it found or was given) over the environment's. Where the environment sets
+    NCCL_SOCKET_IFNAME (the user's choice, or hvdazure's: core/nccl_environment.py), the ranks keep that."""
+    from horovod.runner import gloo_run
+
+    create = gloo_run.create_run_env_vars
+
+    def create_run_env_vars(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        variables = dict(create(*args, **kwargs))
+        if "NCCL_SOCKET_IFNAME" in os.environ:
+            variables.pop("NCCL_SOCKET_IFNAME", None)
+        return variables
+
+    gloo_run.create_run_env_vars = create_run_env_vars
+
+
 def main() -> None:
     import horovod
     from horovod.runner import launch
 
     key = installation_key(Path(horovod.__file__).parent)
     launch.gloo_built = cached_check(launch.gloo_built, key, cache_file())
+    keep_the_users_nccl_interface()
     sys.argv[0] = "horovodrun"
     sys.exit(launch.run_commandline())
 

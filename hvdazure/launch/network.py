@@ -21,8 +21,8 @@ What the launchers get: mpirun `-mca btl_tcp_if_include X -mca oob_tcp_if_includ
 mpirun's own control traffic), where X is the CIDR as given, or, when detected, the interface's subnet if
 every other host has an address on it (nodes may name their NICs differently) and its name otherwise;
 horovodrun `--network-interfaces NAME`, from which it sets HOROVOD_GLOO_IFACE and NCCL_SOCKET_IFNAME and
-takes the rendezvous address (Gloo needs the same interface name on every node); with mpirun,
-NCCL_SOCKET_IFNAME is set to the name too unless already set.
+takes the rendezvous address (Gloo needs the same interface name on every node). NCCL_SOCKET_IFNAME is set
+to the name under both controllers unless already set (core/nccl_environment.py decides NCCL's variables).
 """
 
 from __future__ import annotations

@@ -85,10 +85,12 @@ def test_processes_per_node_are_required_when_the_vm_size_is_unknown(project):
 
 @pytest.mark.parametrize(("vm_size", "expected"), [
     ("Standard_ND96asr_v4", {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_PCI_RELAXED_ORDERING": "1",
-                             "UCX_IB_PCI_RELAXED_ORDERING": "on", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}),
-    ("Standard_NC24ads_A100_v4", {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"}),
-    ("Standard_D4s_v5", {"NCCL_SOCKET_IFNAME": "eth0"}),
-    (None, {"NCCL_SOCKET_IFNAME": "eth0"}),
+                             "UCX_IB_PCI_RELAXED_ORDERING": "on", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                             "NCCL_DEBUG": "WARN"}),
+    ("Standard_NC24ads_A100_v4", {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1",
+                                  "NCCL_DEBUG": "WARN"}),
+    ("Standard_D4s_v5", {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN"}),
+    (None, {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN"}),
 ])
 def test_nccl_settings_follow_the_vm_size(vm_size, expected):
     assert vm_sizes.nccl_environment(vm_size) == expected
