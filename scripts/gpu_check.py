@@ -191,8 +191,9 @@ class Check:
 
     def job(self, name: str, settings: Sequence[str], np: int = 1, script: str = "job.py",
             env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT_S) -> Job:
-        """One job of a row, reporting into its own folder."""
-        return run_job(script, settings, np, self.work / name, self.log, env, timeout)
+        """One job of a row, reporting into its own folder; stopped where the budget ends."""
+        left = self.budget_s - (time.monotonic() - self.start)
+        return run_job(script, settings, np, self.work / name, self.log, env, min(timeout, max(left, 10.0)))
 
     def row(self, check: str, device: str, body: Callable[[], tuple[str, str]], needs_s: float = 20) -> Row:
         """Run `body` (returning status and detail) as row `check`, timed; not run if the budget is spent."""
