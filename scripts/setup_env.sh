@@ -145,11 +145,11 @@ pip_install --no-deps "tf-keras==${TENSORFLOW_VERSION}"
 if hvd_ok && "$py" -c "import horovod, sys; sys.exit(horovod.__version__ != '${HOROVOD_VERSION}')"; then
   say "horovod ${HOROVOD_VERSION} already built with PyTorch, TensorFlow, MPI and Gloo; reusing it"
 else
-  key=$(printf '%s\n' "$HOROVOD_VERSION" "$TORCH_VERSION" "$TENSORFLOW_VERSION" "$($py -V)" "$mpi_id" \
-    "$(uname -m)" "$(sha256sum scripts/build_horovod.sh)" | sha256sum | cut -c1-16)
-  wheel_dir=$cache/wheels/horovod-$HOROVOD_VERSION-$key
-  cached_wheel "$wheel_dir" env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 \
-    HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1 PATH="$venv/bin:$PATH" bash scripts/build_horovod.sh
+  # build_horovod.sh keys and caches the wheel (--cache-key, --cached), for scripts/build_horovod_gpu.sh too.
+  hvd_env=(HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
+    HOROVOD_WITHOUT_MXNET=1 PATH="$venv/bin:$PATH")
+  wheel_dir=$cache/wheels/$(env "${hvd_env[@]}" bash scripts/build_horovod.sh --cache-key)
+  env "${hvd_env[@]}" bash scripts/build_horovod.sh --cached "$cache/wheels"
   pip_install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
   hvd_ok || die "horovod installed but 'horovodrun --check-build' lacks PyTorch, TensorFlow, MPI or Gloo:
 $("$venv/bin/horovodrun" --check-build 2>&1 | tail -n 20)"

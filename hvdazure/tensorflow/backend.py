@@ -93,33 +93,28 @@ class TensorFlowBackend(Backend):
 
     def build(self, peak_lr: float) -> KerasCheckpointContent:
         c = self.config
-        if c.precision == "fp16" and not self._on_gpu:
-            raise ConfigError("config field 'precision': 'fp16' needs a GPU (loss scaling); use 'bf16' on "
-                              "CPU")
         if c.grad_allreduce == "overlap":
             raise ConfigError("config field 'grad_allreduce': 'overlap' is PyTorch's only; the TensorFlow "
                               "binding allreduces the gradients after backward ('auto' or 'after_backward')")
-        if c.precision == "fp16" and c.grad_clip_norm is not None:
-            raise ConfigError("config field 'grad_clip_norm': not supported with precision 'fp16' in the "
-                              "TensorFlow binding (gradients are clipped after the allreduce, before "
-                              "unscaling); use precision 'bf16' or no clipping")
-        if c.precision in _POLICIES:  # fp32 keeps the user's own policy and floatx (a float64 model)
-            keras.mixed_precision.set_global_policy(_POLICIES[c.precision])
         keras.utils.set_random_seed(c.seed)  # the same initial weights on every rank (rank 0's are sent)
-        self.model = self.user.build_model()
-        if not self.model.built:
-            raise TypeError("build_model() must return a built model: start it with keras.Input(shape) or "
-                            "call model.build(input_shape)")
-        if c.sync_batchnorm:
-            convert_sync_batchnorm(self.model)
+        with _policy(c.precision):
+            self.model = self.user.build_model()
+            if not self.model.built:
+                raise TypeError("build_model() must return a built model: start it with keras.Input(shape) "
+                                "or call model.build(input_shape)")
+            if c.sync_batchnorm:
+                convert_sync_batchnorm(self.model)
         # Synchronized BatchNorm layers meet across ranks in every forward pass: a rank without samples in a
         # micro-batch runs one on an empty batch (loss weight 0) instead of none.
         self._forward_empty = hvd.size() > 1 and has_sync_batchnorm(self.model)
         optimizer = self.user.build_optimizer(peak_lr)
-        # on_nan_loss 'skip' skips a step whose gradients are not finite the way fp16's loss scaling skips an
-        # overflowing one: by a LossScaleOptimizer, held at a scale of 1 outside fp16. One mechanism, not two.
-        self._scale_of_one = c.on_nan_loss == "skip" and c.precision != "fp16"
-        if c.precision == "fp16":
+        # A LossScaleOptimizer of the user's own (its initial_scale, dynamic_growth_steps) is used as it is:
+        # wrapped again, the gradients would be unscaled twice. on_nan_loss 'skip' skips a step whose
+        # gradients are not finite the way fp16's loss scaling skips an overflowing one: by a
+        # LossScaleOptimizer, held at a scale of 1 outside fp16. One mechanism, not two.
+        own_scaler = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        self._scale_of_one = c.on_nan_loss == "skip" and c.precision != "fp16" and not own_scaler
+        if c.precision == "fp16" and not own_scaler:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         elif self._scale_of_one:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=1.0)
@@ -412,7 +407,7 @@ class _CompiledSteps:
         # a loss scaler skips a step whose gradients are not finite, and halves its scale: counted below
         scale = tf.identity(scaler.dynamic_scale.value) if scaler is not None else None
         if b.config.grad_clip_norm is not None:
-            gradients, _ = tf.clip_by_global_norm(gradients, b.config.grad_clip_norm)
+            gradients = _clip(gradients, b.config.grad_clip_norm, scale)
         b.optimizer.apply_gradients(zip(gradients, b.model.trainable_variables, strict=True))
         if scaler is not None:
             skipped = self.record[SKIPPED_STEPS]
@@ -450,6 +445,34 @@ class _FlatFunction:
 
 
 _SCALAR = tf.TensorSpec((), tf.float64)
+
+
+@contextlib.contextmanager
+def _policy(precision: str) -> Iterator[None]:
+    """Keras's global dtype policy for `precision` while the model is built (its layers keep it), and the
+    one before it again after: another fit() in the same process (a sweep's next trial) with fp32 keeps the
+    user's own policy and floatx (a float64 model), not the last trial's mixed one."""
+    if precision not in _POLICIES:
+        yield
+        return
+    before = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(_POLICIES[precision])
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(before)
+
+
+@not_converted  # no user code in it
+def _clip(gradients: list[tf.Tensor], clip_norm: float, scale: tf.Tensor | None) -> list[tf.Tensor]:
+    """The allreduced gradients clipped to the global norm `clip_norm`, as if unscaled first: gradients
+    scaled by a loss scale are clipped to clip_norm x scale, the same clipping of the same (unscaled)
+    values, exactly so for a power of two. Non-finite gradients come out NaN (their norm is not finite),
+    and the loss scaler skips the step as it would have."""
+    if scale is None:
+        return tf.clip_by_global_norm(gradients, clip_norm)[0]
+    limit = tf.cast(scale, gradients[0].dtype) * clip_norm
+    return tf.clip_by_global_norm(gradients, limit)[0]
 
 
 @functools.lru_cache(maxsize=64)

@@ -34,7 +34,8 @@ class TensorFlowTrainer(Trainer):
 
     def build_optimizer(self, lr: float) -> keras.optimizers.Optimizer:
         """`lr` is already scaled for the global batch; warmup and schedule are applied on top, so pass it
-        as a number, not a LearningRateSchedule."""
+        as a number, not a LearningRateSchedule. With precision fp16 it is wrapped in a keras
+        LossScaleOptimizer, unless it is one (its own initial_scale and dynamic_growth_steps)."""
         raise NotImplementedError("implement build_optimizer(lr) -> keras.optimizers.Optimizer")
 
     def train_dataset(self) -> Any:
@@ -98,5 +99,6 @@ class TensorFlowTrainer(Trainer):
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
-        """The optimizer build_optimizer returned (a LossScaleOptimizer around it with precision fp16)."""
+        """The optimizer build_optimizer returned (with precision fp16, a LossScaleOptimizer around it
+        unless it was one)."""
         return self.__backend.optimizer

@@ -9,7 +9,11 @@ and how often training_step and validation_step were traced into a tf.function.
 extra: n_train, n_eval, features, step_sleep (seconds per step, to make a job slow enough to interrupt),
        autograph_log (print every function AutoGraph converts, with tf.autograph.set_verbosity),
        load_weights (after training, rank 0 also reports the weights of a new model given
-       `load_weights(checkpoint_dir, which)` by set_weights, for which in latest and best).
+       `load_weights(checkpoint_dir, which)` by set_weights, for which in latest and best),
+       loss_scale (build_optimizer returns a keras LossScaleOptimizer of this initial scale),
+       overflow_rank and overflow_step (at that optimizer step, counted from 1, that rank's gradients are
+       multiplied by 1e6, its loss unchanged: with precision fp16 they overflow float16). Each rank also
+       reports the loss scale after every step (with a LossScaleOptimizer).
 Each rank writes pid-<rank> into HVDAZURE_TEST_OUT when training starts. Several trainings in one job:
 `tf_job.py --runs RUNS.json` (workers/_report.py `main`).
 """
@@ -45,6 +49,15 @@ class Recorder(Callback):
 
     def __init__(self) -> None:
         self.lrs: list[float] = []
+        self.loss_scales: list[float] = []
+
+    def on_step_begin(self, trainer) -> None:
+        extra = trainer.config.extra
+        if "overflow_step" not in extra:
+            return
+        overflow = trainer.rank == extra.get("overflow_rank") and trainer.state.step + 1 == extra.get(
+            "overflow_step")
+        trainer.gradient_factor.assign(1e6 if overflow else 1.0)
 
     def on_train_start(self, trainer) -> None:
         (Path(os.environ["HVDAZURE_TEST_OUT"]) / f"pid-{trainer.rank}").write_text(str(os.getpid()))
@@ -52,6 +65,8 @@ class Recorder(Callback):
     def on_step_end(self, trainer) -> None:
         time.sleep(trainer.config.extra.get("step_sleep", 0))
         self.lrs.append(float(trainer.optimizer.learning_rate.numpy()))
+        if isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer):
+            self.loss_scales.append(float(trainer.optimizer.dynamic_scale.numpy()))
 
 
 class RegressionTrainer(TensorFlowTrainer):
@@ -61,13 +76,16 @@ class RegressionTrainer(TensorFlowTrainer):
         self.seen: dict[int, list[int]] = {}
         self.not_the_planned_batch = 0  # batches whose indices differ from trainer.micro_batch's
         self.traces = {"training_step": 0, "validation_step": 0}
+        self.gradient_factor = tf.Variable(1.0, dtype=tf.float64, trainable=False)  # extra.overflow_step
 
     def build_model(self):
         features = self.config.extra.get("features", 3)
         return keras.Sequential([keras.Input((features,)), keras.layers.Dense(1)])
 
     def build_optimizer(self, lr):
-        return keras.optimizers.SGD(learning_rate=lr)
+        optimizer = keras.optimizers.SGD(learning_rate=lr)
+        scale = self.config.extra.get("loss_scale")
+        return optimizer if scale is None else keras.optimizers.LossScaleOptimizer(optimizer, scale)
 
     def train_dataset(self):
         extra = self.config.extra
@@ -81,7 +99,10 @@ class RegressionTrainer(TensorFlowTrainer):
         index, x, y = batch
         self.traces["training_step"] += 1  # Python code here runs when the step is traced, not per call
         tf.py_function(self._record_indices, [index], [])  # runs at every call of the compiled step
-        return keras.ops.mean(keras.ops.square(model(x, training=True) - y))
+        loss = keras.ops.mean(keras.ops.square(keras.ops.subtract(model(x, training=True), y)))
+        if "overflow_step" in self.config.extra:  # the same value; its gradients x gradient_factor
+            loss += (self.gradient_factor - 1.0) * (loss - tf.stop_gradient(loss))
+        return loss
 
     def _record_indices(self, index: tf.Tensor) -> None:
         indices = index.numpy().tolist()
@@ -91,7 +112,7 @@ class RegressionTrainer(TensorFlowTrainer):
     def validation_step(self, model, batch):
         index, x, y = batch
         self.traces["validation_step"] += 1
-        return {"mse": keras.ops.mean(keras.ops.square(model(x, training=False) - y)),
+        return {"mse": keras.ops.mean(keras.ops.square(keras.ops.subtract(model(x, training=False), y))),
                 "index": keras.ops.mean(keras.ops.cast(index, "float64"))}
 
 
@@ -123,6 +144,7 @@ def train_and_report(argv: list[str] | None = None) -> None:
         "seen": {str(k): v for k, v in trainer.seen.items()},
         "not_the_planned_batch": trainer.not_the_planned_batch,
         "lrs": trainer.recorder.lrs,
+        "loss_scales": trainer.recorder.loss_scales,
         "steps_per_epoch": trainer.steps_per_epoch,
         "traces": trainer.traces,
         "output_dir": trainer.config.output_dir,
