@@ -262,8 +262,9 @@ class Backend(ABC):
         profile_steps names (core/profiling.py); None: this framework has none."""
         return None
 
-    def device_stats(self) -> tuple[float, float]:
-        """This rank's accelerator since the last call, for the step times: its peak memory allocated (bytes;
-        the peak is reset) and its utilization now (percent); NaN for what it cannot tell (CPUs: both).
+    def device_stats(self) -> tuple[float, float, float]:
+        """This rank's accelerator since the last call, for the step times: its peak memory allocated and
+        reserved (bytes; the peaks are reset) and its utilization now (percent); NaN for what it cannot tell
+        (CPUs: all three).
         Called once per log interval: cheap, and no synchronization with the device."""
         return no_device()

@@ -13,10 +13,12 @@ compiled function holding all three. `other` is the rest of the wall time: callb
 reduction. The first step of each fit() is `startup` (the loader's workers starting, compilation, the first
 allocations): reported in seconds, kept out of the shares so that it does not read as a slow loader.
 
-On an accelerator, each rank's row also carries the device's peak memory in the interval and its utilization
-(the backend's `device_stats`), shown per rank as the largest and smallest, since ranks differ (the rank
-holding the model's largest layers, rank 0's extra work). Where the device says nothing (CPUs, no NVML for
-the utilization) its value is NaN and nothing is shown.
+On an accelerator, each rank's row also carries the device's peak memory in the interval (allocated by
+tensors, and reserved by the framework's caching allocator: what the device really gave, what an
+out-of-memory error is about) and its utilization (the backend's `device_stats`), shown per rank as the
+largest and smallest, since ranks differ (the rank holding the model's largest layers, rank 0's extra work).
+Where the device says nothing (CPUs, no NVML for the utilization, no reserved memory in TensorFlow's
+statistics) its value is NaN and nothing is shown.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ PHASES = ("data", "compute", "exchange", "optimizer", "step", "checkpoint", "eva
 _LABELS = {"data": "data wait", "compute": "forward+backward", "exchange": "allreduce wait",
            "optimizer": "optimizer", "step": "compiled step", "checkpoint": "checkpoint stall",
            "eval": "evaluation", "other": "other"}
-DEVICE = ("peak_bytes", "utilization")  # the device's columns, after the phases: bytes, percent; NaN: unknown
+# the device's columns, after the phases: bytes, bytes, percent; NaN: unknown
+DEVICE = ("peak_bytes", "reserved_bytes", "utilization")
 ROW_LENGTH = 4 + len(PHASES) + len(DEVICE)  # wall, startup, steps, samples, each phase's seconds, device
 
 
-def no_device() -> tuple[float, float]:
+def no_device() -> tuple[float, float, float]:
     """The device columns of a rank that has no accelerator to report on."""
-    return math.nan, math.nan
+    return math.nan, math.nan, math.nan
 
 
 class StepTimes:
@@ -136,32 +139,36 @@ class _Measure:
 
 
 _MEMORY = _Measure("gpu memory peak", "gpu peak", "gpu_memory_peak_gib", 2.0**-30, ".3g", " GiB")
+_RESERVED = _Measure("gpu reserved peak", "reserved", "gpu_memory_reserved_gib", 2.0**-30, ".3g", " GiB")
 _UTILIZATION = _Measure("gpu utilization", "util", "gpu_utilization", 1.0, ".0f", "%")
 
 
 @dataclass
 class DeviceUse:
-    """Each rank's accelerator over some intervals: its peak memory (bytes, the largest of the intervals')
-    and utilization (percent, the mean of the intervals' readings); NaN where the rank does not know."""
+    """Each rank's accelerator over some intervals: its peak memory allocated and reserved (bytes, the
+    largest of the intervals') and utilization (percent, the mean of the intervals' readings); NaN where the
+    rank does not know."""
 
     peak_bytes: list[float] = field(default_factory=list)
+    reserved_bytes: list[float] = field(default_factory=list)
     utilization_sum: list[float] = field(default_factory=list)
     utilization_count: list[int] = field(default_factory=list)
 
     def add_rows(self, rows: Sequence[Sequence[float]]) -> None:
         """Add an interval: each rank's device columns (DEVICE), in rank order."""
         if not self.peak_bytes:
-            self.peak_bytes = [math.nan] * len(rows)
+            self.peak_bytes, self.reserved_bytes = [math.nan] * len(rows), [math.nan] * len(rows)
             self.utilization_sum, self.utilization_count = [0.0] * len(rows), [0] * len(rows)
-        for rank, (peak, utilization) in enumerate(rows):
-            self.peak_bytes[rank] = max(peak, self.peak_bytes[rank]) if not math.isnan(
-                self.peak_bytes[rank]) else peak
+        for rank, (peak, reserved, utilization) in enumerate(rows):
+            self.peak_bytes[rank] = _larger(self.peak_bytes[rank], peak)
+            self.reserved_bytes[rank] = _larger(self.reserved_bytes[rank], reserved)
             if not math.isnan(utilization):
                 self.utilization_sum[rank] += utilization
                 self.utilization_count[rank] += 1
 
     def add(self, other: DeviceUse) -> None:
-        self.add_rows([(peak, math.nan) for peak in other.peak_bytes])
+        self.add_rows([(peak, reserved, math.nan)
+                       for peak, reserved in zip(other.peak_bytes, other.reserved_bytes, strict=True)])
         for rank, count in enumerate(other.utilization_count):
             self.utilization_sum[rank] += other.utilization_sum[rank]
             self.utilization_count[rank] += count
@@ -170,17 +177,19 @@ class DeviceUse:
         """The peak memory's and the mean utilization's spread over the ranks, those that some rank knows."""
         utilization = [total / count if count else math.nan
                        for total, count in zip(self.utilization_sum, self.utilization_count, strict=True)]
-        measured = ((_MEMORY, self.peak_bytes), (_UTILIZATION, utilization))
+        measured = ((_MEMORY, self.peak_bytes), (_RESERVED, self.reserved_bytes),
+                    (_UTILIZATION, utilization))
         return [(measure, spread) for measure, values in measured
                 if (spread := Spread.of(values)) is not None]
 
     def compact(self) -> str:
-        """The log line's part, `gpu peak 10.1-11 GiB util 85-97%`; empty when no rank knows either."""
+        """The log line's part, `gpu peak 10.1-11 GiB reserved 12-13 GiB util 85-97%`; empty when no rank
+        knows any."""
         return " ".join(measure.compact(spread) for measure, spread in self.spreads())
 
     def scalars(self) -> dict[str, float]:
-        """For TensorBoard and MLflow: the highest and lowest rank's, `gpu_memory_peak_gib_max`, `_min`, and
-        `gpu_utilization_max`, `_min` (percent)."""
+        """For TensorBoard and MLflow: the highest and lowest rank's, `gpu_memory_peak_gib_max`, `_min`,
+        `gpu_memory_reserved_gib_max`, `_min`, and `gpu_utilization_max`, `_min` (percent)."""
         scalars = {}
         for measure, spread in self.spreads():
             scalars[f"{measure.scalar}_max"] = spread.high * measure.scale
@@ -191,6 +200,11 @@ class DeviceUse:
         """`gpu memory peak   max 11 GiB (rank 0), min 10.1 GiB (rank 3)`, per number some rank knows."""
         return [f"  {m.label:<18}max {m.number(s.high)}{m.unit} (rank {s.high_rank}), "
                 f"min {m.number(s.low)}{m.unit} (rank {s.low_rank})" for m, s in self.spreads()]
+
+
+def _larger(known: float, reading: float) -> float:
+    """The larger of two peaks, NaN (unknown) counting for nothing."""
+    return reading if math.isnan(known) else known if math.isnan(reading) else max(known, reading)
 
 
 @dataclass

@@ -257,7 +257,7 @@ class TensorFlowBackend(Backend):
     def step_profiler(self) -> TensorFlowProfiler:
         return TensorFlowProfiler()
 
-    def device_stats(self) -> tuple[float, float]:
+    def device_stats(self) -> tuple[float, float, float]:
         return gpu_stats() if self._on_gpu else no_device()
 
 

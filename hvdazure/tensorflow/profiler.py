@@ -39,12 +39,13 @@ class TensorFlowProfiler(StepProfiler):
         return ProfilerTrace(str(written), "tensorboard")
 
 
-def gpu_stats() -> tuple[float, float]:
+def gpu_stats() -> tuple[float, float, float]:
     """This rank's GPU (its only visible one: Horovod's ranks each see their own): the peak memory TensorFlow
-    allocated since the last reading, then reset; no utilization (TensorFlow reports none)."""
+    allocated since the last reading, then reset; neither reserved memory nor utilization (TensorFlow
+    reports neither)."""
     try:
         peak = float(tf.config.experimental.get_memory_info("GPU:0")["peak"])
         tf.config.experimental.reset_memory_stats("GPU:0")
     except (ValueError, RuntimeError, tf.errors.OpError):  # a device TensorFlow keeps no statistics of
-        return math.nan, math.nan
-    return peak, math.nan
+        return math.nan, math.nan, math.nan
+    return peak, math.nan, math.nan

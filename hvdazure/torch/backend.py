@@ -353,7 +353,7 @@ class TorchBackend(Backend):
     def step_profiler(self) -> TorchProfiler:
         return TorchProfiler(self.device)
 
-    def device_stats(self) -> tuple[float, float]:
+    def device_stats(self) -> tuple[float, float, float]:
         return self._cuda_stats() if self._cuda_stats is not None else no_device()
 
 

@@ -48,17 +48,19 @@ class TorchProfiler(StepProfiler):
 
 
 class CudaStats:
-    """One GPU's peak memory allocated since the last reading (then reset) and its utilization (NVML's,
-    through torch.cuda.utilization; NaN where pynvml is missing or NVML fails: asked once, then no more)."""
+    """One GPU's peak memory allocated by tensors and reserved by PyTorch's caching allocator since the last
+    reading (then reset), and its utilization (NVML's, through torch.cuda.utilization; NaN where pynvml is
+    missing or NVML fails: asked once, then no more). Reads counters only: nothing waits for the GPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._utilization_known = True
 
-    def __call__(self) -> tuple[float, float]:
+    def __call__(self) -> tuple[float, float, float]:
         peak = float(torch.cuda.max_memory_allocated(self.device))
+        reserved = float(torch.cuda.max_memory_reserved(self.device))
         torch.cuda.reset_peak_memory_stats(self.device)
-        return peak, self._utilization()
+        return peak, reserved, self._utilization()
 
     def _utilization(self) -> float:
         if self._utilization_known:

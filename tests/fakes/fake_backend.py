@@ -355,7 +355,7 @@ class FakeTrainer(Trainer):
         """Evaluation metrics besides the loss for one batch of the evaluation set; none by default."""
         return {}
 
-    def device_stats(self) -> tuple[float, float]:
+    def device_stats(self) -> tuple[float, float, float]:
         """What this rank's accelerator would report per log interval (Backend.device_stats): none, as on
         CPUs, by default."""
         return no_device()
@@ -526,7 +526,7 @@ class FakeBackend(Backend):
         self.profilers.append(RecordingProfiler(self.events))
         return self.profilers[-1]
 
-    def device_stats(self) -> tuple[float, float]:
+    def device_stats(self) -> tuple[float, float, float]:
         return self.user.device_stats()
 
     def _allreduce_average(self, values: np.ndarray, name: str) -> np.ndarray:

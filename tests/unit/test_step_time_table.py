@@ -51,8 +51,8 @@ def test_checkpoint_async_is_suggested_only_when_it_is_off():
 def test_the_table_knows_from_its_device_columns_whether_the_ranks_have_accelerators():
     row = [2.0, 0.0, 10.0, 80.0, 0.0, 0.2, 1.6, 0.1, 0.0, 0.0, 0.0]  # wall, startup, steps, samples, phases
     on_cpu, on_gpu = Breakdown(), Breakdown()
-    on_cpu.add_rows([[*row, float("nan"), float("nan")]])
-    on_gpu.add_rows([[*row, 2.0**30, 90.0]])
+    on_cpu.add_rows([[*row, float("nan"), float("nan"), float("nan")]])
+    on_gpu.add_rows([[*row, 2.0**30, 2.0**30, 90.0]])
     facts = RunFacts(controller="mpi", grad_allreduce="after_backward")
     assert len(row) == 4 + len(PHASES)
     assert "grad_allreduce overlap" not in on_cpu.table("t", facts)
@@ -62,9 +62,9 @@ def test_the_table_knows_from_its_device_columns_whether_the_ranks_have_accelera
 def test_only_a_starved_loader_makes_the_first_interval_abnormal():
     starved, busy_exchange = Breakdown(), Breakdown()
     starved.add_rows([[1.0, 0.0, 5.0, 40.0, EARLY_DATA_WAIT_SHARE + 0.1, 0.5, *[0.0] * (len(PHASES) - 2),
-                       float("nan"), float("nan")]])
+                       float("nan"), float("nan"), float("nan")]])
     busy_exchange.add_rows([[1.0, 0.0, 5.0, 40.0, 0.05, 0.1, 0.8, *[0.0] * (len(PHASES) - 3), float("nan"),
-                             float("nan")]])
+                             float("nan"), float("nan")]])
     assert starved.abnormal_early() == "data wait 35% of the first steps' time"
     assert busy_exchange.abnormal_early() is None
 

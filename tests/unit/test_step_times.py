@@ -13,7 +13,7 @@ NAN = math.nan
 GIB = 2.0**30
 
 
-def _row(wall, startup, steps, samples, *phases, device=(NAN, NAN)):
+def _row(wall, startup, steps, samples, *phases, device=(NAN, NAN, NAN)):
     """One rank's row (StepTimes.row): the phases given in PHASES' order, the rest 0."""
     return [wall, startup, steps, samples, *phases, *[0.0] * (len(PHASES) - len(phases)), *device]
 
@@ -121,21 +121,24 @@ def test_time_left_out_is_nobodys_not_even_other():
 
 
 def test_the_device_row_is_asked_once_per_interval_and_rides_after_the_phases():
-    readings = iter([(3 * GIB, 80.0), (2 * GIB, 60.0)])
+    readings = iter([(3 * GIB, 4 * GIB, 80.0), (2 * GIB, 4 * GIB, 60.0)])
     times = StepTimes(clock=Clock(), device=lambda: next(readings))
-    assert [times.row()[-2:] for _ in range(2)] == [[3 * GIB, 80.0], [2 * GIB, 60.0]]
+    assert [times.row()[-3:] for _ in range(2)] == [[3 * GIB, 4 * GIB, 80.0], [2 * GIB, 4 * GIB, 60.0]]
 
 
 def test_gpu_memory_and_utilization_show_each_ranks_highest_and_lowest_and_which_rank():
     b = Breakdown()
-    b.add_rows([_row(10.0, 0.0, 5.0, 80.0, 1.0, 9.0, device=(11.0 * GIB, 97.0)),
-                _row(10.0, 0.0, 5.0, 80.0, 1.0, 9.0, device=(10.5 * GIB, 85.0)),
-                _row(10.0, 0.0, 5.0, 80.0, 1.0, 9.0, device=(12.25 * GIB, 91.0))])
-    assert b.compact() == "time data 10% compute 90% other 0% | gpu peak 10.5-12.2 GiB util 85-97%"
+    b.add_rows([_row(10.0, 0.0, 5.0, 80.0, 1.0, 9.0, device=(11.0 * GIB, 12.0 * GIB, 97.0)),
+                _row(10.0, 0.0, 5.0, 80.0, 1.0, 9.0, device=(10.5 * GIB, 12.0 * GIB, 85.0)),
+                _row(10.0, 0.0, 5.0, 80.0, 1.0, 9.0, device=(12.25 * GIB, 14.0 * GIB, 91.0))])
+    assert b.compact() == ("time data 10% compute 90% other 0% | gpu peak 10.5-12.2 GiB reserved 12-14 GiB "
+                           "util 85-97%")
     assert b.scalars()["gpu_memory_peak_gib_max"] == 12.25 and b.scalars()["gpu_memory_peak_gib_min"] == 10.5
     assert (b.scalars()["gpu_utilization_max"], b.scalars()["gpu_utilization_min"]) == (97.0, 85.0)
     table = b.table("where the time went").splitlines()
     assert "  gpu memory peak   max 12.2 GiB (rank 2), min 10.5 GiB (rank 1)" in table
+    assert "  gpu reserved peak max 14 GiB (rank 2), min 12 GiB (rank 0)" in table
+    assert b.scalars()["gpu_memory_reserved_gib_max"] == 14.0
     assert "  gpu utilization   max 97% (rank 0), min 85% (rank 1)" in table
 
 
@@ -143,19 +146,20 @@ def test_over_intervals_a_ranks_peak_is_its_largest_and_its_utilization_the_mean
     fit = Breakdown()
     for peaks, utilizations in (((4 * GIB, 2 * GIB), (90.0, 50.0)), ((3 * GIB, 5 * GIB), (70.0, NAN))):
         interval = Breakdown()
-        interval.add_rows([_row(1.0, 0.0, 1.0, 8.0, 0.5, 0.5, device=(peak, utilization))
+        interval.add_rows([_row(1.0, 0.0, 1.0, 8.0, 0.5, 0.5, device=(peak, peak, utilization))
                            for peak, utilization in zip(peaks, utilizations, strict=True)])
         fit.add(interval)
-    (_, memory), (_, utilization) = fit.device.spreads()
+    (_, memory), (_, reserved), (_, utilization) = fit.device.spreads()
+    assert (reserved.high, reserved.low) == (memory.high, memory.low)
     assert (memory.high, memory.high_rank, memory.low, memory.low_rank) == (5 * GIB, 1, 4 * GIB, 0)
     assert (utilization.high, utilization.high_rank) == (80.0, 0)  # rank 0 read 90 and 70
     assert (utilization.low, utilization.low_rank) == (50.0, 1)  # rank 1 read 50, then nothing
 
 
 def test_a_device_that_reports_memory_but_no_utilization_shows_memory_alone():
-    # PyTorch without pynvml, TensorFlow: the utilization is NaN on every rank
+    # TensorFlow (no reserved memory either), PyTorch without pynvml: the utilization is NaN on every rank
     b = Breakdown()
-    b.add_rows([_row(1.0, 0.0, 1.0, 8.0, 0.5, 0.5, device=(2 * GIB, NAN))] * 2)
+    b.add_rows([_row(1.0, 0.0, 1.0, 8.0, 0.5, 0.5, device=(2 * GIB, NAN, NAN))] * 2)
     assert b.compact().endswith("| gpu peak 2 GiB")
     assert set(b.scalars()) >= {"gpu_memory_peak_gib_max"} and "gpu_utilization_max" not in b.scalars()
     assert not any("utilization" in line for line in b.table("t").splitlines())

@@ -86,10 +86,11 @@ def test_a_run_without_evaluation_data_shows_no_evaluation_phase():
 
 
 class OnGpus(FakeTrainer):
-    """Each rank reports its device as a GPU rank would: rank r peaks at (r + 1) GiB, at 50 + 10 r % busy."""
+    """Each rank reports its device as a GPU rank would: rank r peaks at (r + 1) GiB allocated, (r + 2) GiB
+    reserved, at 50 + 10 r % busy."""
 
     def device_stats(self):
-        return (self.rank + 1) * 2.0**30, 50.0 + 10 * self.rank
+        return (self.rank + 1) * 2.0**30, (self.rank + 2) * 2.0**30, 50.0 + 10 * self.rank
 
 
 def test_each_ranks_gpu_numbers_ride_the_intervals_collective_to_every_rank_as_highest_and_lowest():
@@ -97,10 +98,11 @@ def test_each_ranks_gpu_numbers_ride_the_intervals_collective_to_every_rank_as_h
 
     assert [len(s) for s in seen] == [1, 1, 1]
     for rank_seen in seen:  # the same numbers on every rank
-        (_, memory), (_, utilization) = rank_seen[-1].device.spreads()
+        (_, memory), (_, reserved), (_, utilization) = rank_seen[-1].device.spreads()
         assert (memory.high, memory.high_rank, memory.low, memory.low_rank) == (3 * 2.0**30, 2, 2.0**30, 0)
+        assert (reserved.high, reserved.low) == (4 * 2.0**30, 2 * 2.0**30)
         assert (utilization.high, utilization.low) == (70.0, 50.0)
-        assert rank_seen[-1].compact().endswith("| gpu peak 1-3 GiB util 50-70%")
+        assert rank_seen[-1].compact().endswith("| gpu peak 1-3 GiB reserved 2-4 GiB util 50-70%")
     assert "gpu_memory_peak_gib_max" in seen[0][-1].scalars()
 
 
