@@ -100,11 +100,25 @@ class TrainConfig:
     counted in the log (it reads each loss on the host: a wait for the GPU per micro-batch). Either way, no
     checkpoint of weights that are not finite is ever written."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Mixed precision: `bf16` autocast (Keras's `mixed_bfloat16`), or `fp16` with loss scaling (CUDA /
-    GPU only)."""
+    """Mixed precision: `bf16` autocast (Keras's `mixed_bfloat16`), or `fp16` autocast with dynamic loss
+    scaling (Keras's `mixed_float16`): a step whose gradients overflow is skipped on every rank alike and the
+    scale halved, and checkpoints keep the scale. PyTorch: both on GPUs and CPUs (a GradScaler on the rank's
+    device; float16 is slow on CPUs, where it serves to test the GPU path). TensorFlow: `fp16` needs a
+    GPU."""
     sync_batchnorm: bool = False
     """BatchNorm statistics over all ranks' samples: exact at any world size, at the cost of two small
     collectives per BatchNorm layer per micro-batch."""
+    compile: bool = False
+    """Compile the model for faster steps. PyTorch: `torch.compile` of the model `build_model` returns,
+    after it is placed on the device (and its BatchNorm layers synchronized), before the optimizer is
+    wrapped; a model build_model compiled itself is used as it is. The first steps (and the first
+    evaluation) wait for the compiler; checkpoints hold the uncompiled model's keys, so compiled and eager
+    runs resume from each other's. TensorFlow: its step is a `tf.function` already, which this leaves
+    as it is."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune",
+                          "max-autotune-no-cudagraphs"] = "default"
+    """With `compile: true`, torch.compile's `mode`: `reduce-overhead` (CUDA graphs, on GPUs),
+    `max-autotune` (autotuned kernels, slower to compile), `max-autotune-no-cudagraphs`."""
     # data
     seed: int = 0
     """Seeds the data order (a permutation per epoch from `(seed, epoch)`) and each rank's RNGs."""

@@ -4,8 +4,9 @@ What Horovod's examples make users write by hand, done here: hvd.init and device
 CPU, the gradient allreduce (torch/gradients.py: Horovod's DistributedOptimizer during backward on GPUs,
 one grouped allreduce after it on CPUs; compression, accumulation, op, predivide), broadcast of parameters
 and optimizer state from rank 0, sharded and re-seeded data per epoch, exact loss weighting for uneven
-last steps, gradient clipping after the allreduce, and autocast mixed precision (bf16; fp16 with
-GradScaler on CUDA).
+last steps, gradient clipping after the allreduce, autocast mixed precision (bf16; fp16 with a GradScaler on
+the rank's device, its overflows skipped on every rank alike: the gradients are allreduced before they are
+unscaled), and torch.compile (checkpoints keep the uncompiled model's keys: torch/checkpoint_content.py).
 The user's hooks (build_model, training_step, ...) are the TorchTrainer's (torch/trainer.py).
 """
 
@@ -28,11 +29,19 @@ from hvdazure.core.devices import place_rank
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
 from hvdazure.core.model_export import ExportError
 from hvdazure.core.nonfinite import FIRST_GRADIENTS_STEP, FIRST_LOSS, FIRST_LOSS_STEP, RECORD, SKIPPED_STEPS
+from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
 from hvdazure.core.step_times import no_device
 from hvdazure.data.prediction_output import PredictionShards
-from hvdazure.torch.checkpoint_content import MODEL_FILE, TorchCheckpointContent, load_mapped, nonfinite_probe
+from hvdazure.torch.checkpoint_content import (
+    MODEL_FILE,
+    TorchCheckpointContent,
+    load_mapped,
+    load_model_state,
+    nonfinite_probe,
+    original_module,
+)
 from hvdazure.torch.collectives import TorchCollectives
 from hvdazure.torch.data import DataView, data_view, empty_batch, epoch_loader, eval_batches, to_device
 from hvdazure.torch.gradients import COMPRESSION, OPS, GradientsAfterBackward, overlaps_backward
@@ -54,7 +63,8 @@ class TorchBackend(Backend):
 
     def __init__(self, user: TorchTrainer, collate: Callable[[list[Any]], Any] | None) -> None:
         self.user, self.collate = user, collate
-        self.model: torch.nn.Module
+        self.model: torch.nn.Module  # what the steps call: compiled with `compile: true`
+        self.uncompiled: torch.nn.Module  # the model without torch.compile's wrapper: its parameters, state
         self.optimizer: torch.optim.Optimizer  # Horovod's DistributedOptimizer around the user's
         self.scaler: torch.amp.GradScaler | None = None
         self.device = torch.device("cpu")
@@ -96,39 +106,44 @@ class TorchBackend(Backend):
 
     def build(self, peak_lr: float) -> TorchCheckpointContent:
         c = self.config
-        if c.precision == "fp16" and self.device.type != "cuda":
-            raise ConfigError("config field 'precision': 'fp16' needs CUDA (GradScaler); use 'bf16' on CPU")
+        self._in_backward = overlaps_backward(c.grad_allreduce, c.reduce_op, self.device)
+        if c.precision == "fp16" and self._in_backward and c.reduce_op == "adasum":
+            raise ConfigError("config field 'precision': 'fp16' cannot be used with reduce_op 'adasum' "
+                              "(Horovod's Adasum optimizer steps each parameter during backward, before the "
+                              "loss scale can be taken off its gradient); use 'bf16', or reduce_op 'average'")
         torch.manual_seed(c.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
         self.model = self.user.build_model()
         if c.sync_batchnorm:
             self.model = convert_sync_batchnorm(self.model)
         self.model = self.model.to(self.device)
+        self.uncompiled = original_module(self.model)
+        if c.compile:
+            self.model = _compiled(self.model, c.compile_mode)
         # Synchronized BatchNorm layers meet across ranks in every forward pass: a rank without samples in a
         # micro-batch runs one on an empty batch (loss weight 0) instead of none.
         self._forward_empty = hvd.size() > 1 and has_sync_batchnorm(self.model)
         self._empty_batch: Any = None
-        optimizer = self.user.build_optimizer(self.model.parameters(), peak_lr)
+        optimizer = self.user.build_optimizer(self.uncompiled.parameters(), peak_lr)
         # Per-group LR multipliers the user set survive warmup/schedule updates.
         self._lr_factors = [group["lr"] / peak_lr for group in optimizer.param_groups]
-        self._in_backward = overlaps_backward(c.grad_allreduce, c.reduce_op, self.device)
         if self._in_backward:
             self.optimizer = hvd.DistributedOptimizer(
-                optimizer, named_parameters=self.model.named_parameters(),
+                optimizer, named_parameters=self.uncompiled.named_parameters(),
                 compression=COMPRESSION[c.compression], backward_passes_per_step=c.grad_accum_steps,
                 op=OPS[c.reduce_op], gradient_predivide_factor=c.gradient_predivide_factor)
             self._allreduce_gradients: Callable[[], None] = self.optimizer.synchronize
         else:
             self.optimizer = optimizer
             self._allreduce_gradients = GradientsAfterBackward(
-                self.model.parameters(), c.reduce_op, c.compression, c.gradient_predivide_factor)
+                self.uncompiled.parameters(), c.reduce_op, c.compression, c.gradient_predivide_factor)
         # on_nan_loss 'skip' skips a step whose gradients are not finite the way fp16's loss scaling skips an
         # overflowing one: by a GradScaler, held at a scale of 1 outside fp16. One mechanism, not two.
         self._scale_of_one = c.on_nan_loss == "skip" and c.precision != "fp16"
         self.scaler = (torch.amp.GradScaler(self.device.type, init_scale=1.0) if self._scale_of_one else
-                       torch.amp.GradScaler("cuda") if c.precision == "fp16" else None)
-        self._trained = [p for p in self.model.parameters() if p.requires_grad]
+                       torch.amp.GradScaler(self.device.type) if c.precision == "fp16" else None)
+        self._trained = [p for p in self.uncompiled.parameters() if p.requires_grad]
         self._nonfinite = _NonFiniteRecord(self.device)
-        return TorchCheckpointContent(self.model, self.optimizer, self.scaler, self.device)
+        return TorchCheckpointContent(self.uncompiled, self.optimizer, self.scaler, self.device)
 
     def broadcast_model_and_optimizer(self) -> None:
         if hvd.broadcast_object(bool(self.optimizer.state), root_rank=0, name="hvdazure.has_state"):
@@ -142,7 +157,7 @@ class TorchBackend(Backend):
             for group, chosen in zip(self.optimizer.param_groups, hvd.broadcast_object(
                     settings, root_rank=0, name="hvdazure.optimizer_settings"), strict=True):
                 group.update(chosen)
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        hvd.broadcast_parameters(self.uncompiled.state_dict(), root_rank=0)
 
     def set_lr(self, lr: float) -> None:
         for group, factor in zip(self.optimizer.param_groups, self._lr_factors, strict=True):
@@ -202,7 +217,9 @@ class TorchBackend(Backend):
     def _optimizer_step(self, number: int) -> None:
         opt, clip, times = self.optimizer, self.config.grad_clip_norm, self.step_times
         since = times.now()
-        self._allreduce_gradients()  # averaged across ranks before they are unscaled or clipped
+        # averaged across ranks before they are unscaled or clipped: a rank's overflow (inf) reaches every
+        # rank, whose scalers then skip the same step and lower the same scale alike
+        self._allreduce_gradients()
         since = times.add("exchange", since)
         if self.scaler is not None:
             self.scaler.unscale_(opt)
@@ -210,7 +227,7 @@ class TorchBackend(Backend):
         probe = nonfinite_probe([p.grad for p in self._trained if p.grad is not None])
         self._nonfinite.gradients(number, probe, skipped=self.scaler is not None)
         if clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            torch.nn.utils.clip_grad_norm_(self.uncompiled.parameters(), clip)
         # Horovod's DistributedOptimizer would synchronize again in step(); Adasum's step is its allreduce
         synchronized = self._in_backward and self.config.reduce_op != "adasum"
         with opt.skip_synchronize() if synchronized else contextlib.nullcontext():
@@ -267,13 +284,13 @@ class TorchBackend(Backend):
             if not seen:
                 seen.append(tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args))
 
-        handle = self.model.register_forward_pre_hook(capture)
+        handle = self.uncompiled.register_forward_pre_hook(capture)  # the steps call it uncompiled here
         try:
             with self._inference(keep_modes=True):
                 for _, batch in self._inference_batches(data, [first], workers=False):
                     for step in (self.user.predict_step, self.user.validation_step, self.user.training_step):
                         with contextlib.suppress(NotImplementedError):
-                            step(self.model, batch)
+                            step(self.uncompiled, batch)
                             break
         finally:
             handle.remove()
@@ -297,7 +314,7 @@ class TorchBackend(Backend):
 
     def load_model_file(self, path: str) -> None:
         try:
-            self.model.load_state_dict(load_mapped(path, self.device))
+            load_model_state(self.uncompiled, load_mapped(path, self.device))
         except RuntimeError as exc:  # torch's message lists every key and shape; its first two lines say
             raise ValueError(" ".join(line.strip() for line in str(exc).strip().splitlines()[:2])) from None
 
@@ -338,10 +355,10 @@ class TorchBackend(Backend):
         # BatchNorm1d on (batch, features) inputs raises on a batch of 1 in training; 2d/3d layers have
         # spatial positions to average over and train on one sample. A synchronized one needs 2 samples in
         # the micro-batch of all ranks together, so one sample per rank is fine.
-        for name, module in self.model.named_modules():
+        for name, module in self.uncompiled.named_modules():
             if isinstance(module, torch.nn.BatchNorm1d):
                 return 2, f"the model's BatchNorm1d layer {name!r} cannot train on 1 sample", False
-        for name, module in self.model.named_modules():
+        for name, module in self.uncompiled.named_modules():
             if isinstance(module, SyncBatchNorm) and module.batchnorm1d:
                 why = f"the model's synchronized BatchNorm1d layer {name!r} cannot train on 1 sample"
                 return 2, why, True
@@ -355,6 +372,15 @@ class TorchBackend(Backend):
 
     def device_stats(self) -> tuple[float, float, float]:
         return self._cuda_stats() if self._cuda_stats is not None else no_device()
+
+
+def _compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """`model` compiled by torch.compile in `mode` (config field compile_mode), or as it is if build_model
+    compiled it already (compiling a compiled model again would only wrap it twice)."""
+    if original_module(model) is not model:
+        logger.info("compile: build_model() returned a compiled model (torch.compile); it is used as it is")
+        return model
+    return torch.compile(model, mode=mode)
 
 
 class _NonFiniteRecord:

@@ -1,4 +1,10 @@
-"""What a checkpoint holds of a PyTorch model, optimizer and AMP scaler, and of a rank's torch RNGs."""
+"""What a checkpoint holds of a PyTorch model, optimizer and AMP scaler, and of a rank's torch RNGs.
+
+A model's weights are saved under the uncompiled model's keys: torch.compile wraps a model in a module that
+holds it as `_orig_mod`, whose state dict says `_orig_mod.weight` where the model says `weight`. Checkpoints
+leave that part out and loads put it back where the model has it, so that compiled and eager builds of one
+model load each other's checkpoints (and those written with the prefix before it was left out).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,8 @@ import base64
 import contextlib
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
 import torch
@@ -15,6 +22,7 @@ from hvdazure.core.backend import FrameworkCheckpointContent
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
+_COMPILED = "_orig_mod"  # the attribute torch.compile's wrapper (OptimizedModule) holds the model under
 
 
 class TorchCheckpointContent(FrameworkCheckpointContent):
@@ -24,17 +32,17 @@ class TorchCheckpointContent(FrameworkCheckpointContent):
         self._staging = StagingBuffers()
 
     def nonfinite_weight(self) -> str | None:
-        state = {name: t for name, t in self.model.state_dict().items()
+        state = {name: t for name, t in model_state(self.model).items()
                  if isinstance(t, torch.Tensor) and t.is_floating_point()}
         if math.isfinite(float(nonfinite_probe(list(state.values())))):  # one read, not one per tensor
             return None
         return next(name for name, t in state.items() if not bool(torch.isfinite(t).all()))
 
     def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:
-        model_state, optimizer_state = self.model.state_dict(), self.optimizer.state_dict()
+        weights, optimizer_state = model_state(self.model), self.optimizer.state_dict()
         if copy:  # training goes on while a background thread writes: write a copy taken now
-            model_state, optimizer_state = self._staging.copy((model_state, optimizer_state))
-        return {MODEL_FILE: lambda file: save_without_zip_crc(model_state, file),
+            weights, optimizer_state = self._staging.copy((weights, optimizer_state))
+        return {MODEL_FILE: lambda file: save_without_zip_crc(weights, file),
                 OPTIMIZER_FILE: lambda file: save_without_zip_crc(optimizer_state, file)}
 
     def load_files(self, paths: dict[str, str]) -> None:
@@ -42,7 +50,7 @@ class TorchCheckpointContent(FrameworkCheckpointContent):
         # file is memory-mapped: load_state_dict copies it into the parameters, with no second copy in
         # memory. The optimizer's is read: Optimizer.load_state_dict keeps the tensors it is given, which
         # must not stay mapped to a file in a checkpoint directory that retention may delete.
-        self.model.load_state_dict(load_mapped(paths[MODEL_FILE], self.device))
+        load_model_state(self.model, load_mapped(paths[MODEL_FILE], self.device))
         self.optimizer.load_state_dict(torch.load(paths[OPTIMIZER_FILE], map_location=self.device,
                                                   weights_only=True))
 
@@ -64,6 +72,50 @@ class TorchCheckpointContent(FrameworkCheckpointContent):
 
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
+
+
+def original_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The model torch.compile wrapped (`model` itself when it is not compiled): the module whose parameters
+    the optimizer holds and whose keys checkpoints use."""
+    while isinstance(inner := getattr(model, _COMPILED, None), torch.nn.Module):
+        model = inner
+    return model
+
+
+def without_compile_prefix(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A state dict with torch.compile's `_orig_mod.` left out of every key (`_orig_mod.fc.weight` and
+    `fc._orig_mod.weight`, a compiled submodule's, are `fc.weight`); `state` itself when no key has it."""
+    if not any(_COMPILED in key.split(".") for key in state):
+        return state if isinstance(state, dict) else dict(state)
+    plain: dict[str, Any] = OrderedDict((_uncompiled_key(key), value) for key, value in state.items())
+    metadata = getattr(state, "_metadata", None)  # the modules' versions, which load_state_dict reads
+    if metadata is not None:
+        plain._metadata = OrderedDict(  # type: ignore[attr-defined]
+            (_uncompiled_key(key), value) for key, value in metadata.items()
+            if key.split(".")[-1] != _COMPILED)
+    return plain
+
+
+def model_state(model: torch.nn.Module) -> dict[str, Any]:
+    """`model`'s state dict under the uncompiled model's keys (what a checkpoint's model file holds)."""
+    return without_compile_prefix(original_module(model).state_dict())
+
+
+def load_model_state(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
+    """`state` loaded into `model` (strictly: every key), whether either of them was compiled or not: each
+    key is matched with the model's own under the uncompiled model's keys."""
+    module = original_module(model)
+    own = {_uncompiled_key(key): key for key in module.state_dict()}
+    if not set(state) <= set(own.values()):  # else the keys are the model's own already
+        renamed: dict[str, Any] = OrderedDict()
+        for key, value in without_compile_prefix(state).items():
+            renamed[own.get(key, key)] = value
+        state = renamed
+    module.load_state_dict(state)
+
+
+def _uncompiled_key(key: str) -> str:
+    return ".".join(part for part in key.split(".") if part != _COMPILED)
 
 
 def nonfinite_probe(tensors: list[torch.Tensor]) -> torch.Tensor | float:

@@ -8,7 +8,12 @@ import torch
 
 from hvdazure.core.checkpoint_export import exported_file
 from hvdazure.core.model_export import Exported
-from hvdazure.torch.checkpoint_content import MODEL_FILE, load_mapped
+from hvdazure.torch.checkpoint_content import (
+    MODEL_FILE,
+    load_mapped,
+    load_model_state,
+    without_compile_prefix,
+)
 from hvdazure.torch.model_export import export_model
 
 
@@ -19,12 +24,13 @@ def load_weights(checkpoint: str, which: str = "latest", map_location: str | tor
     Every file of the checkpoint is verified against its manifest first; the tensors are then loaded with
     `weights_only=True` from the verified file, memory-mapped where the filesystem allows (copy-on-write:
     changing them leaves the file as it is), so that memory holds the weights once and nothing is copied
-    twice.
+    twice. The keys are the uncompiled model's (a checkpoint written with torch.compile's `_orig_mod.` in
+    them has it left out): load them into the model before it is compiled, or into its `_orig_mod`.
 
         model.load_state_dict(load_weights("outputs/checkpoints", "best"))
     """
     with exported_file(checkpoint, which, MODEL_FILE) as path:
-        return load_mapped(path, map_location)
+        return without_compile_prefix(load_mapped(path, map_location))
 
 
 def export(checkpoint: str, path: str, model: torch.nn.Module, example_input: tuple[Any, ...],
@@ -36,5 +42,5 @@ def export(checkpoint: str, path: str, model: torch.nn.Module, example_input: tu
 
         hvdazure.torch.export("outputs/checkpoints", "model.onnx", Net(), (torch.randn(8, 64),), which="best")
     """
-    model.load_state_dict(load_weights(checkpoint, which))
+    load_model_state(model, load_weights(checkpoint, which))  # compiled or not
     return export_model(model, example_input, path, format)

@@ -23,6 +23,7 @@ import torch
 
 from hvdazure.core.errors import exception_line
 from hvdazure.core.model_export import Exported, ExportError, check_outputs, put_in_place, written_beside
+from hvdazure.torch.checkpoint_content import original_module
 
 FORMATS = ("onnx", "torchscript", "exported_program")
 
@@ -31,12 +32,13 @@ def export_model(model: torch.nn.Module, example: tuple[Any, ...], path: str, fo
                  rtol: float = 1e-4, atol: float = 1e-5) -> Exported:
     """Export `model` (in eval mode, on the CPU) traced on `example` (its positional inputs: tensors or
     NumPy arrays) to `path` in `format`; an ExportError, and nothing written, if its output on `example`
-    differs from the model's beyond `rtol`/`atol`."""
+    differs from the model's beyond `rtol`/`atol`. A compiled model (torch.compile) is exported as the model
+    it compiled: the exporters trace the Python module, not torch.compile's wrapper."""
     if format not in FORMATS:
         raise ExportError(f"format {format!r}: one of {', '.join(FORMATS)}")
     if not isinstance(example, tuple) or not example:
         raise ExportError("the example input is a tuple of the model's positional inputs, e.g. (x,)")
-    model = model.cpu().eval()
+    model = original_module(model).cpu().eval()
     example = tuple(torch.as_tensor(a).cpu() if isinstance(a, torch.Tensor | np.ndarray) else a
                     for a in example)
     with torch.no_grad():

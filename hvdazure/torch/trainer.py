@@ -31,7 +31,8 @@ class TorchTrainer(Trainer):
 
     # --- the user's hooks ----------------------------------------------------------------------------------
     def build_model(self) -> torch.nn.Module:
-        """The model; hvdazure moves it to this rank's device and broadcasts rank 0's weights."""
+        """The model; hvdazure moves it to this rank's device and broadcasts rank 0's weights (and compiles
+        it with `compile: true`; a model compiled here already is used as it is)."""
         raise NotImplementedError("implement build_model() -> torch.nn.Module")
 
     def build_optimizer(self, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -86,7 +87,8 @@ class TorchTrainer(Trainer):
     # --- what the hooks may read, once fit() has built them ----------------------------------------------
     @property
     def model(self) -> torch.nn.Module:
-        """The model build_model returned, on this rank's device, with rank 0's weights."""
+        """The model build_model returned, on this rank's device, with rank 0's weights: what the steps are
+        given (compiled, with `compile: true`; its `_orig_mod` is the model uncompiled)."""
         return self.__backend.model
 
     @property

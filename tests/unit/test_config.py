@@ -58,6 +58,12 @@ def test_a_type_error_says_what_was_expected() -> None:
     assert "is not one of 'none', 'linear', 'sqrt'" in _error(lr_scaling="cubic")
 
 
+def test_a_compile_mode_torch_compile_does_not_have_is_one_line_naming_it() -> None:
+    assert _error(compile_mode="fast") == ("config field 'compile_mode': 'fast' is not one of 'default', "
+                                           "'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs'")
+    assert "'compile': 'yes' is not true or false" in _error(compile="yes")
+
+
 def test_optional_fields_accept_null() -> None:
     config = TrainConfig(max_steps=None, base_batch_size=None, grad_clip_norm=None, mlflow_tracking_uri=None)
     assert config.max_steps is None

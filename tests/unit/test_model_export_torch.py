@@ -63,6 +63,18 @@ def test_the_artifact_computes_what_the_model_does_on_another_batch_size_too(tmp
     assert sorted(os.listdir(tmp_path)) == [f"model.{format}"]  # no temporary file beside it
 
 
+def test_a_compiled_model_is_exported_as_the_model_it_compiled(tmp_path):
+    model = TwoHeads().eval()
+    path = str(tmp_path / "model.torchscript")
+    export_model(torch.compile(model), (torch.randn(8, 6),), path, "torchscript")  # nothing is compiled
+
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        expected = [t.numpy() for t in model(x)]
+    for got, want in zip(_reloaded_outputs(path, "torchscript", x), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_an_onnx_export_prints_none_of_the_exporters_notes(tmp_path, capfd, recwarn):
     export_model(TwoHeads().eval(), (torch.randn(8, 6),), str(tmp_path / "model.onnx"), "onnx")
 

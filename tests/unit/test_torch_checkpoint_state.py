@@ -16,7 +16,9 @@ from hvdazure.torch.checkpoint_content import (
     StagingBuffers,
     TorchCheckpointContent,
     load_mapped,
+    load_model_state,
     save_without_zip_crc,
+    without_compile_prefix,
 )
 
 
@@ -151,3 +153,52 @@ def _tensors(value: object) -> list[torch.Tensor]:
     if isinstance(value, list | tuple):
         return [t for v in value for t in _tensors(v)]
     return []
+
+
+def _saved_model_file(content: TorchCheckpointContent) -> dict[str, torch.Tensor]:
+    return torch.load(io.BytesIO(_written(content.save_files(copy=False))[MODEL_FILE]), weights_only=True)
+
+
+def test_a_compiled_model_is_saved_under_the_uncompiled_models_keys_and_both_load_either() -> None:
+    # was: `_orig_mod.0.weight`..., which the model as build_model makes it refused
+    model, optimizer = _trained()
+    compiled = torch.compile(model)  # nothing is compiled before it is called: this costs no compilation
+    saved = _saved_model_file(TorchCheckpointContent(compiled, optimizer, None, torch.device("cpu")))
+    assert list(saved) == list(model.state_dict())
+
+    eager, _ = _trained()
+    with torch.no_grad():
+        eager[0].weight.add_(1.0)
+    load_model_state(eager, saved)
+    _assert_same(eager.state_dict(), model.state_dict())
+    recompiled = torch.compile(_trained()[0])
+    load_model_state(recompiled, model.state_dict())  # an eager run's checkpoint into a compiled model
+    _assert_same(recompiled._orig_mod.state_dict(), model.state_dict())
+
+
+def test_a_checkpoint_written_with_compiles_prefix_loads_into_the_uncompiled_model() -> None:
+    model, _ = _trained()
+    old = torch.compile(model).state_dict()  # what checkpoints of compiled models held before
+    assert all(key.startswith("_orig_mod.") for key in old)
+    assert list(without_compile_prefix(old)) == list(model.state_dict())
+    other, _ = _trained()
+    load_model_state(other, old)
+    _assert_same(other.state_dict(), model.state_dict())
+
+
+def test_a_compiled_submodules_keys_are_saved_without_the_prefix_and_loaded_back_into_it() -> None:
+    model, optimizer = _trained()
+    model[1] = torch.compile(model[1])  # one layer compiled: `1._orig_mod.running_mean`
+    saved = _saved_model_file(TorchCheckpointContent(model, optimizer, None, torch.device("cpu")))
+    assert "1.running_mean" in saved and not any("_orig_mod" in key for key in saved)
+    other, _ = _trained()
+    other[1] = torch.compile(other[1])
+    load_model_state(other, saved)
+    _assert_same(other.state_dict(), model.state_dict())
+
+
+def test_keys_a_model_does_not_have_are_still_refused() -> None:
+    model, _ = _trained()
+    state = {**without_compile_prefix(model.state_dict()), "extra.weight": torch.zeros(1)}
+    with pytest.raises(RuntimeError, match=r"extra\.weight"):
+        load_model_state(model, state)
