@@ -68,6 +68,8 @@ def test_weights_are_bit_identical_across_ranks_after_training(runs, controller)
 
     assert reports[0]["params_sha256"] == reports[1]["params_sha256"]
     assert reports[0]["history"] == reports[1]["history"]
+    layout = [line for line in runs(variant, 2).output.splitlines() if "ranks on 1 node" in line]
+    assert layout and set(layout) == {"hvdazure: 2 ranks on 1 node, CPU"}  # rank 0's alone, untagged
 
 
 def test_a_subclass_using_every_name_the_loop_once_kept_on_the_trainer_trains_exactly_as_its_base(runs):
