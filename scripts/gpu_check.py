@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ PASSED, FAILED, NOT_RUN = "passed", "FAILED", "not run"
 NO_GPU = "not run: no GPU"
 # Seconds a row's jobs may take, each; torch.compile's first compilation is the slow one
 JOB_TIMEOUT_S = 180.0
+# The rows' keys (--rows), in the table's order
+ROWS = ("fp32", "bf16", "fp16", "syncbn", "resume", "predict", "nccl", "gloo", "compile")
 COMPILE_TIMEOUT_S = 300.0
 
 
@@ -175,8 +177,9 @@ def judge_training(job: Job, device: str, np: int = 1, precision: str = "fp32") 
 class Check:
     """Runs the rows in order within a time budget, collecting them and every job's output."""
 
-    def __init__(self, machine: Machine, out: Path, budget_s: float, build: Row | None) -> None:
-        self.machine, self.out, self.budget_s = machine, out, budget_s
+    def __init__(self, machine: Machine, out: Path, budget_s: float, build: Row | None,
+                 selected: Collection[str] = ROWS) -> None:
+        self.machine, self.out, self.budget_s, self.selected = machine, out, budget_s, set(selected)
         self.start = time.monotonic()
         self.rows: list[Row] = [build] if build else []
         # the jobs' reports, checkpoints and models: outside `out`, which holds only what comes back
@@ -195,11 +198,15 @@ class Check:
         left = self.budget_s - (time.monotonic() - self.start)
         return run_job(script, settings, np, self.work / name, self.log, env, min(timeout, max(left, 10.0)))
 
-    def row(self, check: str, device: str, body: Callable[[], tuple[str, str]], needs_s: float = 20) -> Row:
-        """Run `body` (returning status and detail) as row `check`, timed; not run if the budget is spent."""
+    def row(self, key: str, check: str, device: str, body: Callable[[], tuple[str, str]],
+            needs_s: float = 20) -> Row:
+        """Run `body` (returning status and detail) as row `check`, timed; not run if not selected (`key`
+        not in --rows) or if less than `needs_s` of the budget is left."""
         row = Row(check, device)
         left = self.budget_s - (time.monotonic() - self.start)
-        if left < needs_s:
+        if key not in self.selected:
+            row.status = f"{NOT_RUN}: not selected (--rows)"
+        elif left < needs_s:
             row.status = f"{NOT_RUN}: out of time ({left:.0f}s of the budget left)"
         else:
             began = time.monotonic()
@@ -215,30 +222,36 @@ class Check:
 
     # --- the rows ----------------------------------------------------------------------------------------
     def run_all(self) -> list[Row]:
-        """Every row, in the table's order."""
+        """Every row, in the table's order: the slowest to start (torch.compile's) last, so that a spent
+        budget costs it alone."""
         m, dev = self.machine, self.machine.device
         self.horovod_row()
         for precision in ("fp32", "bf16", "fp16"):
-            self.row(f"train {precision}", dev, lambda p=precision: judge_training(  # type: ignore[misc]
+            self.row(precision, f"train {precision}", dev, lambda p=precision: judge_training(  # type: ignore[misc]
                 self.job(f"train-{p}", [f"precision={p}"]), dev, precision=p))
+        self.row("syncbn", "sync_batchnorm", dev, self.sync_batchnorm)
+        self.row("resume", "checkpoint + bit-identical resume", dev, self.resume, needs_s=40)
+        self.row("predict", "predict + export", dev, self.predict_export, needs_s=40)
+        nccl = "2 ranks on one GPU (NCCL)"
+        nccl_row = (self.row("nccl", nccl, "cuda:0", self.nccl_pair, needs_s=40) if m.gpu else
+                    self.add(Row(nccl, "cuda:0", NO_GPU)))
+        gloo = "2 ranks, Gloo CPU ops (fallback)"
+        if nccl_row.status == PASSED:
+            self.add(Row(gloo, "cpu", f"{NOT_RUN}: NCCL ran 2 ranks"))
+        else:
+            why = ("no GPU" if not m.gpu else "NCCL refused 2 ranks on one GPU" if
+                   nccl_row.status.startswith(NOT_RUN) else "NCCL's 2 ranks failed")
+            self.row("gloo", gloo, "cpu", lambda: self.gloo_pair(why), needs_s=40)
         if m.has_compile_field:
-            self.row("compile: true", dev, self.compiled, needs_s=60)
+            self.row("compile", "compile: true", dev, self.compiled, needs_s=60)
         else:
-            self.rows.append(Row("compile: true", dev, f"{NOT_RUN}: this hvdazure has no `compile` field"))
-        self.row("sync_batchnorm", dev, self.sync_batchnorm)
-        self.row("checkpoint + bit-identical resume", dev, self.resume, needs_s=40)
-        self.row("predict + export", dev, self.predict_export, needs_s=40)
-        nccl = Row("2 ranks on one GPU (NCCL)", "cuda:0", NO_GPU)
-        if m.gpu:
-            nccl = self.row("2 ranks on one GPU (NCCL)", "cuda:0", self.nccl_pair, needs_s=40)
-        else:
-            self.rows.append(nccl)
-        if nccl.status == PASSED:
-            self.rows.append(Row("2 ranks, Gloo CPU ops (fallback)", "cpu", f"{NOT_RUN}: NCCL ran 2 ranks"))
-        else:
-            why = "no GPU" if not m.gpu else "NCCL refused 2 ranks on one GPU"
-            self.row("2 ranks, Gloo CPU ops (fallback)", "cpu", lambda: self.gloo_pair(why), needs_s=40)
+            self.add(Row("compile: true", dev, f"{NOT_RUN}: this hvdazure has no `compile` field"))
         return self.rows
+
+    def add(self, row: Row) -> Row:
+        """A row decided without a job."""
+        self.rows.append(row)
+        return row
 
     def horovod_row(self) -> None:
         """Horovod imports, with Gloo, and with NCCL where there is a GPU."""
@@ -262,7 +275,10 @@ class Check:
     def compiled(self) -> tuple[str, str]:
         job = self.job("compile", ["compile=true"], timeout=COMPILE_TIMEOUT_S)
         status, detail = judge_training(job, self.machine.device)
-        return status, detail
+        stepped = job.reports[0]["step_model_class"] if status == PASSED else ""
+        if status == PASSED and stepped != "OptimizedModule":
+            return FAILED, f"the steps called a {stepped}, not torch.compile's OptimizedModule"
+        return status, f"{detail}, steps through {stepped}" if stepped else detail
 
     def sync_batchnorm(self) -> tuple[str, str]:
         job = self.job("syncbn", ["sync_batchnorm=true"])
@@ -364,12 +380,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where the table, JSON and log go")
     parser.add_argument("--build-json", type=Path, help="the build step's result (gpu_check.sh writes it)")
-    parser.add_argument("--budget", type=float, default=480.0, help="seconds for the rows (default 480)")
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds for the rows (default 300)")
+    parser.add_argument("--rows", default=",".join(ROWS),
+                        help=f"the rows to run, comma-separated (default: all: {','.join(ROWS)})")
     args = parser.parse_args(argv)
+    selected = [key for key in args.rows.split(",") if key]
+    unknown = sorted(set(selected) - set(ROWS))
+    if unknown:
+        parser.error(f"--rows {','.join(unknown)}: not a row; the rows are {','.join(ROWS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     machine = read_machine()
-    check = Check(machine, args.out.resolve(), args.budget, build_row(args.build_json))
+    check = Check(machine, args.out.resolve(), args.budget, build_row(args.build_json), selected)
     rows = check.run_all()
     total = time.monotonic() - start
     text = table(machine, rows, total)

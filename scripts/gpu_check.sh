@@ -8,7 +8,9 @@
 #
 #   GPU_CHECK_PYTHON   the Python with torch (default: python3)
 #   GPU_CHECK_BUILD    auto (build where a GPU is visible and Horovod has no NCCL), always, never
-#   GPU_CHECK_BUDGET   seconds for everything, the build included (default 380: a 400 s `run` leaves a rerun)
+#   GPU_CHECK_BUDGET   seconds for everything, the build included (default 330: inside a 360 s `run`, which
+#                      leaves a second start and run within a 15-minute device budget)
+#   GPU_CHECK_ROWS     the rows to run, comma-separated (default: all; scripts/gpu_check.py --help)
 #   HOROVOD_SDIST      the sdist (default: .gpu-check/horovod-<HOROVOD_VERSION>.tar.gz)
 #   HOROVOD_BUILD_CUDA_CC_LIST   the GPU architectures to compile for (default: the visible GPU's, else 90)
 #   HVDAZURE_CUDA_TOOLKIT   scripts/pypi_cuda_toolkit.sh's mode (default: system where an nvcc is, else auto)
@@ -22,7 +24,7 @@ out=${1:-${OUT:-$repo/gpu-check-out}}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 python=${GPU_CHECK_PYTHON:-python3}
 python=$(command -v "$python") || { echo "gpu_check.sh: no Python '${GPU_CHECK_PYTHON:-python3}'" >&2; exit 2; }
-budget=${GPU_CHECK_BUDGET:-380}
+budget=${GPU_CHECK_BUDGET:-330}
 mode=${GPU_CHECK_BUILD:-auto}
 # shellcheck source=/dev/null
 source "$repo/versions.env"
@@ -103,10 +105,13 @@ else
   else
     echo "gpu_check.sh: Horovod $HOROVOD_VERSION with NCCL + Gloo for sm_$HOROVOD_BUILD_CUDA_CC_LIST" \
       "($MAKEFLAGS; CUDA from $HVDAZURE_CUDA_TOOLKIT_SOURCE $HOROVOD_CUDA_HOME) from $sdist"
-    if bash "$repo/scripts/build_horovod.sh" --cached "$cache"; then
+    build_s=$((budget - 60 - ($(date +%s) - started)))  # a minute at least for the rows and the table
+    if timeout "$build_s" bash "$repo/scripts/build_horovod.sh" --cached "$cache"; then
       key=$(bash "$repo/scripts/build_horovod.sh" --cache-key)
       wheel=$(ls "$cache/$key"/horovod-*.whl 2>/dev/null | head -n1)
       [[ -n $wheel ]] || problem="build_horovod.sh --cached left no wheel in $cache"
+    elif (($? == 124)); then
+      problem="the build was stopped after ${build_s}s, the budget's share (GPU_CHECK_BUDGET=$budget)"
     else
       problem="the build failed: see horovod-build.log"
     fi
@@ -128,7 +133,8 @@ else
 fi
 
 left=$(( budget - ($(date +%s) - started) ))
-"$python" "$repo/scripts/gpu_check.py" --out "$out" --build-json "$build_json" --budget "$left"
+"$python" "$repo/scripts/gpu_check.py" --out "$out" --build-json "$build_json" --budget "$left" \
+  ${GPU_CHECK_ROWS:+--rows "$GPU_CHECK_ROWS"}
 status=$?
 echo "gpu_check.sh: table in $out/gpu_check.md and $out/gpu_check.json, the jobs' output in $out/gpu_check.log"
 exit $status

@@ -65,6 +65,7 @@ class CheckTrainer(TorchTrainer):
         return synthetic(64, seed=2)
 
     def training_step(self, model, batch):
+        self.step_model_class = type(model).__name__  # OptimizedModule under `compile: true`
         x, y = batch
         return torch.nn.functional.cross_entropy(model(x), y)
 
@@ -105,7 +106,7 @@ def main() -> None:
         "precision": config.precision, "fit_s": round(time.perf_counter() - start, 3),
         "history": history, "weights_sha256": weights_sha256(trainer.model),
         "batchnorm_class": type(_unwrapped(trainer.model)[1]).__name__,
-        "steps": trainer.state.step,
+        "steps": trainer.state.step, "step_model_class": trainer.step_model_class,
     }
     if config.extra.get("predict"):
         predictions = trainer.predict(trainer.eval_dataset())
