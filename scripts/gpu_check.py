@@ -216,7 +216,8 @@ class Check:
                 row.status, row.detail = FAILED, f"{type(exc).__name__}: {exc}"[:300]
             row.seconds = round(time.monotonic() - began, 1)
         self.rows.append(row)
-        print(f"gpu_check: {check} on {device}: {row.status} ({row.seconds}s) {row.detail}", file=sys.stderr,
+        took = "" if row.seconds is None else f" ({row.seconds}s)"
+        print(f"gpu_check: {check} on {device}: {row.status}{took} {row.detail}".rstrip(), file=sys.stderr,
               flush=True)
         return row
 

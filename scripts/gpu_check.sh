@@ -27,7 +27,7 @@ python=$(command -v "$python") || { echo "gpu_check.sh: no Python '${GPU_CHECK_P
 budget=${GPU_CHECK_BUDGET:-330}
 mode=${GPU_CHECK_BUILD:-auto}
 # shellcheck source=/dev/null
-source "$repo/versions.env"
+set -a && source "$repo/versions.env" && set +a  # HOROVOD_VERSION for build_horovod.sh too
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 export MAKEFLAGS=${MAKEFLAGS:--j$(nproc)}
 build_json=$out/build.json
@@ -93,7 +93,10 @@ else
     HOROVOD_WITH_GLOO=1 HOROVOD_SDIST=$sdist HOROVOD_BUILD_LOG=$out/horovod-build.log
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  mkdir -p "$work/bin" && ln -s "$python" "$work/bin/python"  # build_horovod.sh runs `python`
+  # build_horovod.sh runs `python`: a wrapper, not a link (a venv's python found through a link elsewhere
+  # does not find its venv)
+  mkdir -p "$work/bin" && printf '#!/bin/sh\nexec %q "$@"\n' "$python" >"$work/bin/python"
+  chmod +x "$work/bin/python"
   export PATH="$work/bin:$PATH"
   cache=$repo/.gpu-check-cache  # ignored and not carried: a rerun on the same machine reuses the wheel
   begin=$(date +%s)
