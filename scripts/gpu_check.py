@@ -36,6 +36,7 @@ JOB_TIMEOUT_S = 180.0
 # The rows' keys (--rows), in the table's order
 ROWS = ("fp32", "bf16", "fp16", "syncbn", "resume", "predict", "nccl", "gloo", "compile")
 COMPILE_TIMEOUT_S = 300.0
+NCCL_PROBE_TIMEOUT_S = 60.0  # NCCL refuses at once; a hang in its set-up must not take the budget
 
 
 @dataclass
@@ -330,7 +331,7 @@ class Check:
 
     def nccl_pair(self) -> tuple[str, str]:
         """Two ranks on cuda:0 over NCCL: first whether NCCL accepts them, then a training job."""
-        probe = self.job("nccl-pair", [], np=2, script="nccl_pair.py")
+        probe = self.job("nccl-pair", [], np=2, script="nccl_pair.py", timeout=NCCL_PROBE_TIMEOUT_S)
         if probe.returncode != 0:
             return f"{NOT_RUN}: NCCL refused 2 ranks on one GPU", last_line(probe.output)
         job = self.job("nccl-train", ["sync_batchnorm=true"], np=2)
