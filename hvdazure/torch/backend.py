@@ -107,10 +107,7 @@ class TorchBackend(Backend):
     def build(self, peak_lr: float) -> TorchCheckpointContent:
         c = self.config
         self._in_backward = overlaps_backward(c.grad_allreduce, c.reduce_op, self.device)
-        if c.precision == "fp16" and self._in_backward and c.reduce_op == "adasum":
-            raise ConfigError("config field 'precision': 'fp16' cannot be used with reduce_op 'adasum' "
-                              "(Horovod's Adasum optimizer steps each parameter during backward, before the "
-                              "loss scale can be taken off its gradient); use 'bf16', or reduce_op 'average'")
+        _refuse_a_loss_scaler_with_adasum(c)
         torch.manual_seed(c.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
         self.model = self.user.build_model()
         if c.sync_batchnorm:
@@ -372,6 +369,23 @@ class TorchBackend(Backend):
 
     def device_stats(self) -> tuple[float, float, float]:
         return self._cuda_stats() if self._cuda_stats is not None else no_device()
+
+
+def _refuse_a_loss_scaler_with_adasum(c: TrainConfig) -> None:
+    """A ConfigError for a GradScaler (fp16, on_nan_loss 'skip') with Adasum: Horovod's Adasum optimizer
+    applies each parameter's step in its backward hook, from this rank's own gradient, so neither can the
+    scale be taken off first nor a step whose gradients are not finite be skipped (a rank that skips it
+    breaks Horovod's optimizer: an AssertionError, every rank stopped)."""
+    if c.reduce_op != "adasum":
+        return
+    why = "Horovod's Adasum optimizer steps each parameter during backward, before"
+    if c.precision == "fp16":
+        raise ConfigError(f"config field 'precision': 'fp16' cannot be used with reduce_op 'adasum' ({why} "
+                          "the loss scale can be taken off its gradient); use 'bf16', or reduce_op 'average'")
+    if c.on_nan_loss == "skip":
+        raise ConfigError(f"config field 'on_nan_loss': 'skip' cannot be used with reduce_op 'adasum' ({why} "
+                          "a step whose gradients are not finite can be skipped); use 'stop', or reduce_op "
+                          "'average'")
 
 
 def _compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:

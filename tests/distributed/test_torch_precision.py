@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from harness import run_job, run_trainings
+from harness import run_job, run_trainings, set_args
 
 JOB = "precision_job.py"
 KNOWN_BF16 = 0.10009765625  # the worker's metric "known" on every batch: 0.1 rounded to bfloat16
@@ -173,4 +173,16 @@ def test_fp16_with_adasum_is_refused_with_one_line(fp16_one_process):
     assert job.returncode == 2, job.output
     assert ("config field 'precision': 'fp16' cannot be used with reduce_op 'adasum' (Horovod's Adasum "
             "optimizer steps each parameter during backward") in job.stderr, job.output
+    assert "Traceback" not in job.output
+
+
+def test_on_nan_loss_skip_with_adasum_is_refused_with_one_line(tmp_path):
+    # was: the rank whose gradients were not finite skipped Horovod's Adasum step and broke its optimizer
+    # (an AssertionError from zero_grad, every rank stopped), after sending the other ranks its NaN update
+    settings = ["on_nan_loss=skip", "reduce_op=adasum", "batch_size=4"]
+    job = run_job(JOB, *set_args(settings), out_dir=tmp_path, np=1, controller="mpi", timeout=TIMEOUT)
+    assert job.returncode == 2, job.output
+    assert ("config field 'on_nan_loss': 'skip' cannot be used with reduce_op 'adasum' (Horovod's Adasum "
+            "optimizer steps each parameter during backward, before a step whose gradients are not finite "
+            "can be skipped); use 'stop', or reduce_op 'average'") in job.stderr, job.output
     assert "Traceback" not in job.output
