@@ -107,10 +107,7 @@ def load_model_state(model: torch.nn.Module, state: Mapping[str, Any]) -> None:
     module = original_module(model)
     own = {_uncompiled_key(key): key for key in module.state_dict()}
     if not set(state) <= set(own.values()):  # else the keys are the model's own already
-        renamed: dict[str, Any] = OrderedDict()
-        for key, value in without_compile_prefix(state).items():
-            renamed[own.get(key, key)] = value
-        state = renamed
+        state = OrderedDict((own.get(key, key), v) for key, v in without_compile_prefix(state).items())
     module.load_state_dict(state)
 
 
