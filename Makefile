@@ -5,7 +5,8 @@ SITE ?= site
 export TF_CPP_MIN_LOG_LEVEL ?= 1
 export NO_MKDOCS_2_WARNING ?= 1  # MkDocs 2 / Material end-of-life notice on every build (CONTRIBUTING.md)
 
-.PHONY: setup demo demo-tf test test-fast test-unit test-distributed lint docs docs-check docs-serve doctor clean
+.PHONY: setup demo demo-tf test test-fast test-unit test-distributed lint docs docs-check docs-serve doctor \
+	horovod-gpu clean
 
 setup:
 	@bash scripts/setup_env.sh
@@ -65,6 +66,11 @@ docs-serve: setup
 
 doctor: setup
 	$(VENV)/bin/hvdazure doctor
+
+# Horovod for PyTorch with NCCL, MPI and Gloo, built against PyPI's CUDA torch and CUDA toolkit in a venv of its
+# own (~/.cache/hvdazure/venv-torch-cu130), no GPU needed; the wheel is cached (docs/guides/gpus.md).
+horovod-gpu:
+	@bash scripts/build_horovod_gpu.sh
 
 clean:
 	rm -rf $(VENV) $(SITE) build *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

@@ -1,7 +1,8 @@
 """`hvdazure doctor`: what this machine can run, what is missing, and how to fix it.
 
-Versions are read from package metadata (no framework import); Horovod's build from its framework
-extensions, each asked in one process of its own (`horovod_build`); mpi4py's MPI library from its extension
+Versions are read from package metadata (no framework import), torch's CUDA version from its version.py;
+Horovod's build from its framework extensions, each asked in one process of its own (`horovod_build`), and the
+GPUs a CUDA torch sees in one more (`torch_gpu_count`), all at once; mpi4py's MPI library from its extension
 module, without importing it (launch/mpi_libraries.py).
 """
 
@@ -10,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from hvdazure._version import __version__
@@ -45,6 +48,9 @@ class Report:
     problems: list[str]
     mpi4py: MpiLibraries | None = None  # hvdazure sweep needs mpi4py linked to Horovod's libmpi
     controller: str = ""  # what `hvdazure run` uses without --gloo / --mpi, and why
+    torch_cuda: str | None = None  # the CUDA torch was compiled with (torch.version.cuda); None: a CPU build
+    torch_gpus: int | None = None  # torch.cuda.device_count() if torch.cuda.is_available(); None: not asked
+    notes: list[str] = field(default_factory=list)  # worth knowing, not wrong: no verdict depends on them
 
     @property
     def ok(self) -> bool:
@@ -126,6 +132,55 @@ def horovod_build(packages: dict[str, str | None]) -> tuple[HorovodBuild | None,
     return build, None
 
 
+def torch_cuda_version(packages: dict[str, str | None]) -> str | None:
+    """torch.version.cuda, read from torch/version.py without importing torch (which would load its CUDA
+    libraries); None for a CPU build or without torch."""
+    if not packages.get("torch"):
+        return None
+    try:
+        version_py = Path(str(metadata.distribution("torch").locate_file("torch/version.py"))).read_text()
+    except (OSError, metadata.PackageNotFoundError):
+        return None
+    match = re.search(r"^cuda(?:: \S+)? = '([0-9.]+)'", version_py, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+_TORCH_GPUS = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+
+
+def start_torch_gpu_count() -> subprocess.Popen[str]:
+    """Ask a CUDA torch, in a process of its own, how many GPUs it can use (`torch_gpu_count` reads the
+    answer): importing torch takes seconds, so it runs while Horovod's extensions are asked."""
+    return subprocess.Popen([sys.executable, "-c", _TORCH_GPUS], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+
+
+def torch_gpu_count(proc: subprocess.Popen[str]) -> int | None:
+    """The answer of `start_torch_gpu_count`; None when torch gave none in time."""
+    try:
+        out, _ = proc.communicate(timeout=_PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
+    try:
+        return int(out.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return None
+
+
+def gpu_notes(torch_cuda: str | None, torch_gpus: int | None, build: HorovodBuild | None) -> list[str]:
+    """What a machine without a GPU means for a CUDA build of torch (and a Horovod built with NCCL): worth a
+    line, not a problem, since such a build also trains on the CPU (a GPU environment built or checked on a
+    machine without one, or a GPU image started without `--gpus`)."""
+    if torch_cuda is None or torch_gpus is None or torch_gpus > 0:
+        return []
+    nccl = build is not None and "NCCL" in build.tensor_operations
+    unused = "; horovod's NCCL operations are built but unused here (CPU tensors go through MPI or Gloo)"
+    return [f"no GPU visible: torch is compiled with CUDA {torch_cuda} but torch.cuda.is_available() is "
+            f"False, so training runs on the CPU{unused if nccl else ''}"]
+
+
 def visible_gpus() -> list[str]:
     """GPUs as `nvidia-smi -L` lists them; none on a machine without the NVIDIA driver."""
     exe = shutil.which("nvidia-smi")
@@ -141,7 +196,10 @@ def visible_gpus() -> list[str]:
 def collect() -> Report:
     """Everything `hvdazure doctor` prints."""
     packages = {name: package_version(name) for name in ("torch", "tensorflow", "horovod", "azure-ai-ml")}
+    torch_cuda = torch_cuda_version(packages)
+    gpu_count = start_torch_gpu_count() if torch_cuda else None
     build, build_problem = horovod_build(packages) if packages["horovod"] else (None, None)
+    torch_gpus = torch_gpu_count(gpu_count) if gpu_count else None
     mpi = mpi_version()
     gpus = visible_gpus()
     libraries = mpi_libraries()
@@ -166,12 +224,13 @@ def collect() -> Report:
             problems.append(libraries.problem)
         if gpus and "NCCL" not in build.tensor_operations:
             problems.append("GPUs are visible but horovod has no NCCL operations: GPU allreduce goes through "
-                            "host memory; use the docker/gpu image or build with HOROVOD_GPU_OPERATIONS=NCCL")
+                            "host memory; use a docker/*-gpu image or build with HOROVOD_GPU_OPERATIONS=NCCL")
     if mpi is None:
         problems.append("mpirun not found: install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
-    for dist in ("torch", "tensorflow"):
-        if packages[dist] is None:
-            problems.append(f"{dist} is not installed: hvdazure.{dist} is unavailable ({SETUP_HINT})")
+    notes = gpu_notes(torch_cuda, torch_gpus, build)
+    missing_problems, missing_notes = missing_frameworks(packages)
+    problems += missing_problems
+    notes += missing_notes
     return Report(
         python=f"{platform.python_version()} ({sys.executable})",
         platform=platform.platform(),
@@ -183,7 +242,28 @@ def collect() -> Report:
         problems=problems,
         mpi4py=libraries,
         controller=describe_default_controller(),
+        torch_cuda=torch_cuda,
+        torch_gpus=torch_gpus,
+        notes=notes,
     )
+
+
+def missing_frameworks(packages: dict[str, str | None]) -> tuple[list[str], list[str]]:
+    """(problems, notes) for torch and tensorflow not installed: a problem where neither is, a note where the
+    other one is, since one framework per environment is how the GPU environments are (their CUDA lines
+    differ: docs/guides/gpus.md)."""
+    problems: list[str] = []
+    notes: list[str] = []
+    frameworks = ("torch", "tensorflow")
+    for dist in frameworks:
+        if packages.get(dist) is None:
+            others = [other for other in frameworks if other != dist and packages.get(other)]
+            if others:
+                notes.append(f"{dist} is not installed: hvdazure.{dist} is unavailable (a {others[0]}-only "
+                             "environment)")
+            else:
+                problems.append(f"{dist} is not installed: hvdazure.{dist} is unavailable ({SETUP_HINT})")
+    return problems, notes
 
 
 def describe_default_controller() -> str:
@@ -212,6 +292,9 @@ def format_report(report: Report) -> str:
     def show(value: object) -> str:
         return str(value) if value else "not installed"
 
+    def show_gpus(count: int | None) -> str:
+        return "GPUs torch sees: unknown" if count is None else f"GPUs torch sees: {count}"
+
     build = report.horovod_build
     lines = [
         f"hvdazure     {report.hvdazure}",
@@ -220,6 +303,8 @@ def format_report(report: Report) -> str:
         *(f"{name:<12} {show(version)}" for name, version in report.packages.items()),
         f"mpi          {show(report.mpi)}",
         *([f"mpi4py       {describe_mpi4py(report.mpi4py)}"] if report.mpi4py else []),
+        *([f"torch cuda   {report.torch_cuda} (compiled with), {show_gpus(report.torch_gpus)}"]
+          if report.torch_cuda else []),
         f"gpus         {', '.join(report.gpus) or 'none visible'}",
         *([f"controller   {report.controller}"] if report.controller else []),
     ]
@@ -231,6 +316,9 @@ def format_report(report: Report) -> str:
             f"  tensor operations  {', '.join(build.tensor_operations) or 'none'}",
         ]
     lines.append("")
+    if report.notes:
+        lines.append("notes:")
+        lines += [f"  - {note}" for note in report.notes]
     if report.problems:
         lines.append("problems:")
         lines += [f"  - {problem}" for problem in report.problems]
