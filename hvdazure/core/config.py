@@ -103,8 +103,8 @@ class TrainConfig:
     """Mixed precision: `bf16` autocast (Keras's `mixed_bfloat16`), or `fp16` autocast with dynamic loss
     scaling (Keras's `mixed_float16`): a step whose gradients overflow is skipped on every rank alike and the
     scale halved, and checkpoints keep the scale. PyTorch: both on GPUs and CPUs (a GradScaler on the rank's
-    device; float16 is slow on CPUs, where it serves to test the GPU path). TensorFlow: `fp16` needs a
-    GPU."""
+    device; float16 is slow on CPUs, where it serves to test the GPU path). TensorFlow: both, on GPUs and
+    CPUs alike (a Keras LossScaleOptimizer; `grad_clip_norm` clips the unscaled gradients)."""
     sync_batchnorm: bool = False
     """BatchNorm statistics over all ranks' samples: exact at any world size, at the cost of two small
     collectives per BatchNorm layer per micro-batch."""
@@ -113,8 +113,9 @@ class TrainConfig:
     after it is placed on the device (and its BatchNorm layers synchronized), before the optimizer is
     wrapped; a model build_model compiled itself is used as it is. The first steps (and the first
     evaluation) wait for the compiler; checkpoints hold the uncompiled model's keys, so compiled and eager
-    runs resume from each other's. TensorFlow: its step is a `tf.function` already, which this leaves
-    as it is."""
+    runs resume from each other's. TensorFlow: the step's forward and backward pass are compiled by XLA
+    (`jit_compile`), the allreduce and the update are not (Horovod's ops do not run in XLA); slower on
+    CPUs for convolutions."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune",
                           "max-autotune-no-cudagraphs"] = "default"
     """With `compile: true`, torch.compile's `mode`: `reduce-overhead` (CUDA graphs, on GPUs),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -300,11 +301,17 @@ class _CompiledSteps:
               number: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
         """One micro-batch's forward, backward and update in one call (optimizer step `number`); its metrics
         and the summed votes."""
-        return self._train[with_vote](*tf.nest.flatten(batch), weight, vote, number)
+        try:
+            return self._train[with_vote](*tf.nest.flatten(batch), weight, vote, number)
+        except tf.errors.InvalidArgumentError as exc:
+            raise _not_compilable(exc, self.backend.config.compile) from None
 
     def gradients(self, batch: Any, weight: tf.Tensor,
                   number: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
-        return self._gradients(*tf.nest.flatten(batch), weight, number)
+        try:
+            return self._gradients(*tf.nest.flatten(batch), weight, number)
+        except tf.errors.InvalidArgumentError as exc:
+            raise _not_compilable(exc, self.backend.config.compile) from None
 
     def apply(self, gradients: list[tf.Tensor], vote: tf.Tensor, with_vote: bool,
               number: tf.Tensor) -> tf.Tensor:
@@ -363,12 +370,25 @@ class _CompiledSteps:
 
     def _gradients_of(self, batch: Any, weight: tf.Tensor,
                       number: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
-        variables = self.backend.model.trainable_variables
-        with tf.GradientTape() as tape:
-            weighted, metrics = self._loss_and_metrics(batch, weight)
-        gradients = tape.gradient(weighted, variables)
+        gradients, metrics = self._forward_backward(batch, weight)
         self._record_loss(number, weight, metrics["loss"])
-        return dense_gradients(gradients, variables), metrics
+        return gradients, metrics
+
+    @functools.cached_property
+    def _forward_backward(self) -> Callable[[Any, tf.Tensor], tuple[list[tf.Tensor], dict[str, tf.Tensor]]]:
+        """The forward and backward pass of a micro-batch; with `compile: true` a tf.function compiled by
+        XLA (jit_compile) that the steps call: one XLA cluster inside the step's graph, no extra call from
+        the host. The allreduce and the update stay outside it, as Horovod's ops cannot be compiled by XLA
+        (its XLA ops are not built: scripts/build_horovod.sh)."""
+        def forward_backward(batch: Any, weight: tf.Tensor) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
+            variables = self.backend.model.trainable_variables
+            with tf.GradientTape() as tape:
+                weighted, metrics = self._loss_and_metrics(batch, weight)
+            return dense_gradients(tape.gradient(weighted, variables), variables), metrics
+
+        if self.backend.config.compile:
+            return tf.function(forward_backward, jit_compile=True)
+        return forward_backward
 
     @not_converted  # no user code in it
     def _record_loss(self, number: tf.Tensor, weight: tf.Tensor, loss: tf.Tensor) -> None:
@@ -473,6 +493,22 @@ def _clip(gradients: list[tf.Tensor], clip_norm: float, scale: tf.Tensor | None)
         return tf.clip_by_global_norm(gradients, clip_norm)[0]
     limit = tf.cast(scale, gradients[0].dtype) * clip_norm
     return tf.clip_by_global_norm(gradients, limit)[0]
+
+
+_NOT_COMPILABLE = re.compile(r"Detected unsupported operations when trying to compile graph \S+ on "
+                             r"\w+: ([\w, ]+)")
+
+
+def _not_compilable(error: tf.errors.InvalidArgumentError, compile: bool) -> Exception:
+    """XLA's refusal of an operation of the user's step (tf.py_function, string ops, ...) with `compile:
+    true`, as one line naming the operations; any other error as it is. Every rank meets it at the first
+    step, when XLA compiles the forward and backward pass."""
+    found = _NOT_COMPILABLE.search(error.message) if compile else None
+    if found is None:
+        return error
+    return ConfigError(f"config field 'compile': true, but XLA cannot compile training_step's "
+                       f"{found.group(1).strip()} operation (jit_compile of the forward and backward pass): "
+                       "use operations XLA supports (no tf.py_function) or compile: false")
 
 
 @functools.lru_cache(maxsize=64)

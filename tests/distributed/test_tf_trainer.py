@@ -31,6 +31,8 @@ VARIANTS = {
     "clipping": (("extra.n_train=33", "grad_clip_norm=0.5"), "mpi"),
     # "plain" in a subclass that takes every name the loop used to keep on the trainer (workers/squatter.py)
     "squatting": (("extra.n_train=37", "extra.n_eval=9", "extra.squat=true"), "gloo"),
+    # "plain" with its forward and backward pass compiled by XLA (no sample record: XLA has no py_function)
+    "compiled": (("extra.n_train=37", "extra.n_eval=9", "compile=true"), "mpi"),
 }
 
 
@@ -81,6 +83,21 @@ def test_a_subclass_using_every_name_the_loop_once_kept_on_the_trainer_trains_ex
     assert [squatting[r]["params_sha256"] for r in (0, 1)] == [plain[r]["params_sha256"] for r in (0, 1)]
     assert [squatting[r]["history"] for r in (0, 1)] == [plain[r]["history"] for r in (0, 1)]
     assert [squatting[r]["seen"] for r in (0, 1)] == [plain[r]["seen"] for r in (0, 1)]
+
+
+@pytest.mark.parametrize("np_", [1, 2])
+def test_compile_true_trains_as_the_uncompiled_step_does(runs, np_):
+    # compile: true: the forward and backward pass XLA-compiled (jit_compile), the allreduce and update not
+    compiled, plain = runs("compiled", np_).reports, runs("plain", np_).reports
+
+    for rank in compiled:
+        for wc, wp in zip(compiled[rank]["params"], plain[rank]["params"], strict=True):
+            assert wc == pytest.approx(wp, rel=0, abs=1e-10)
+        for rc, rp in zip(compiled[rank]["history"], plain[rank]["history"], strict=True):
+            assert rc["train_loss"] == pytest.approx(rp["train_loss"], rel=0, abs=1e-10)
+            assert rc["eval_mse"] == pytest.approx(rp["eval_mse"], rel=0, abs=1e-10)
+    if np_ == 2:
+        assert compiled[0]["params_sha256"] == compiled[1]["params_sha256"]
 
 
 def test_a_rank_without_samples_in_a_step_joins_the_steps_allreduce_instead_of_hanging(runs):
@@ -198,7 +215,7 @@ def test_lr_follows_warmup_to_the_linearly_scaled_lr_at_every_optimizer_step(run
 
 
 @pytest.mark.parametrize(("variant", "np_"),
-                         [("plain", 2), ("plain", 1), ("accumulation", 2), ("clipping", 2)])
+                         [("plain", 2), ("plain", 1), ("accumulation", 2), ("clipping", 2), ("compiled", 2)])
 def test_the_steps_are_traced_once_not_per_epoch_or_batch_size(runs, variant, np_):
     # for 3 epochs, the plain 2-rank run trains on batches of 4, 3 and 2 and evaluates on batches of 4 and 1;
     # the others also update from accumulated gradients, or from zeros on a rank without samples

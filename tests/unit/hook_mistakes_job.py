@@ -149,6 +149,10 @@ def tensorflow_cases() -> dict[str, Any]:
                 return {"loss": loss, "accuracy": keras.metrics.sparse_categorical_accuracy(y, logits)}
             if mistake == "metric_per_element":
                 return {"loss": loss, "probs": keras.ops.softmax(logits)}
+            if mistake == "py_function":  # runs in TensorFlow, not in XLA (compile: true)
+                import tensorflow as tf
+
+                tf.py_function(lambda: None, [], [])
             return loss
 
         def validation_step(self, model: keras.Model, batch: Any) -> Any:
@@ -172,6 +176,7 @@ def tensorflow_cases() -> dict[str, Any]:
     return common_cases(Classifier) | {
         "per_element_loss": run(Classifier, extra={"mistake": "per_element_loss"}),
         "metric_per_element": run(Classifier, extra={"mistake": "metric_per_element"}),
+        "not_compilable": run(Classifier, compile=True, extra={"mistake": "py_function"}),
     }
 
 

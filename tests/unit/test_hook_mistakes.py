@@ -83,6 +83,16 @@ def test_a_tensorflow_training_metric_of_more_than_one_value_per_sample_is_refus
         "HookReturnError", f"training_step returned metric 'probs' of shape (None, 2): {OR_PER_SAMPLE}")
 
 
+def test_a_tensorflow_step_xla_cannot_compile_is_one_line_naming_the_operation_and_compile(tf_cases):
+    # compile: true compiles the forward and backward pass with XLA (jit_compile) at the first step
+    case = tf_cases["not_compilable"]
+
+    assert (case["error"], case["message"]) == (
+        "ConfigError", "config field 'compile': true, but XLA cannot compile training_step's EagerPyFunc "
+        "operation (jit_compile of the forward and backward pass): use operations XLA supports (no "
+        "tf.py_function) or compile: false")
+
+
 def test_validation_probabilities_are_refused_before_training_in_both_bindings(torch_cases, tf_cases):
     torch_case, tf_case = torch_cases["probabilities"], tf_cases["probabilities"]
 

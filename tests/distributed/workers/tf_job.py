@@ -98,7 +98,8 @@ class RegressionTrainer(TensorFlowTrainer):
     def training_step(self, model, batch):
         index, x, y = batch
         self.traces["training_step"] += 1  # Python code here runs when the step is traced, not per call
-        tf.py_function(self._record_indices, [index], [])  # runs at every call of the compiled step
+        if not self.config.compile:  # XLA cannot compile a py_function: no `seen` with compile: true
+            tf.py_function(self._record_indices, [index], [])  # runs at every call of the compiled step
         loss = keras.ops.mean(keras.ops.square(keras.ops.subtract(model(x, training=True), y)))
         if "overflow_step" in self.config.extra:  # the same value; its gradients x gradient_factor
             loss += (self.gradient_factor - 1.0) * (loss - tf.stop_gradient(loss))
