@@ -21,8 +21,10 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,8 +181,10 @@ class Check:
     """Runs the rows in order within a time budget, collecting them and every job's output."""
 
     def __init__(self, machine: Machine, out: Path, budget_s: float, build: Row | None,
-                 selected: Collection[str] = ROWS) -> None:
+                 selected: Collection[str] = ROWS, parallel: int = 1) -> None:
         self.machine, self.out, self.budget_s, self.selected = machine, out, budget_s, set(selected)
+        self.parallel = parallel
+        self._log_lock = threading.Lock()
         self.start = time.monotonic()
         self.rows: list[Row] = [build] if build else []
         # the jobs' reports, checkpoints and models: outside `out`, which holds only what comes back
@@ -190,7 +194,7 @@ class Check:
 
     def log(self, text: str) -> None:
         """Append one job's command line and output to gpu_check.log."""
-        with self.log_path.open("a") as f:
+        with self._log_lock, self.log_path.open("a") as f:
             f.write(text)
 
     def job(self, name: str, settings: Sequence[str], np: int = 1, script: str = "job.py",
@@ -216,7 +220,6 @@ class Check:
             except Exception as exc:  # a broken report: the row fails, the check goes on
                 row.status, row.detail = FAILED, f"{type(exc).__name__}: {exc}"[:300]
             row.seconds = round(time.monotonic() - began, 1)
-        self.rows.append(row)
         took = "" if row.seconds is None else f" ({row.seconds}s)"
         print(f"gpu_check: {check} on {device}: {row.status}{took} {row.detail}".rstrip(), file=sys.stderr,
               flush=True)
@@ -224,38 +227,48 @@ class Check:
 
     # --- the rows ----------------------------------------------------------------------------------------
     def run_all(self) -> list[Row]:
-        """Every row, in the table's order: the slowest to start (torch.compile's) last, so that a spent
-        budget costs it alone."""
+        """Every row, in the table's order. The one-rank rows run `parallel` at a time (a GPU has room for
+        several such small jobs), the longest first; one at a time, torch.compile's, the slowest to start,
+        runs last, so that a spent budget costs it alone. Then the two-rank rows."""
         m, dev = self.machine, self.machine.device
-        self.horovod_row()
-        for precision in ("fp32", "bf16", "fp16"):
-            self.row(precision, f"train {precision}", dev, lambda p=precision: judge_training(  # type: ignore[misc]
-                self.job(f"train-{p}", [f"precision={p}"]), dev, precision=p))
-        self.row("syncbn", "sync_batchnorm", dev, self.sync_batchnorm)
-        self.row("resume", "checkpoint + bit-identical resume", dev, self.resume, needs_s=40)
-        self.row("predict", "predict + export", dev, self.predict_export, needs_s=40)
+        self.rows.append(self.horovod_row())
+        one_rank: list[tuple[str, str, Callable[[], tuple[str, str]], float]] = [
+            *[(p, f"train {p}", lambda p=p: judge_training(
+                self.job(f"train-{p}", [f"precision={p}"]), dev, precision=p), 20.0)
+              for p in ("fp32", "bf16", "fp16")],
+            ("syncbn", "sync_batchnorm", self.sync_batchnorm, 20.0),
+            ("resume", "checkpoint + bit-identical resume", self.resume, 40.0),
+            ("predict", "predict + export", self.predict_export, 40.0),
+            ("compile", "compile: true", self.compiled, 60.0),
+        ]
+        done: dict[str, Row] = {}
+        if not m.has_compile_field:
+            done["compile"] = Row("compile: true", dev, f"{NOT_RUN}: this hvdazure has no `compile` field")
+        todo = [task for task in one_rank if task[0] not in done]
+        if self.parallel > 1:
+            longest_first = ("compile", "resume", "predict")
+            todo.sort(key=lambda task: longest_first.index(task[0]) if task[0] in longest_first else 9)
+            with ThreadPoolExecutor(self.parallel) as pool:
+                futures = {key: pool.submit(self.row, key, check, dev, body, needs)
+                           for key, check, body, needs in todo}
+                done.update({key: future.result() for key, future in futures.items()})
+        else:
+            done.update({key: self.row(key, check, dev, body, needs) for key, check, body, needs in todo})
+
         nccl = "2 ranks on one GPU (NCCL)"
-        nccl_row = (self.row("nccl", nccl, "cuda:0", self.nccl_pair, needs_s=40) if m.gpu else
-                    self.add(Row(nccl, "cuda:0", NO_GPU)))
+        done["nccl"] = (self.row("nccl", nccl, "cuda:0", self.nccl_pair, needs_s=40) if m.gpu else
+                        Row(nccl, "cuda:0", NO_GPU))
         gloo = "2 ranks, Gloo CPU ops (fallback)"
-        if nccl_row.status == PASSED:
-            self.add(Row(gloo, "cpu", f"{NOT_RUN}: NCCL ran 2 ranks"))
+        if done["nccl"].status == PASSED:
+            done["gloo"] = Row(gloo, "cpu", f"{NOT_RUN}: NCCL ran 2 ranks")
         else:
             why = ("no GPU" if not m.gpu else "NCCL refused 2 ranks on one GPU" if
-                   nccl_row.status.startswith(NOT_RUN) else "NCCL's 2 ranks failed")
-            self.row("gloo", gloo, "cpu", lambda: self.gloo_pair(why), needs_s=40)
-        if m.has_compile_field:
-            self.row("compile", "compile: true", dev, self.compiled, needs_s=60)
-        else:
-            self.add(Row("compile: true", dev, f"{NOT_RUN}: this hvdazure has no `compile` field"))
+                   done["nccl"].status.startswith(NOT_RUN) else "NCCL's 2 ranks failed")
+            done["gloo"] = self.row("gloo", gloo, "cpu", lambda: self.gloo_pair(why), needs_s=40)
+        self.rows += [done[key] for key in ROWS]
         return self.rows
 
-    def add(self, row: Row) -> Row:
-        """A row decided without a job."""
-        self.rows.append(row)
-        return row
-
-    def horovod_row(self) -> None:
+    def horovod_row(self) -> Row:
         """Horovod imports, with Gloo, and with NCCL where there is a GPU."""
         m = self.machine
         row = Row("Horovod with NCCL and Gloo", m.device)
@@ -272,7 +285,7 @@ class Check:
                 row.status = PASSED
                 if not m.horovod_ops.get("nccl"):
                     row.detail += " (no GPU: NCCL not needed)"
-        self.rows.append(row)
+        return row
 
     def compiled(self) -> tuple[str, str]:
         job = self.job("compile", ["compile=true"], timeout=COMPILE_TIMEOUT_S)
@@ -355,7 +368,7 @@ def build_row(path: Path | None) -> Row | None:
                data.get("detail", ""))
 
 
-def table(machine: Machine, rows: Sequence[Row], total_s: float) -> str:
+def table(machine: Machine, rows: Sequence[Row], total_s: float, parallel: int = 1) -> str:
     """The markdown table, headed by the machine it ran on."""
     ops = ", ".join(f"{op} {'yes' if on else 'no'}" for op, on in machine.horovod_ops.items())
     lines = [
@@ -365,7 +378,8 @@ def table(machine: Machine, rows: Sequence[Row], total_s: float) -> str:
         f"- torch {machine.torch}, CUDA {machine.cuda or '-'}, NCCL {machine.nccl or '-'}, "
         f"Python {machine.python}",
         f"- Horovod {machine.horovod or 'not importable'}" + (f" ({ops})" if ops else ""),
-        f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {total_s:.0f} s in all",
+        f"- {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {total_s:.0f} s in all"
+        + (f"; the one-rank rows {parallel} at a time (their seconds overlap)" if parallel > 1 else ""),
         "",
         "| check | device | result | seconds | detail |",
         "| --- | --- | --- | --- | --- |",
@@ -383,6 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where the table, JSON and log go")
     parser.add_argument("--build-json", type=Path, help="the build step's result (gpu_check.sh writes it)")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds for the rows (default 300)")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="one-rank rows run at a time (default 1; gpu_check.sh: 4 on a GPU)")
     parser.add_argument("--rows", default=",".join(ROWS),
                         help=f"the rows to run, comma-separated (default: all: {','.join(ROWS)})")
     args = parser.parse_args(argv)
@@ -393,10 +409,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     machine = read_machine()
-    check = Check(machine, args.out.resolve(), args.budget, build_row(args.build_json), selected)
+    check = Check(machine, args.out.resolve(), args.budget, build_row(args.build_json), selected,
+                  max(1, args.parallel))
     rows = check.run_all()
     total = time.monotonic() - start
-    text = table(machine, rows, total)
+    text = table(machine, rows, total, check.parallel)
     (args.out / "gpu_check.md").write_text(text)
     (args.out / "gpu_check.json").write_text(json.dumps(
         {"machine": dataclasses.asdict(machine), "seconds": round(total, 1),

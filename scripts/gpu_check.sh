@@ -10,6 +10,7 @@
 #   GPU_CHECK_BUILD    auto (build where a GPU is visible and Horovod has no NCCL), always, never
 #   GPU_CHECK_BUDGET   seconds for everything, the build included (default 330: inside a 360 s `run`, which
 #                      leaves a second start and run within a 15-minute device budget)
+#   GPU_CHECK_PARALLEL the one-rank rows run at a time (default: 4 with a GPU, else 1)
 #   GPU_CHECK_ROWS     the rows to run, comma-separated (default: all; scripts/gpu_check.py --help)
 #   HOROVOD_SDIST      the sdist (default: .gpu-check/horovod-<HOROVOD_VERSION>.tar.gz)
 #   HOROVOD_BUILD_CUDA_CC_LIST   the GPU architectures to compile for (default: the visible GPU's, else 90)
@@ -100,7 +101,7 @@ else
   export PATH="$work/bin:$PATH"
   cache=$repo/.gpu-check-cache  # ignored and not carried: a rerun on the same machine reuses the wheel
   begin=$(date +%s)
-  problem="" wheel=""
+  problem="" wheel="" reused=""
   if [[ ! -f $sdist ]]; then
     problem="no sdist at $sdist (scripts/gpu_check_bundle.sh puts it there)"
   elif ! toolkit_exports "$work/toolkit.log"; then
@@ -108,9 +109,10 @@ else
   else
     echo "gpu_check.sh: Horovod $HOROVOD_VERSION with NCCL + Gloo for sm_$HOROVOD_BUILD_CUDA_CC_LIST" \
       "($MAKEFLAGS; CUDA from $HVDAZURE_CUDA_TOOLKIT_SOURCE $HOROVOD_CUDA_HOME) from $sdist"
+    key=$(bash "$repo/scripts/build_horovod.sh" --cache-key)
+    if compgen -G "$cache/$key/horovod-*.whl" >/dev/null; then reused="; reused: built earlier here"; fi
     build_s=$((budget - 60 - ($(date +%s) - started)))  # a minute at least for the rows and the table
     if timeout "$build_s" bash "$repo/scripts/build_horovod.sh" --cached "$cache"; then
-      key=$(bash "$repo/scripts/build_horovod.sh" --cache-key)
       wheel=$(ls "$cache/$key"/horovod-*.whl 2>/dev/null | head -n1)
       [[ -n $wheel ]] || problem="build_horovod.sh --cached left no wheel in $cache"
     elif (($? == 124)); then
@@ -131,12 +133,16 @@ else
     export PYTHONPATH="$work/site:$PYTHONPATH"
     size=$(du -k "$wheel" | cut -f1)
     detail="$(basename "$wheel") (${size} KiB, sm_$HOROVOD_BUILD_CUDA_CC_LIST"
-    build_result passed "$seconds" "$detail, CUDA from $HVDAZURE_CUDA_TOOLKIT_SOURCE); Horovod now: $(horovod_ops)"
+    detail+=", CUDA from $HVDAZURE_CUDA_TOOLKIT_SOURCE$reused); Horovod now: $(horovod_ops)"
+    build_result passed "$seconds" "$detail"
   fi
 fi
 
 left=$(( budget - ($(date +%s) - started) ))
+# a GPU has room for several of the one-rank rows' small jobs at once; 2 cores without one do not
+parallel=${GPU_CHECK_PARALLEL:-$([[ $has_gpu == 1 ]] && echo 4 || echo 1)}
 "$python" "$repo/scripts/gpu_check.py" --out "$out" --build-json "$build_json" --budget "$left" \
+  --parallel "$parallel" \
   ${GPU_CHECK_ROWS:+--rows "$GPU_CHECK_ROWS"}
 status=$?
 echo "gpu_check.sh: table in $out/gpu_check.md and $out/gpu_check.json, the jobs' output in $out/gpu_check.log"

@@ -103,6 +103,20 @@ def test_on_a_gpu_where_nccl_runs_two_ranks_the_fallback_is_not_run(tmp_path):
     assert rows["2 ranks, Gloo CPU ops (fallback)"].status == "not run: NCCL ran 2 ranks"
 
 
+def test_on_a_gpu_the_one_rank_rows_run_several_at_a_time_and_keep_the_tables_order(tmp_path):
+    check = CannedCheck(machine("NVIDIA H100", nccl=True), tmp_path,
+                        {"nccl-pair": Job(1, "RuntimeError: ncclInvalidUsage", {}, 1.0),
+                         "resume-crash": Job(17, "", {}, 1.0)}, parallel=3)
+    rows = check.run_all()
+
+    assert [row.check for row in rows] == [
+        "Horovod with NCCL and Gloo", "train fp32", "train bf16", "train fp16", "sync_batchnorm",
+        "checkpoint + bit-identical resume", "predict + export", "2 ranks on one GPU (NCCL)",
+        "2 ranks, Gloo CPU ops (fallback)", "compile: true"]
+    assert [row.status for row in rows if "NCCL)" not in row.check] == ["passed"] * 9
+    assert "the one-rank rows 3 at a time" in gpu_check.table(check.machine, rows, 60.0, 3)
+
+
 def test_a_gpu_without_horovods_nccl_fails_the_horovod_row(tmp_path):
     check = CannedCheck(machine("NVIDIA H100", nccl=False), tmp_path, {"resume-crash": Job(17, "", {}, 1.0)},
                         selected=())
