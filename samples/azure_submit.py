@@ -3,14 +3,15 @@
 The same job as
 
     hvdazure submit samples/torch_digits.py --code samples --compute gpu-cluster --nodes 2 \
-        --vm-size Standard_NC24ads_A100_v4 --image myacr.azurecr.io/hvdazure-gpu:0.1.0 \
+        --vm-size Standard_NC24ads_A100_v4 --image myacr.azurecr.io/hvdazure-torch-gpu:0.1.0 \
         --experiment hvdazure-digits --env NCCL_DEBUG=WARN --dry-run -- --set epochs=15 --set lr=0.05
 
 Without --submit it is a dry run: the job YAML is written and checked by azure-ai-ml offline, and nothing
 needs Azure. With --submit (and a workspace's config.json, `az login`), the job is submitted.
 
     python samples/azure_submit.py                                  # dry run, writes azure-job/job.yml
-    python samples/azure_submit.py --submit --image myacr.azurecr.io/hvdazure-gpu:0.1.0 --compute gpu-cluster
+    python samples/azure_submit.py --submit --image myacr.azurecr.io/hvdazure-torch-gpu:0.1.0 \
+        --compute gpu-cluster
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ SAMPLES = Path(__file__).resolve().parent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compute", default="gpu-cluster")
-    parser.add_argument("--image", default="myacr.azurecr.io/hvdazure-gpu:0.1.0")
+    parser.add_argument("--image", default="myacr.azurecr.io/hvdazure-torch-gpu:0.1.0")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--vm-size", default="Standard_NC24ads_A100_v4", help="one GPU per node: 1 rank each")
     parser.add_argument("--submit", action="store_true", help="submit (needs a workspace and a login)")

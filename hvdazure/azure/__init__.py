@@ -10,7 +10,7 @@ on first use:
 
     from hvdazure.azure import JobSpec, WorkspaceRef, dry_run, submit
     spec = JobSpec(script="train.py", compute="gpu-cluster", nodes=2, processes_per_node=4,
-                   image="myacr.azurecr.io/hvdazure-gpu:0.1.0", script_args=["--set", "epochs=10"])
+                   image="myacr.azurecr.io/hvdazure-torch-gpu:0.1.0", script_args=["--set", "epochs=10"])
     dry_run(spec, "job.yml")                     # offline: writes and validates the YAML
     job = submit(spec, WorkspaceRef.from_config_file("config.json"))   # job.name, job.studio_url
 """

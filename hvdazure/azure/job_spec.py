@@ -74,7 +74,7 @@ class JobSpec:
     processes_per_node: int | None = None  # default: the GPUs of `vm_size` (or of the compute, when known)
     script_args: Sequence[str] = ()
     code_dir: str | None = None  # default: the current directory; the job starts there
-    image: str | None = None  # a Docker image with an MPI library (docker/: hvdazure-gpu)
+    image: str | None = None  # a Docker image with an MPI library (docker/: hvdazure-torch-gpu, ...)
     conda_file: str | None = None  # with `image`: a conda environment built on top of it
     environment: str | None = None  # instead of `image`: a registered environment, azureml:NAME@latest
     env: Mapping[str, str] = field(default_factory=dict)
@@ -361,7 +361,7 @@ def _environment(spec: JobSpec, cwd: Path) -> JobEnvironment:
         return registered_environment(spec.environment)
     if not spec.image:
         raise JobSpecError("no environment: give --image REGISTRY/IMAGE:TAG (docs/guides/docker.md builds "
-                           "hvdazure-gpu) or --environment azureml:NAME@latest")
+                           "hvdazure-torch-gpu) or --environment azureml:NAME@latest")
     if any(c.isspace() for c in spec.image) or "://" in spec.image:
         raise JobSpecError(f"--image {spec.image!r}: expected REGISTRY/REPOSITORY[:TAG|@DIGEST]")
     conda_file, conda_text = None, None

@@ -52,12 +52,13 @@ def add_submit_parsers(sub: argparse._SubParsersAction[P], parser_class: type[P]
                     "sweep` inside one job).",
         epilog="the script's own arguments go after --. examples:\n"
                "  hvdazure submit train.py --compute gpu-cluster --nodes 2 \\\n"
-               "      --image myacr.azurecr.io/hvdazure-gpu:0.1.0 --dry-run -- --set epochs=10\n"
+               "      --image myacr.azurecr.io/hvdazure-torch-gpu:0.1.0 --dry-run -- --set epochs=10\n"
                "  hvdazure submit train.py --compute gpu-cluster --nodes 2 --processes-per-node 8 \\\n"
-               "      --environment azureml:hvdazure-gpu@latest --input data=azureml:digits@latest \\\n"
+               "      --environment azureml:hvdazure-torch-gpu@latest --input data=azureml:digits@latest \\\n"
                "      --stream -- --set extra.data_dir='${{inputs.data}}'\n"
                "  hvdazure submit train.py --compute big-cluster --nodes 8 \\\n"
-               "      --environment azureml:hvdazure-gpu@latest --resume-from digits_1767225600_a1b2c3d4",
+               "      --environment azureml:hvdazure-torch-gpu@latest \\\n"
+               "      --resume-from digits_1767225600_a1b2c3d4",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_submit_arguments(submit)
@@ -160,7 +161,8 @@ def _add_submit_arguments(parser: argparse.ArgumentParser,
     layout.add_argument("--docker-args", metavar="ARGS",
                         help="extra `docker run` arguments, e.g. --docker-args='--user root'")
     environment = parser.add_argument_group("environment")
-    environment.add_argument("--image", help="Docker image with an MPI library (docker/: hvdazure-gpu)")
+    environment.add_argument("--image", help="Docker image with an MPI library (docker/: hvdazure-torch-gpu, "
+                             "hvdazure-tf-gpu, hvdazure-cpu)")
     environment.add_argument("--conda-file", metavar="ENV.YML", help="with --image: conda environment on top")
     environment.add_argument("--environment", metavar="azureml:NAME@latest",
                              help="a registered environment instead of --image (azureml:NAME:VERSION, or a "
