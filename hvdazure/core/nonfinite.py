@@ -106,8 +106,9 @@ class NonFiniteWatch:
     NonFiniteError (on every rank: the rows are the same everywhere), `skip` has rank 0 log the steps
     skipped since the last reduction."""
 
-    def __init__(self, policy: str, is_main: bool) -> None:
-        self.policy, self.is_main = policy, is_main
+    def __init__(self, policy: str, is_main: bool, loss_scaling: bool = False) -> None:
+        # loss_scaling (fp16): overflow skips are how a dynamic loss scale finds its level, not a fault
+        self.policy, self.is_main, self.loss_scaling = policy, is_main, loss_scaling
         self.skipped = 0  # steps skipped in this run, as far as the records have been read
 
     def check(self, rows: Sequence[Sequence[float]], step: int, checkpoints: NewestFinite | None) -> None:
@@ -115,8 +116,13 @@ class NonFiniteWatch:
         at the same point; `checkpoints`: the run's (None: checkpointing is off)."""
         skipped = skipped_steps(rows)
         if skipped > self.skipped and self.is_main:
-            logger.warning(f"skipped {skipped - self.skipped} step(s) whose gradients were not finite, up to "
-                           f"step {step} ({skipped} in this run so far; config field on_nan_loss)")
+            count, seen = skipped - self.skipped, f"up to step {step} ({skipped} in this run so far"
+            if self.loss_scaling:
+                logger.info(f"fp16 loss scaling skipped {count} step(s) whose scaled gradients overflowed, "
+                            f"{seen}; the loss scale is lowered after each)")
+            else:
+                logger.warning(f"skipped {count} step(s) whose gradients were not finite, {seen}; config "
+                               "field on_nan_loss)")
         self.skipped = max(self.skipped, skipped)
         what = what_went_wrong(rows) if self.policy == "stop" else None
         if what is not None:

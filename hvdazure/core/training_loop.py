@@ -442,7 +442,7 @@ class TrainingLoop:
         self.times = backend.step_times = StepTimes(enabled=c.step_times, device=backend.device_stats)
         self._step_batches = StepBatches(self.sample_plan, backend.epoch_batches, self.times)
         self._meter, self._epoch_means = self._new_meter(), RunningMean()
-        self._nonfinite = NonFiniteWatch(c.on_nan_loss, self.is_main)
+        self._nonfinite = NonFiniteWatch(c.on_nan_loss, self.is_main, loss_scaling=c.precision == "fp16")
         return CheckpointPieces(
             stateful={"state": self.state, "epoch_train": self._epoch_means,
                       "callbacks": CallbackStates(lambda: self.callbacks), "framework": framework},

@@ -67,7 +67,8 @@ def test_an_overflow_on_one_rank_skips_the_same_step_on_every_rank_and_halves_ev
     assert reports[0]["dtypes"] == ["float32"]  # mixed_float16: float32 variables, float16 computation
     losses = [record["train_loss"] for record in reports[0]["history"]]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]  # it trained on after the skipped step
-    line = "skipped 1 step(s) whose gradients were not finite, up to step 4 (1 in this run so far"
+    line = ("fp16 loss scaling skipped 1 step(s) whose scaled gradients overflowed, up to step 4 (1 in this "
+            "run so far")
     assert job.job.output.count(line) == 2, job.job.output  # fp16 and fp16_compressed, rank 0 alone
 
 

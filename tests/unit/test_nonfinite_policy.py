@@ -162,3 +162,19 @@ def test_skip_goes_on_and_the_emergency_save_after_an_error_writes_no_nan_weight
     with pytest.raises(RuntimeError, match="a callback failed"):
         world.run([trainer.fit for trainer in trainers])
     assert latest(tmp_path) == "step-00000004"  # the emergency save of step 7 was refused
+
+
+def test_fp16_overflow_skips_are_told_as_loss_scaling_not_as_the_nan_policy(caplog):
+    # was: fp16's own overflow skips were a warning naming config field on_nan_loss, which played no part
+    from hvdazure.core.nonfinite import SKIPPED_STEPS, NonFiniteWatch
+
+    row = list(NO_RECORD)
+    row[SKIPPED_STEPS] = 2.0
+    with caplog.at_level("INFO", logger="hvdazure"):
+        NonFiniteWatch("stop", is_main=True, loss_scaling=True).check([row, row], 5, None)
+        NonFiniteWatch("skip", is_main=True).check([row, row], 5, None)
+    fp16, policy = caplog.records
+    assert (fp16.levelname, fp16.getMessage()) == (
+        "INFO", "fp16 loss scaling skipped 2 step(s) whose scaled gradients overflowed, up to step 5 (2 in "
+        "this run so far; the loss scale is lowered after each)")
+    assert policy.levelname == "WARNING" and "config field on_nan_loss" in policy.getMessage()
