@@ -121,6 +121,12 @@ patch_text "$src/CMakeLists.txt" "set(CMAKE_CXX_STANDARD 14)" "set(CMAKE_CXX_STA
   "C++17 for the core library"
 patch_text "$src/horovod/torch/CMakeLists.txt" "set(CMAKE_CXX_STANDARD 14)" "set(CMAKE_CXX_STANDARD 17)" \
   "C++17 for the PyTorch extension"
+# GCC 13's libstdc++ no longer includes <stdexcept> and <string> through <unordered_map>, <memory> and the like,
+# which Horovod 0.28.1 relies on (GCC 13 is Ubuntu 24.04's: docker/tf-gpu's build stage; GCC 12 needs neither).
+patch_text "$src/horovod/common/common.h" "#include <unordered_set>" "#include <stdexcept>
+#include <unordered_set>" "<stdexcept> for std::logic_error (GCC 13)"
+patch_text "$src/horovod/common/group_table.h" "#include <unordered_map>" "#include <string>
+#include <unordered_map>" "<string> for std::string (GCC 13)"
 # TensorFlow 2.21's absl::Status has message() (a string_view) instead of error_message().
 patch_text "$src/horovod/tensorflow/mpi_ops.cc" "status.error_message()" "std::string(status.message())" \
   "TF 2.21 renamed Status::error_message() to message()"
