@@ -37,7 +37,6 @@ test-unit: setup
 test-distributed: setup
 	$(VENV)/bin/pytest tests/distributed tests/integration
 
-# ruff; the import contracts of [tool.importlinter] and the types of [tool.mypy] (both in pyproject.toml)
 # The GPU check (docs/guides/gpus.md): `gpu-check-cpu` runs all of its rows that a CPU can, here, on the
 # project's Horovod (about 2 min on 2 cores), its table in gpu-check-out/; `gpu-check-bundle` assembles what it
 # carries to a GPU machine (.gpu-check/) and prints the command to run it there.
@@ -48,6 +47,7 @@ gpu-check-cpu: setup
 gpu-check-bundle: setup
 	PYTHON=$(VENV)/bin/python bash scripts/gpu_check_bundle.sh
 
+# ruff; the import contracts of [tool.importlinter] and the types of [tool.mypy] (both in pyproject.toml)
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-logo
