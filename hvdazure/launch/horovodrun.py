@@ -89,8 +89,27 @@ def keep_the_users_nccl_interface() -> None:
     gloo_run.create_run_env_vars = create_run_env_vars
 
 
+def provide_distutils_spawn() -> None:
+    """Horovod 0.28.1's launcher imports `distutils.spawn.find_executable` (for jsrun), and Python 3.12
+    removed distutils: where setuptools' stand-in is not installed either, give the launcher the one name it
+    uses, as shutil.which (what find_executable does)."""
+    try:
+        import distutils.spawn  # noqa: F401  (Python 3.11, or setuptools' stand-in)
+    except ModuleNotFoundError:
+        import shutil
+        import types
+
+        package, spawn = types.ModuleType("distutils"), types.ModuleType("distutils.spawn")
+        spawn.find_executable = shutil.which  # type: ignore[attr-defined]
+        package.spawn = spawn  # type: ignore[attr-defined]
+        sys.modules.setdefault("distutils", package)
+        sys.modules.setdefault("distutils.spawn", spawn)
+
+
 def main() -> None:
     import horovod
+
+    provide_distutils_spawn()
     from horovod.runner import launch
 
     key = installation_key(Path(horovod.__file__).parent)

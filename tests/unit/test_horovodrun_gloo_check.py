@@ -62,3 +62,32 @@ def test_the_answer_is_kept_in_hvdazures_cache(monkeypatch, tmp_path: Path) -> N
     monkeypatch.delenv("HVDAZURE_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_file() == tmp_path / "xdg" / "hvdazure" / "horovod-gloo-built.json"
+
+
+def test_horovods_launcher_imports_where_python_has_no_distutils() -> None:
+    """Python 3.12 has no distutils (the GPU check's machine); Horovod 0.28.1's launcher imports
+    distutils.spawn. Here (3.11) distutils is hidden from the import system in a child process."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+class NoDistutils:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('distutils', '_distutils_hack', 'setuptools'):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoDistutils())
+for name in [m for m in sys.modules if m.split('.')[0] in ('distutils', '_distutils_hack', 'setuptools')]:
+    del sys.modules[name]
+from hvdazure.launch.horovodrun import provide_distutils_spawn
+if sys.argv[1] == 'provided':
+    provide_distutils_spawn()
+import horovod.runner.launch
+from distutils.spawn import find_executable
+print(find_executable('sh'))
+"""
+    without = subprocess.run([sys.executable, "-c", script, "plain"], capture_output=True, text=True)
+    assert without.returncode != 0 and "distutils" in without.stderr  # what Python 3.12 would meet
+    provided = subprocess.run([sys.executable, "-c", script, "provided"], capture_output=True, text=True)
+    assert provided.returncode == 0, provided.stderr
+    assert provided.stdout.strip().endswith("/sh")
