@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,14 +27,13 @@ import horovod.torch as hvd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result
+from common import compiled_vs_eager, print_compiled_vs_eager, write_result
 
 from hvdazure import TrainConfig
 from hvdazure.bench.overhead_torch import BenchTrainer, dataset
 from hvdazure.bench.overhead_workload import BATCH_SIZE, FEATURES, HIDDEN, LOG_EVERY, LR, StepClock
 
 RESULT = Path(__file__).resolve().parent / "results" / "compile_step_time.json"
-VARIANTS = ("eager", "compiled")
 
 
 def block(compiled: bool, mode: str, data: torch.utils.data.Dataset) -> tuple[float, float]:
@@ -52,11 +49,6 @@ def block(compiled: bool, mode: str, data: torch.utils.data.Dataset) -> tuple[fl
     return float(slowest[0]), float(slowest[1])
 
 
-def spread(values: list[float], scale: float = 1.0) -> dict[str, float]:
-    return {"median": statistics.median(values) * scale, "min": min(values) * scale,
-            "max": max(values) * scale}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=10)
@@ -68,20 +60,9 @@ def main() -> None:
     if "OMP_NUM_THREADS" not in os.environ:  # the trainer's own setting, set before the first block too
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // hvd.local_size()))
     data = dataset(args.steps * BATCH_SIZE * hvd.size())
-    per_step: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    first_step: dict[str, float] = {}
-    started = time.monotonic()
-    for pair in range(args.pairs + 1):  # pair 0 warms up (and compiles)
-        for name in VARIANTS if pair % 2 else VARIANTS[::-1]:
-            seconds, first = block(name == "compiled", args.mode, data)
-            first_step.setdefault(name, first)
-            if pair:
-                per_step[name].append(seconds)
-        if hvd.rank() == 0 and pair:
-            print(f"pair {pair}/{args.pairs} ({time.monotonic() - started:.0f} s)", flush=True)
+    pairs = compiled_vs_eager(lambda compiled: block(compiled, args.mode, data), args.pairs, hvd.rank() == 0)
     if hvd.rank() != 0:
         return
-    ratios = [c / e for c, e in zip(per_step["compiled"], per_step["eager"], strict=True)]
     controller = "gloo" if hvd.gloo_enabled() else "mpi"
     result = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -91,17 +72,9 @@ def main() -> None:
         "model": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-10, float32, CPU, {torch.get_num_threads()} thread(s) "
                  "a rank",
         "batch_per_rank": BATCH_SIZE, "compile_mode": args.mode, "load_average": os.getloadavg(),
-        "ms_per_step": {name: spread(values, 1e3) for name, values in per_step.items()},
-        "ratio_compiled_to_eager": spread(ratios),
-        "first_step_s": first_step,
+        **pairs,
     }
-    ms, ratio = result["ms_per_step"], result["ratio_compiled_to_eager"]
-    print(f"{'':<10}{'ms/step median':>16}{'min':>9}{'max':>9}{'first step s':>14}")
-    for name in VARIANTS:
-        print(f"{name:<10}{ms[name]['median']:>16.2f}{ms[name]['min']:>9.2f}{ms[name]['max']:>9.2f}"
-              f"{first_step[name]:>14.2f}")
-    print(f"compiled / eager per pair: median {ratio['median']:.3f} (min {ratio['min']:.3f}, max "
-          f"{ratio['max']:.3f}) over {args.pairs} pairs; load average {result['load_average'][0]:.1f}")
+    print_compiled_vs_eager(result)
     write_result(RESULT, result)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -31,14 +30,13 @@ import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result
+from common import compiled_vs_eager, print_compiled_vs_eager, write_result
 
 from hvdazure import Callback, TrainConfig
 from hvdazure.bench.models_tf import build_model, sgd, synthetic_arrays
 from hvdazure.tensorflow import TensorFlowTrainer
 
 RESULTS = Path(__file__).resolve().parent / "results"
-VARIANTS = ("eager", "compiled")
 BATCH_SIZE = 64
 
 
@@ -87,11 +85,6 @@ def block(compiled: bool, model: str, data: tuple[np.ndarray, np.ndarray]) -> tu
     return float(slowest[0]), float(slowest[1])
 
 
-def spread(values: list[float], scale: float = 1.0) -> dict[str, float]:
-    return {"median": statistics.median(values) * scale, "min": min(values) * scale,
-            "max": max(values) * scale}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp")
@@ -103,20 +96,10 @@ def main() -> None:
     x, y = synthetic_arrays(args.model, BATCH_SIZE)
     copies = args.steps * hvd.size()
     data = (np.concatenate([x] * copies), np.concatenate([y] * copies))
-    per_step: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    first_step: dict[str, float] = {}
-    started = time.monotonic()
-    for pair in range(args.pairs + 1):  # pair 0 warms up (and compiles)
-        for name in VARIANTS if pair % 2 else VARIANTS[::-1]:
-            seconds, first = block(name == "compiled", args.model, data)
-            first_step.setdefault(name, first)
-            if pair:
-                per_step[name].append(seconds)
-        if hvd.rank() == 0 and pair:
-            print(f"pair {pair}/{args.pairs} ({time.monotonic() - started:.0f} s)", flush=True)
+    pairs = compiled_vs_eager(lambda compiled: block(compiled, args.model, data), args.pairs,
+                              hvd.rank() == 0)
     if hvd.rank() != 0:
         return
-    ratios = [c / e for c, e in zip(per_step["compiled"], per_step["eager"], strict=True)]
     controller = "gloo" if hvd.gloo_enabled() else "mpi"
     result = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -125,17 +108,9 @@ def main() -> None:
         "tensorflow": tf.__version__, "world_size": hvd.size(), "controller": controller,
         "model": f"{args.model} (hvdazure/bench/models_tf.py), float32, CPU",
         "batch_per_rank": BATCH_SIZE, "load_average": os.getloadavg(),
-        "ms_per_step": {name: spread(values, 1e3) for name, values in per_step.items()},
-        "ratio_compiled_to_eager": spread(ratios),
-        "first_step_s": first_step,
+        **pairs,
     }
-    ms, ratio = result["ms_per_step"], result["ratio_compiled_to_eager"]
-    print(f"{'':<10}{'ms/step median':>16}{'min':>9}{'max':>9}{'first step s':>14}")
-    for name in VARIANTS:
-        print(f"{name:<10}{ms[name]['median']:>16.2f}{ms[name]['min']:>9.2f}{ms[name]['max']:>9.2f}"
-              f"{first_step[name]:>14.2f}")
-    print(f"compiled / eager per pair: median {ratio['median']:.3f} (min {ratio['min']:.3f}, max "
-          f"{ratio['max']:.3f}) over {args.pairs} pairs; load average {result['load_average'][0]:.1f}")
+    print_compiled_vs_eager(result)
     write_result(RESULTS / f"tf_compile_step_time_{args.model}_np{hvd.size()}.json", result)
 
 
