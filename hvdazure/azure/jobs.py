@@ -164,9 +164,10 @@ def connect(sdk: str = "v2", workspace: WorkspaceRef | Callable[[], WorkspaceRef
     token. `client_options` go to SDK v2's MLClient and SDK v1's Workspace as submit's do (tests pass a
     `transport`)."""
     from hvdazure.azure import workspace as workspace_module
-    from hvdazure.azure.submission import sdk_for
+    from hvdazure.azure.submission import sdk_for, warn_of_sdk
 
     sdk_for(sdk)  # an unknown --sdk, or its SDK not installed: the line submit gives
+    warn_of_sdk(sdk)
     workspace = workspace() if callable(workspace) else workspace or WorkspaceRef.from_options()
     credential = credential or workspace_module.default_credential()
     workspace_module.check_credential(credential)

@@ -41,6 +41,12 @@ from hvdazure.azure.workspace import WorkspaceRef
 
 SDKS = ("v2", "v1")
 DEFAULT_YAML = "hvdazure-job.yml"  # the job's file name; a dry run writes it to default_output_yaml
+# Printed once by every command that takes `--sdk v1` (warn_of_sdk). What v1 still gives is in the Azure ML
+# guide's "SDK v1" section; keep the two in step.
+V1_END_OF_SUPPORT = ("--sdk v1: Azure ML SDK v1 (azureml-core) is past Microsoft's end of support "
+                     "(2026-06-30); v2 (azure-ai-ml) is the default and runs every hvdazure feature; v1 "
+                     "still gives azureml-core's run forms (a ScriptRunConfig run, a HyperDrive sweep) and "
+                     "reads the runs submitted with it")
 _INSTALL_HINT = {"v2": "pip install 'hvdazure[azure]' (azure-ai-ml)",
                  "v1": "pip install 'hvdazure[azure-v1]' (azureml-core)"}
 
@@ -100,6 +106,7 @@ def dry_run(spec: JobSpec, output_yaml: str | Path | None = None, sdk: str = "v2
     api = sdk_for(sdk)
     job = resolve(spec)
     api.check_supported(job)
+    warn_of_sdk(sdk, warn)
     for warning in job.warnings:
         warn(warning)
     files = api.write_yaml(job, default_output_yaml(job) if output_yaml is None else output_yaml)
@@ -134,6 +141,7 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
     if create_compute is not None:
         create_compute = _sized_for(create_compute, first)
         create_compute.validate()
+    warn_of_sdk(sdk, warn)
     workspace = workspace() if callable(workspace) else workspace or WorkspaceRef.from_options()
     # 2. credentials
     credential = credential or workspace_module.default_credential()
@@ -208,6 +216,14 @@ def sdk_for(sdk: str) -> SubmitSdk:
         return V2Sdk()
     except ImportError as exc:
         raise SubmitError(f"--sdk {sdk} needs {_INSTALL_HINT[sdk]}: {redacted_line(exc)}") from None
+
+
+def warn_of_sdk(sdk: str, warn: Callable[[str], None] = _warn) -> None:
+    """`--sdk v1`'s one line (V1_END_OF_SUPPORT), through `warn`. Every command that takes `--sdk` (submit,
+    its dry run, `hvdazure jobs`) calls it once, after `sdk_for` and the checks that refuse the command
+    offline, so that a refused command stays one line."""
+    if sdk == "v1":
+        warn(V1_END_OF_SUPPORT)
 
 
 def _inside(path: Path, directory: Path) -> bool:

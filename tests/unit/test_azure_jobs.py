@@ -389,3 +389,14 @@ def _exit_code(call) -> int:
         return call()
     except SystemExit as exc:
         return int(exc.code)
+
+
+@pytest.mark.parametrize(("sdk", "told"), [("v1", 1), ("v2", 0)])
+def test_a_jobs_command_with_v1_says_once_that_v1_is_past_its_end_of_support(cli, capsys, sdk, told):
+    assert cli("jobs", "list", "--experiment", "digits", "--sdk", sdk) == 0
+
+    from hvdazure.azure.submission import V1_END_OF_SUPPORT
+
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "end of support" in line] == \
+        [f"hvdazure: warning: {V1_END_OF_SUPPORT}"] * told

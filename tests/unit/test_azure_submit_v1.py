@@ -229,3 +229,27 @@ def test_inputs_are_refused_with_v1_before_any_request(project, service):
         submit(inputs=[InputSpec("data", "azureml:digits@latest")], script_args=["${{inputs.data}}"])
 
     assert service.calls == []
+
+
+# --- SDK v1 is past its end of support: one line says so ----------------------------------------------------
+def _end_of_support_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "end of support" in line]
+
+
+def test_a_v1_submission_says_once_that_v1_is_past_its_end_of_support(project, service, capsys):
+    submit()
+
+    lines = _end_of_support_lines(capsys.readouterr().err)
+    assert lines == [f"hvdazure: warning: {submission.V1_END_OF_SUPPORT}"]
+    assert "azureml-core" in lines[0] and "(2026-06-30)" in lines[0]
+    assert "v2 (azure-ai-ml) is the default" in lines[0] and "HyperDrive" in lines[0]
+
+
+@pytest.mark.parametrize(("sdk", "told"), [("v1", 1), ("v2", 0)])
+def test_the_dry_run_tells_the_end_of_support_for_v1_only(project, capsys, sdk, told):
+    from hvdazure.cli import main
+
+    assert main(["submit", "train.py", "--compute", "gpu-cluster", "-ppn", "1", "--image", IMAGE,
+                 "--dry-run", "--sdk", sdk, "--output-yaml", "../job.yml"]) == 0
+
+    assert len(_end_of_support_lines(capsys.readouterr().err)) == told
