@@ -8,17 +8,16 @@ import base64
 import hashlib
 
 import pytest
-from azure_project import make_project
+from job_specs import IMAGE, spec
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, credential_in, named_like_credential, redact
-from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, resolve
+from hvdazure.azure.job_spec import InputSpec, OutputSpec, resolve
 from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
-IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 SIGNATURE = "abc%3D"
 SAS_URL = f"https://acct.blob.core.windows.net/c/d?sv=2022-11-02&sp=rl&sig={SIGNATURE}"
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"
@@ -29,15 +28,9 @@ SAS_CONNECTION = "BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessS
 SECRETS = (SIGNATURE, JWT, "hunter2", "hf_abcdef", KEY, KEY[:40])
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    return make_project(tmp_path, monkeypatch, {"space.yaml": "lr: {type: choice, values: [0.1, 0.01]}\n",
-                         "urls.yaml": f"extra.data_url: {{type: choice, values: ['{SAS_URL}', 'b']}}\n"})
-
-
-def spec(**overrides) -> JobSpec:
-    return JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 2, "processes_per_node": 4,
-                      "image": IMAGE, **overrides})
+pytestmark.append(pytest.mark.project(files={
+    "space.yaml": "lr: {type: choice, values: [0.1, 0.01]}\n",
+    "urls.yaml": f"extra.data_url: {{type: choice, values: ['{SAS_URL}', 'b']}}\n"}))
 
 
 CASES = [  # (what the job is given, the field the refusal names, the kind of credential)

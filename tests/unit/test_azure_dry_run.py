@@ -12,30 +12,24 @@ import dataclasses
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
+import job_specs
 import pytest
 import yaml
-from azure_project import make_project
+from job_specs import IMAGE
 
 from hvdazure.azure import submission, submit_v2
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, resolve
+from hvdazure.azure.job_spec import InputSpec, OutputSpec, resolve
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
-IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    return make_project(tmp_path, monkeypatch)
-
-
-def spec(**overrides) -> JobSpec:
-    return JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 2, "processes_per_node": 4,
-                      "image": IMAGE, "script_args": ["--set", "epochs=3"], **overrides})
+spec = partial(job_specs.spec, script_args=["--set", "epochs=3"])
 
 
 def load(path):

@@ -6,36 +6,31 @@ services of test_azure_submit_v2.py and test_azure_submit_v1.py record every req
 from __future__ import annotations
 
 import re
+from functools import partial
 
+import job_specs
 import pytest
 import yaml
-from azure_project import make_project
+from job_specs import IMAGE
 from test_azure_submit_v1 import FakeCredential as V1Credential
 from test_azure_submit_v1 import FakeService, serving
 from test_azure_submit_v2 import WS, fake, submit  # noqa: F401  (fixtures)
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.job_spec import JobSpec, resolve
+from hvdazure.azure.job_spec import resolve
 from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
-IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 TEAM_IMAGE = "myacr.azurecr.io/team:7"
 REGISTRY_LATEST = "azureml://registries/azureml/environments/acpt-pytorch-2.2-cuda12.1/labels/latest"
 REGISTRY_VERSION = "azureml://registries/azureml/environments/acpt-pytorch-2.2-cuda12.1/versions/12"
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    return make_project(tmp_path, monkeypatch, v1=True)
-
-
-def spec(**overrides) -> JobSpec:
-    return JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 2, "processes_per_node": 8,
-                      "image": IMAGE, **overrides})
+pytestmark.append(pytest.mark.project(v1=True))
+spec = partial(job_specs.spec, processes_per_node=8)
 
 
 # --- SDK v1: the dry run prints and writes what the submission sends ------------------------------------

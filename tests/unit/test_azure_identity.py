@@ -13,8 +13,8 @@ import requests
 import responses
 import yaml
 from azure_project import make_project
+from job_specs import IMAGE, spec
 from test_azure_submit_v1 import FakeCredential as V1Credential
-from test_azure_submit_v1 import project as v1_project  # noqa: F401  (fixture)
 from test_azure_submit_v1 import service  # noqa: F401  (fixture)
 from test_azure_submit_v2 import fake, submit  # noqa: F401  (fixtures)
 from test_azure_sweep import sweep
@@ -22,25 +22,23 @@ from test_azure_sweep import sweep
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError
 from hvdazure.azure.job_identity import parse_identity
-from hvdazure.azure.job_spec import JobSpec, resolve
+from hvdazure.azure.job_spec import resolve
 from hvdazure.azure.resolved_job import JobIdentity
 from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
-IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 CLIENT_ID = "11111111-2222-3333-4444-555555555555"
 
 
+pytestmark.append(pytest.mark.project(files={"space.yaml": "lr: {type: choice, values: [0.1, 0.01]}\n"}))
+
+
 @pytest.fixture
-def project(tmp_path, monkeypatch):
-    return make_project(tmp_path, monkeypatch, {"space.yaml": "lr: {type: choice, values: [0.1, 0.01]}\n"})
-
-
-def spec(**overrides) -> JobSpec:
-    return JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 2, "processes_per_node": 4,
-                      "image": IMAGE, **overrides})
+def v1_project(tmp_path, monkeypatch):
+    """A project for SDK v1 (its HOME under tmp_path), without the space.yaml of `project`."""
+    return make_project(tmp_path, monkeypatch, v1=True)
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -5,26 +5,19 @@ No Azure SDK is needed here."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
+import job_specs
 import pytest
-from azure_project import make_project
+from job_specs import IMAGE
 
 from hvdazure.azure import code_snapshot, vm_sizes
 from hvdazure.azure.errors import JobSpecError, SubmitError, redact, redacted_line
-from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, parse_input, parse_output, resolve
+from hvdazure.azure.job_spec import InputSpec, OutputSpec, parse_input, parse_output, resolve
 from hvdazure.azure.workspace import WorkspaceRef
 
-IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    return make_project(tmp_path, monkeypatch, script="src/train.py")
-
-
-def spec(**overrides) -> JobSpec:
-    return JobSpec(**{"script": "src/train.py", "compute": "gpu-cluster", "nodes": 2, "processes_per_node": 4,
-                      "image": IMAGE, **overrides})
+pytestmark = pytest.mark.project(script="src/train.py")  # the `project` fixture (conftest.py)
+spec = partial(job_specs.spec, script="src/train.py")
 
 
 def refused(**overrides) -> str:

@@ -12,9 +12,11 @@ another job's output as an input.
 from __future__ import annotations
 
 import json
+from functools import partial
 
+import job_specs
 import pytest
-from azure_project import make_project
+from job_specs import IMAGE
 from test_azure_submit_v2 import WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport, fixture
 from test_azure_submit_v2 import fake as fake  # the fixture: the fake workspace, its uploads recorded
 
@@ -26,23 +28,16 @@ from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
-IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 SOURCE = "digits_1767225600_a1b2c3d4"  # the fixture's job: 2 nodes, checkpoints in its output ckpt
 SETTING = "resume_from=${{inputs.resume_from}}/latest"
 SETTINGS = f"--set resume=auto --set '{SETTING}'"  # as the command line quotes them
 SPACE = "lr: {type: choice, values: [0.1, 0.01]}\n"
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    return make_project(tmp_path, monkeypatch, {"space.yaml": SPACE})
-
-
-def spec(**overrides) -> JobSpec:
-    """A job on 8 nodes (the job resumed ran on 2) that resumes SOURCE."""
-    return JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 8, "processes_per_node": 8,
-                      "image": IMAGE, "script_args": ["--set", "epochs=10"], "resume_from": SOURCE,
-                      **overrides})
+pytestmark.append(pytest.mark.project(files={"space.yaml": SPACE}))
+# a job on 8 nodes (the job resumed ran on 2) that resumes SOURCE
+spec = partial(job_specs.spec, nodes=8, processes_per_node=8, script_args=["--set", "epochs=10"],
+               resume_from=SOURCE)
 
 
 def load(path):
