@@ -36,6 +36,7 @@ from copy import deepcopy
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
+from hvdazure.core.agreement import Failure, every_rank_tries, rank0_decides
 from hvdazure.core.backend import Collectives, FrameworkCheckpointContent
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.checkpoint_export import refuse_a_file
@@ -221,7 +222,7 @@ class TrainerCheckpoints:
                                   "continue that run with resume=auto, or give this run a new checkpoint_dir")
             return {"run_id": run, "own_checkpoints": bool(found)}
 
-        decided = self._decided_on_main(decide)
+        decided = rank0_decides(self.collectives, decide, *self._directory_refusals())
         self._set_run(decided["run_id"])
         if not decided["own_checkpoints"]:
             return None
@@ -252,7 +253,7 @@ class TrainerCheckpoints:
             raise ConfigError(f"{held}, not of the one resumed from {redact(which)} (run {run}); give this "
                               "run a new checkpoint_dir, or resume=auto to continue the run it holds")
 
-        self._set_run(self._decided_on_main(decide)["run_id"])
+        self._set_run(rank0_decides(self.collectives, decide, *self._directory_refusals())["run_id"])
 
     def _set_run(self, run_id: str) -> None:
         self.run_id = run_id
@@ -267,26 +268,13 @@ class TrainerCheckpoints:
         except FileNotFoundError:
             return []
 
-    def _decided_on_main(self, decide: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """Rank 0's `decide()`, on every rank (one broadcast). Its ConfigError, or a storage failure (one line
-        naming the operation, the URL and the cause), is raised on every rank."""
-        decision: dict[str, Any] = {}
-        if self.is_main:
-            try:
-                decision = decide()
-            except ConfigError as exc:
-                decision = {"refused": str(exc)}
-            except StorageError as exc:
-                decision = {"error": str(exc)}
-            except Exception as exc:
-                decision = {"error": f"checkpoint_dir {self.directory} cannot be used: {exception_line(exc)}"}
-        mine = json.dumps(decision).encode() if self.is_main else None
-        shared: dict[str, Any] = json.loads(self.collectives.broadcast_bytes(mine))
-        if "refused" in shared:
-            raise ConfigError(shared["refused"])
-        if "error" in shared:
-            raise CheckpointError(shared["error"])
-        return shared
+    def _directory_refusals(self) -> tuple[Failure, ...]:
+        """How rank 0's decision about the checkpoint directory fails on every rank: its ConfigError as it
+        is, a storage failure (one line naming the operation, the URL and the cause) or any other failure as
+        a CheckpointError."""
+        return (Failure(ConfigError, ConfigError), Failure(StorageError, CheckpointError),
+                Failure(Exception, CheckpointError,
+                        lambda exc: f"checkpoint_dir {self.directory} cannot be used: {exception_line(exc)}"))
 
     # --- saving ------------------------------------------------------------------------------------------
     def save(self, reason: str, step: int, wait: bool = True) -> str | None:
@@ -327,15 +315,22 @@ class TrainerCheckpoints:
     def _share_outcome(self) -> str | None:
         """Broadcast rank 0's outcome of the last write: its checkpoint's name, or its error raised here on
         every rank."""
-        mine = json.dumps(asdict(self._outcome)).encode() if self.is_main else None
-        outcome = WriteOutcome(**json.loads(self.collectives.broadcast_bytes(mine)))
+        def written() -> str | None:
+            if self._outcome.nonfinite:
+                raise NonFiniteError(self._outcome.error)
+            if self._outcome.error is not None:
+                raise CheckpointError(self._outcome.error)
+            return self._outcome.name
+
+        try:
+            name = rank0_decides(self.collectives, written, Failure(NonFiniteError, NonFiniteError),
+                                 Failure(CheckpointError, CheckpointError))
+        except (NonFiniteError, CheckpointError):  # shared, so taken (a failed broadcast leaves it)
+            self._outcome = WriteOutcome()
+            raise
         self._outcome = WriteOutcome()
-        if outcome.nonfinite:
-            raise NonFiniteError(outcome.error)
-        if outcome.error is not None:
-            raise CheckpointError(outcome.error)
-        self.newest_finite = outcome.name or self.newest_finite
-        return outcome.name
+        self.newest_finite = name or self.newest_finite
+        return name
 
     def newest_finite_after_pending(self) -> str | None:
         """The newest checkpoint of this run (written or resumed) with finite weights, once rank 0's write
@@ -406,23 +401,23 @@ class TrainerCheckpoints:
         trainer's: what the resume means for the run; returns the log line). Any failure is one
         CheckpointError, raised on every rank. The caller broadcasts model and optimizer from rank 0.
         """
-        found = self._resume_on_main(which, restore) if self.is_main else None
-        mine = json.dumps(found).encode() if self.is_main else None
-        found = json.loads(self.collectives.broadcast_bytes(mine))
-        if "error" in found:
-            raise CheckpointError(found["error"])
+        found = rank0_decides(self.collectives, lambda: self._resume_on_main(which, restore),
+                              Failure(CheckpointError, CheckpointError))
         if found["point"] is None:  # "auto" found none (start_run says what happens next)
             return None
-        point, message, error = ResumePoint(**found["point"]), found.get("message", ""), None
-        if not self.is_main:
-            try:
+        point, message = ResumePoint(**found["point"]), found.get("message", "")
+
+        def load() -> None:  # rank 0 has: the others apply the state it sent
+            nonlocal message
+            if not self.is_main:
                 message = self._load(point, found["state"], restore)
-            except Exception as exc:  # a value only this rank uses (its RNG state): still an error everywhere
-                rank = self.collectives.rank
-                error = f"cannot resume from {point.url} on rank {rank}: {exception_line(exc)}"
-        errors = [json.loads(b) for b in self.collectives.allgather_bytes(json.dumps(error).encode())]
-        if first := next((e for e in errors if e), None):
-            raise CheckpointError(first)  # every rank applied the state, or every rank raises
+
+        # a value only one rank uses (its RNG state) may fail there: still an error everywhere; every rank
+        # applied the state, or every rank raises (the first failed rank's error)
+        every_rank_tries(self.collectives, load,
+                         lambda exc: f"cannot resume from {point.url} on rank {self.collectives.rank}: "
+                                     f"{exception_line(exc)}",
+                         lambda failed: CheckpointError(failed[0].error))
         self.last_saved_step = point.step
         self.newest_finite = point.name if found.get("finite", True) else None
         logger.info(message)
@@ -430,10 +425,11 @@ class TrainerCheckpoints:
 
     def _resume_on_main(self, which: str, restore: Callable[[ResumePoint], str]) -> dict[str, Any]:
         """Rank 0: choose, read and verify the checkpoint, load it into model and optimizer, and apply the
-        pieces, all before the other ranks hear of it. Returns what they need to apply it too, or
-        {"error": one line naming the checkpoint and the problem}: any failure, not only an invalid
-        checkpoint (storage, a missing key, a model of another shape), or they would wait in a collective
-        for a rank 0 that is gone, or that lives on after the error (a notebook)."""
+        pieces, all before the other ranks hear of it. Returns what they need to apply it too, or raises a
+        CheckpointError (shared with every rank), one line naming the checkpoint and the problem: for
+        any failure, not only an invalid checkpoint (storage, a missing key, a model of another shape), or
+        they would wait in a collective for a rank 0 that is gone, or that lives on after the error (a
+        notebook)."""
         where = self.directory if which == "auto" else which
         try:
             with self._open(which) as (checkpoint, paths):
@@ -445,10 +441,10 @@ class TrainerCheckpoints:
                 message = self._load(point, state, restore)
                 finite = self.pieces.framework.nonfinite_weight() is None  # (written before hvdazure checked)
                 return {"point": asdict(point), "state": state, "message": message, "finite": finite}
-        except CheckpointError as exc:
-            return {"error": str(exc)}
+        except CheckpointError:
+            raise
         except Exception as exc:  # storage (permissions, authentication), a model of other layer sizes, ...
-            return {"error": f"cannot resume from {where}: {exception_line(exc)}"}
+            raise CheckpointError(f"cannot resume from {where}: {exception_line(exc)}") from exc
 
     @contextlib.contextmanager
     def _open(self, which: str) -> Iterator[tuple[Checkpoint | None, dict[str, str]]]:

@@ -18,12 +18,13 @@ import json
 import os
 import platform
 import signal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from hvdazure._version import __version__
 from hvdazure.core import run_context
+from hvdazure.core.agreement import Failure, RankFailure, every_rank_tries, rank0_decides
 from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
 from hvdazure.core.checkpoint_export import NotACheckpoint, exported_checkpoint, refuse_a_file
@@ -264,8 +265,7 @@ class TrainingLoop:
         writer = self.backend.prediction_writer(output) if output is not None else None
         self.ready_for_inference("predict", checkpoint)
         if writer is not None:
-            self._on_rank0_for_all(writer.check_empty, (ValueError, OSError), DataError,
-                                   f"predict(output={output!r}): ")
+            rank0_decides(self.collectives, writer.check_empty, _predict_failure(output))
         data = self.backend.inference_data(self._dataset_for("predict", dataset), "predict")
         if not len(data):
             raise DataError("predict(): the dataset holds no samples")
@@ -280,36 +280,17 @@ class TrainingLoop:
     def _write_predictions(self, writer: PredictionWriter, output: str, batches: Iterator[Outputs]) -> Any:
         """Every rank writes its part; all learn whether every part was written (a rank that failed raises
         its own error, the others one line naming it); rank 0 then writes the index."""
-        part, failure = b"[]", None
-        try:
-            part = writer.write_part(self.rank, batches)
-        except Exception as exc:
-            failure = exc
-        told = json.dumps({"part": part.decode(), "error": exception_line(failure) if failure else ""})
-        reports = [json.loads(r) for r in self.collectives.allgather_bytes(told.encode())]
-        if failure is not None:
-            raise failure
-        if failed := [(rank, r["error"]) for rank, r in enumerate(reports) if r["error"]]:
-            rank, error = failed[0]
-            raise DataError(f"predict(output={output!r}): rank {rank} could not write its predictions "
-                            f"({error}); the directory has no index: predict into a new one")
-        self._on_rank0_for_all(lambda: writer.commit([r["part"].encode() for r in reports]),
-                               (ValueError, OSError), DataError, f"predict(output={output!r}): ")
+        def refused(failed: list[RankFailure]) -> DataError:
+            return DataError(f"predict(output={output!r}): rank {failed[0].rank} could not write its "
+                             f"predictions ({failed[0].error}); the directory has no index: predict into a "
+                             "new one")
+
+        parts = every_rank_tries(self.collectives, lambda: writer.write_part(self.rank, batches).decode(),
+                                 exception_line, refused, own_error=True)
+        rank0_decides(self.collectives, lambda: writer.commit([part.encode() for part in parts]),
+                      _predict_failure(output))
         logger.info(f"predict(): wrote the predictions as shards to {output}")
         return writer.open()
-
-    def _on_rank0_for_all(self, action: Callable[[], None], catch: tuple[type[Exception], ...],
-                          raise_as: Callable[[str], Exception], prefix: str = "") -> None:
-        """`action` on rank 0 only (storage: once for the job); an exception of `catch` it raises is raised
-        on every rank, as `raise_as(prefix + its message)` (one broadcast)."""
-        failure = ""
-        if self.is_main:
-            try:
-                action()
-            except catch as exc:
-                failure = f"{prefix}{exc}"
-        if verdict := self.collectives.broadcast_bytes(failure.encode() if self.is_main else None).decode():
-            raise raise_as(verdict)
 
     def test(self, dataset: Any, checkpoint: str | None) -> dict[str, float]:
         """validation_step's metrics over `dataset` (the trainer's test_dataset() if None), the exact means
@@ -361,7 +342,8 @@ class TrainingLoop:
         Returns the checkpoint's URL (redacted; rank 0's)."""
         where, which = checkpoint_location(checkpoint, self.config.checkpoint_dir, self.environment, what)
         then = "" if what == "export" else f"; then {what}() without checkpoint= uses that model"
-        self._on_rank0_for_all(lambda: refuse_a_file(where, then), (NotACheckpoint,), NotACheckpoint)
+        rank0_decides(self.collectives, lambda: refuse_a_file(where, then),
+                      Failure(NotACheckpoint, NotACheckpoint))
         loaded = {"url": ""}  # rank 0's, for its log line
 
         def load() -> None:
@@ -373,7 +355,7 @@ class TrainingLoop:
                                           f"build_model(): {exc}") from None
             loaded["url"] = redact(chosen.url)
 
-        self._on_rank0_for_all(load, (CheckpointError,), CheckpointError)
+        rank0_decides(self.collectives, load, Failure(CheckpointError, CheckpointError))
         self.backend.broadcast_model_and_optimizer()
         logger.info(f"{what}(): the model's weights of checkpoint {loaded['url']}")
         return loaded["url"]
@@ -485,8 +467,9 @@ class TrainingLoop:
         if c.max_steps is not None and c.max_steps < last:
             last, ends_because = c.max_steps, f"max_steps {c.max_steps}"
         return profiled_steps(c, self.backend.step_profiler, range(s.step + 1, last + 1), ends_because,
-                              self.rank, lambda check: self._on_rank0_for_all(
-                                  check, (OSError,), ConfigError, "config field 'output_dir': "), self.times)
+                              self.rank, lambda check: rank0_decides(self.collectives, check, Failure(
+                                  OSError, ConfigError, lambda exc: f"config field 'output_dir': {exc}")),
+                              self.times)
 
     def _end_schedule_at_max_steps(self) -> None:
         """End the LR schedule at `max_steps`, which counts the steps taken (also before a resume at another
@@ -773,6 +756,12 @@ _NO_EVAL_SAMPLES = "eval_dataset() holds no samples: return None for no evaluati
 _AS_BUILT = "as built"
 _AS_BUILT_LINE = ("the model as build_model() returns it (rank 0's weights, sent to every rank); checkpoint= "
                   "loads a checkpoint's weights instead")
+
+
+def _predict_failure(output: str | None) -> Failure:
+    """How rank 0's storage failure in predict(output=...) (a ValueError or OSError: shards there already,
+    an index that cannot be written) is one DataError on every rank."""
+    return Failure((ValueError, OSError), DataError, lambda exc: f"predict(output={output!r}): {exc}")
 
 
 def loop_of(trainer: Any) -> TrainingLoop:
