@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 
+import job_specs
 import pytest
 import yaml
-from azure_project import make_project
+from job_specs import IMAGE
 from test_azure_sweep import in_job, sweep
 
 from hvdazure.azure import submission, submit_v2
@@ -25,7 +26,6 @@ from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
-IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 SERVERLESS_VM = "Standard_NC24ads_A100_v4"  # one A100 per node
 SPACE = ("lr: {type: loguniform, min_value: -9.2, max_value: -2.3}\n"
          "batch_size: {type: choice, values: [16, 32]}\n")
@@ -34,19 +34,16 @@ SUBCOMMANDS = {"command job": [], "sweep job": ["sweep"], "in-job sweep": ["in-j
 SETTINGS = {"name": "digits-lr_7", "description": "digits: lr and batch size", "max_duration": 7200}
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    return make_project(tmp_path, monkeypatch, {"space.yaml": SPACE}, v1=True)
+pytestmark.append(pytest.mark.project(files={"space.yaml": SPACE}, v1=True))
 
 
-def spec(kind: str = "command job", **overrides) -> JobSpec:
-    return JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 2, "processes_per_node": 4,
-                      "image": IMAGE, "script_args": ["--set", "epochs=3"], "sweep": KINDS[kind](),
-                      **overrides})
+def spec_of(kind: str = "command job", **overrides) -> JobSpec:
+    """job_specs.spec() as a job of `kind` (a key of KINDS)."""
+    return job_specs.spec(**{"script_args": ["--set", "epochs=3"], "sweep": KINDS[kind](), **overrides})
 
 
 def serverless(kind: str = "command job", **overrides) -> JobSpec:
-    return spec(kind, compute="serverless", vm_size=SERVERLESS_VM, processes_per_node=None, **overrides)
+    return spec_of(kind, compute="serverless", vm_size=SERVERLESS_VM, processes_per_node=None, **overrides)
 
 
 def rest_body(path):
@@ -69,7 +66,7 @@ def refusal(job: JobSpec, tmp_path, sdk: str = "v2") -> str:
 # --- name, description, max duration: every kind, both SDKs ------------------------------------------------
 @pytest.mark.parametrize("kind", KINDS)
 def test_v2_every_kind_of_job_is_named_described_and_bounded_as_asked(project, tmp_path, kind):
-    result = submission.dry_run(spec(kind, **SETTINGS), tmp_path / "job.yml")
+    result = submission.dry_run(spec_of(kind, **SETTINGS), tmp_path / "job.yml")
 
     written = yaml.safe_load((tmp_path / "job.yml").read_text())
     assert (written["name"], written["description"], written["limits"]["timeout"]) == (
@@ -88,7 +85,7 @@ def test_v2_every_kind_of_job_is_named_described_and_bounded_as_asked(project, t
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_v1_every_kind_of_run_is_named_described_and_bounded_as_asked(project, tmp_path, kind):
-    result = submission.dry_run(spec(kind, **SETTINGS), tmp_path / "run.yml", sdk="v1")
+    result = submission.dry_run(spec_of(kind, **SETTINGS), tmp_path / "run.yml", sdk="v1")
 
     written = yaml.safe_load((tmp_path / "run.yml").read_text())
     assert (written["runId"], written["description"]) == ("digits-lr_7", "digits: lr and batch size")
@@ -102,8 +99,8 @@ def test_v1_every_kind_of_run_is_named_described_and_bounded_as_asked(project, t
 
 
 def test_without_them_azure_ml_names_the_job_and_no_limit_is_written(project, tmp_path):
-    result = submission.dry_run(spec(), tmp_path / "job.yml")
-    submission.dry_run(spec(), tmp_path / "run.yml", sdk="v1")
+    result = submission.dry_run(spec_of(), tmp_path / "job.yml")
+    submission.dry_run(spec_of(), tmp_path / "run.yml", sdk="v1")
 
     written = yaml.safe_load((tmp_path / "job.yml").read_text())
     assert not {"name", "description", "limits", "queue_settings"} & set(written)
@@ -172,7 +169,7 @@ def test_cli_refuses_a_bad_max_duration_in_one_line_before_the_workspace_is_soug
 
 @pytest.mark.parametrize("name", ["a", "7", "digits-lr_7", "Digits_LR-7", "d" * 256])
 def test_a_job_name_azure_ml_takes_is_kept_as_given(project, name):
-    assert resolve(spec(name=name)).name == name
+    assert resolve(spec_of(name=name)).name == name
 
 
 @pytest.mark.parametrize("name", ["-digits", "_digits", "digits.7", "digits 7", "digits/7", "dígits", "",
@@ -187,7 +184,7 @@ def test_cli_refuses_a_job_name_azure_ml_would_not_take_in_one_line(project, cap
 
 
 def test_a_credential_in_the_description_is_refused_without_echoing_it(project, tmp_path):
-    message = refusal(spec(description="see https://a.blob.core.windows.net/c?sv=1&sig=SECRET"), tmp_path)
+    message = refusal(spec_of(description="see https://a.blob.core.windows.net/c?sv=1&sig=SECRET"), tmp_path)
 
     assert message.startswith("--description: looks like a credential (a SAS signature, sig=)")
     assert "SECRET" not in message
@@ -205,11 +202,11 @@ def test_a_credential_in_the_description_is_refused_without_echoing_it(project, 
 ])
 def test_a_max_duration_azure_ml_would_misread_is_refused_for_every_kind(project, tmp_path, kind, seconds,
                                                                          message):
-    assert refusal(spec(kind, max_duration=seconds), tmp_path).startswith(message)
+    assert refusal(spec_of(kind, max_duration=seconds), tmp_path).startswith(message)
 
 
 def test_the_offline_check_catches_a_file_that_no_longer_says_the_settings_asked(project, tmp_path):
-    job = resolve(spec(**SETTINGS))
+    job = resolve(spec_of(**SETTINGS))
     api = submit_v2.V2Sdk()
     files = api.write_yaml(job, tmp_path / "job.yml")
     written = yaml.safe_load(files[-1].read_text())
@@ -267,7 +264,7 @@ def test_cli_takes_the_job_tier_and_priority_in_any_case(project, capsys):
                                 "Standard_NC24ads_A100_v4): Azure ML would pick a CPU VM"),
 ])
 def test_queue_settings_where_azure_ml_takes_none_are_one_line(project, tmp_path, overrides, message):
-    assert refusal(spec(**overrides), tmp_path).startswith(message)
+    assert refusal(spec_of(**overrides), tmp_path).startswith(message)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -297,7 +294,7 @@ USES_BOTH = ["--set", "checkpoint_dir=${{outputs.ckpt}}", "--set", "extra.model=
 
 @pytest.mark.parametrize("kind", ["command job", "in-job sweep"])
 def test_outputs_of_the_model_types_are_registered_as_the_assets_asked(project, tmp_path, kind):
-    result = submission.dry_run(spec(kind, outputs=[MODEL, CHECKPOINTS], script_args=USES_BOTH),
+    result = submission.dry_run(spec_of(kind, outputs=[MODEL, CHECKPOINTS], script_args=USES_BOTH),
                                 tmp_path / "job.yml")
 
     written = yaml.safe_load((tmp_path / "job.yml").read_text())["outputs"]
@@ -331,18 +328,19 @@ def test_cli_registers_an_output_given_with_name_and_version(project, tmp_path, 
 
 
 def test_a_sweep_jobs_outputs_take_the_model_types_but_no_registration(project, tmp_path):
-    submission.dry_run(spec("sweep job", outputs=[OutputSpec("model", type="custom_model")],
-                            script_args=["--set", "extra.model=${{outputs.model}}"]), tmp_path / "job.yml")
+    submission.dry_run(spec_of("sweep job", outputs=[OutputSpec("model", type="custom_model")],
+                               script_args=["--set", "extra.model=${{outputs.model}}"]), tmp_path / "job.yml")
     _, body = rest_body(tmp_path / "job.yml")
 
     assert body["outputs"]["model"]["jobOutputType"] == "custom_model"
-    assert refusal(spec("sweep job", outputs=[MODEL], script_args=USES_BOTH[2:]), tmp_path / "refused") == (
+    job = spec_of("sweep job", outputs=[MODEL], script_args=USES_BOTH[2:])
+    assert refusal(job, tmp_path / "refused") == (
         "--output model: name=digits-model registers a job's output, and each trial of a sweep writes its "
         "own: register the best trial's after the sweep (az ml model create or az ml data create, from "
         "azureml://jobs/TRIAL/outputs/model)")
 
 
 def test_sdk_v1_refuses_outputs_of_every_type(project, tmp_path):
-    assert refusal(spec(outputs=[MODEL], script_args=USES_BOTH[2:]), tmp_path, sdk="v1") == (
+    assert refusal(spec_of(outputs=[MODEL], script_args=USES_BOTH[2:]), tmp_path, sdk="v1") == (
         "--input and --output need SDK v2 (the default); with --sdk v1, pass the script a datastore path "
         "instead")

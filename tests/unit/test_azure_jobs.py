@@ -28,18 +28,14 @@ from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
+              pytest.mark.filterwarnings("ignore::PendingDeprecationWarning"),
+              # `project`: a folder named like the fixtures' experiment, with HOME (azureml-core's caches)
+              pytest.mark.project(v1=True, under="w")]
 WORKSPACE = WorkspaceRef("sub-id", "rg", "ws")
 PREEMPTION_ERROR = ("AzureMLCompute job failed.\nPreemptionError: Nodes of this job got pre-empted. Check if "
                     "the run has failed or restarted. Reason: Received pre-emption warning signal")
 PREEMPTION_WARNING = "Low priority compute preemption warning: a node has been preempted."
 SDKS = ["v2", "v1"]
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    """A folder named like the fixtures' experiment; HOME under tmp_path (azureml-core's caches)."""
-    return make_project(tmp_path / "w", monkeypatch, v1=True)
 
 
 @pytest.fixture

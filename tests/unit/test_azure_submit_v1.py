@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import responses
-from azure_project import make_project
 from fakes.azureml_jobs import FAKE_TOKEN, FakeCredential  # azureml-core reads tenant and user from it
 
 from hvdazure.azure import submission
@@ -28,7 +27,8 @@ from hvdazure.azure.workspace import WorkspaceRef
 
 # azureml-core 1.61 uses APIs its dependencies deprecate (marshmallow fields, ruamel.yaml's loaders)
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
+              pytest.mark.filterwarnings("ignore::PendingDeprecationWarning"),
+              pytest.mark.project(v1=True)]
 FIXTURES = Path(__file__).parent / "fixtures" / "azure"
 WS = "/subscriptions/sub-id/resourceGroups/rg/providers/Microsoft.MachineLearningServices/workspaces/ws"
 IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
@@ -121,11 +121,6 @@ def _run(run_id: str, properties: dict | None = None) -> dict:
             "experimentId": "11111111-0000-0000-0000-000000000000", "createdUtc": "2026-01-01T00:00:00Z",
             "target": "gpu-cluster", "runType": "azureml.scriptrun", "name": None, "displayName": None,
             "description": None, "tags": {}, "properties": properties or {}, "hidden": False}
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    return make_project(tmp_path, monkeypatch, v1=True)
 
 
 @contextmanager

@@ -21,7 +21,6 @@ import responses
 from azure.core.credentials import AccessToken, AccessTokenInfo
 from azure.core.exceptions import ClientAuthenticationError
 from azure.core.pipeline.transport import RequestsTransport
-from azure_project import make_project
 from fakes.azureml_jobs import transport_response
 
 from hvdazure.azure import submission, submit_v2
@@ -32,7 +31,8 @@ from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 
 # azure-ai-ml 1.35.2 defines marshmallow fields that marshmallow deprecates: hundreds of warnings per import
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.project(files={"data/big.bin": b"x" * 1000, ".amlignore": "data/\n"})]
 FIXTURES = Path(__file__).parent / "fixtures" / "azure"
 WS = "/subscriptions/sub-id/resourceGroups/rg/providers/Microsoft.MachineLearningServices/workspaces/ws"
 WORKSPACE = WorkspaceRef("sub-id", "rg", "ws")
@@ -183,11 +183,6 @@ class RecordingTransport(RequestsTransport):
         status, answer = self.workspace.answer(request.method, request.url, body)
         return transport_response(request, status, {"Content-Type": "application/json"},
                                   json.dumps(answer).encode(), stream=bool(kwargs.get("stream")))
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    return make_project(tmp_path, monkeypatch, {"data/big.bin": b"x" * 1000, ".amlignore": "data/\n"})
 
 
 @pytest.fixture

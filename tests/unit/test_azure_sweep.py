@@ -12,22 +12,24 @@ import dataclasses
 import json
 import re
 import shlex
+from functools import partial
 
+import job_specs
 import pytest
 import responses
 import yaml
+from job_specs import IMAGE
 from test_azure_submit_v2 import BLOB_HOST, WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport
 
 from hvdazure.azure import submission, submit_v2, sweep_spec
 from hvdazure.azure.compute import ClusterSpec
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.job_spec import JobSpec, OutputSpec, resolve
+from hvdazure.azure.job_spec import OutputSpec, resolve
 from hvdazure.cli import main
 from hvdazure.core.config import TrainConfig
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
-IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 SPACE = """\
 lr: {type: loguniform, min_value: -9.2, max_value: -2.3}
 batch_size: {type: choice, values: [16, 32, 64]}
@@ -35,15 +37,7 @@ extra.hidden: {type: choice, values: [32, 64, 128]}
 """
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    directory = tmp_path / "project"
-    directory.mkdir()
-    (directory / "train.py").write_text("print('training')\n")
-    (directory / "space.yaml").write_text(SPACE)
-    monkeypatch.chdir(directory)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
-    return directory
+pytestmark.append(pytest.mark.project(files={"space.yaml": SPACE}))
 
 
 POLICY_OPTIONS = ("early_termination", "evaluation_interval", "delay_evaluation", "slack_factor",
@@ -57,9 +51,7 @@ def sweep(**options) -> sweep_spec.SweepSpec:
                                    **options})
 
 
-def spec(**overrides) -> JobSpec:
-    return JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 2, "processes_per_node": 4,
-                      "image": IMAGE, "script_args": ["--set", "epochs=3"], "sweep": sweep(), **overrides})
+spec = partial(job_specs.spec, script_args=["--set", "epochs=3"], sweep=sweep())
 
 
 def load(path):

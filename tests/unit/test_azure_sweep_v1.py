@@ -15,8 +15,10 @@ import re
 import subprocess
 import sys
 
+import job_specs
 import pytest
 import yaml
+from job_specs import IMAGE
 from test_azure_submit_v1 import FakeCredential, FakeService, serving
 from test_azure_sweep import sweep
 
@@ -28,7 +30,6 @@ from hvdazure.azure.workspace import WorkspaceRef
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")]
-IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 SPACE = """\
 lr: {type: loguniform, min_value: -9.2, max_value: -2.3}
 batch_size: {type: choice, values: [16, 32, 64]}
@@ -38,24 +39,13 @@ ENTRY_ARGS = ["--param", "lr=lr", "--param", "batch_size=batch_size", "--param",
               "--", "train.py", "--set", "epochs=3", "--set", "mlflow=true"]
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # azureml-core caches snapshots under ~/.azureml
-    (tmp_path / "home" / ".azureml").mkdir(parents=True)
-    directory = tmp_path / "project"
-    directory.mkdir()
-    (directory / "train.py").write_text("print('training')\n")
-    (directory / "space.yaml").write_text(SPACE)
-    monkeypatch.chdir(directory)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # where a dry run writes by default
-    return directory
+pytestmark.append(pytest.mark.project(files={"space.yaml": SPACE}, v1=True))
 
 
-def spec(**options) -> JobSpec:
+def sweep_job(**options) -> JobSpec:
     """The sweep job of `options`: the job's own (name, description, max duration) and the sweep's."""
     job = {name: options.pop(name) for name in ("name", "description", "max_duration") if name in options}
-    return JobSpec(script="train.py", compute="gpu-cluster", nodes=2, processes_per_node=4, image=IMAGE,
-                   script_args=["--set", "epochs=3"], sweep=sweep(**options), **job)
+    return job_specs.spec(script_args=["--set", "epochs=3"], sweep=sweep(**options), **job)
 
 
 def hyperdrive(spec: JobSpec) -> sweep_v1.HyperDriveRun:
@@ -66,8 +56,8 @@ def hyperdrive(spec: JobSpec) -> sweep_v1.HyperDriveRun:
 
 # --- the HyperDriveConfig ---------------------------------------------------------------------------------
 def test_the_hyperdrive_config_holds_sampling_metric_limits_and_policy_around_the_mpi_trial(project):
-    config = hyperdrive(spec(trials=20, max_concurrent_trials=4, seed=7, max_duration=7200,
-                             early_termination="bandit", slack_factor=0.2)).build_config()
+    config = hyperdrive(sweep_job(trials=20, max_concurrent_trials=4, seed=7, max_duration=7200,
+                                  early_termination="bandit", slack_factor=0.2)).build_config()
 
     assert config._generator_config == {
         "name": "RANDOM", "properties": {"seed": 7},
@@ -96,7 +86,7 @@ def test_the_hyperdrive_config_holds_sampling_metric_limits_and_policy_around_th
 def test_each_sampler_and_policy_becomes_hyperdrives_own(project, options, sampling, policy):
     (project / "space.yaml").write_text("batch_size: {type: choice, values: [16, 32]}\n"
                                         "epochs: {type: choice, values: [2, 4]}\n")
-    config = hyperdrive(spec(**options)).build_config()
+    config = hyperdrive(sweep_job(**options)).build_config()
 
     assert config._generator_config["name"] == sampling
     assert config._policy_config == policy
@@ -104,7 +94,7 @@ def test_each_sampler_and_policy_becomes_hyperdrives_own(project, options, sampl
 
 
 def test_v1_dry_run_writes_the_hyperdrive_settings_and_the_trial_and_loads_both_back(project, tmp_path):
-    result = submission.dry_run(spec(early_termination="median"), tmp_path / "run.yml", sdk="v1")
+    result = submission.dry_run(sweep_job(early_termination="median"), tmp_path / "run.yml", sdk="v1")
 
     written = yaml.safe_load((tmp_path / "run.yml").read_text())
     assert written["hyperdrive"]["primary_metric_config"] == {"goal": "minimize", "name": "eval_loss"}
@@ -123,7 +113,7 @@ def test_v1_dry_run_writes_the_hyperdrive_settings_and_the_trial_and_loads_both_
 
 
 def test_a_written_file_that_no_longer_says_the_same_fails_to_load_back(project, tmp_path):
-    run = hyperdrive(spec())
+    run = hyperdrive(sweep_job())
     (path,) = run.write_yaml(tmp_path / "run.yml")
     written = yaml.safe_load(path.read_text())
     written["hyperdrive"]["generator_config"]["name"] = "SOBOL"
@@ -154,7 +144,7 @@ def test_what_hyperdrive_refuses_is_one_line_before_anything_is_written(project,
                                                                          message):
     (project / "space.yaml").write_text(space)
     with pytest.raises(JobSpecError, match=message):
-        submission.dry_run(spec(**options), tmp_path / "run.yml", sdk="v1")
+        submission.dry_run(sweep_job(**options), tmp_path / "run.yml", sdk="v1")
 
     assert not (tmp_path / "run.yml").exists()
 
@@ -164,14 +154,14 @@ def test_an_entry_file_the_upload_would_leave_out_is_refused(project, tmp_path):
 
     with pytest.raises(JobSpecError, match=r"^hvdazure_hyperdrive\.py is excluded by .*\.amlignore, and an "
                                            r"SDK v1 sweep's trials run it from the upload: let it through"):
-        submission.dry_run(spec(), tmp_path / "run.yml", sdk="v1")
+        submission.dry_run(sweep_job(), tmp_path / "run.yml", sdk="v1")
 
 
 def test_a_file_of_the_entrys_name_that_is_not_it_is_refused(project, tmp_path):
     (project / ENTRY_FILE).write_text("print('mine')\n")
 
     with pytest.raises(JobSpecError, match=r"hvdazure_hyperdrive\.py is not hvdazure's HyperDrive entry"):
-        submission.dry_run(spec(), tmp_path / "run.yml", sdk="v1")
+        submission.dry_run(sweep_job(), tmp_path / "run.yml", sdk="v1")
 
 
 def test_the_entry_file_is_there_for_the_snapshot_only_and_one_of_the_user_stays(project):
@@ -219,7 +209,7 @@ def service():
 
 
 def test_a_v1_sweep_uploads_the_code_with_the_entry_file_then_starts_a_hyperdrive_run(project, service):
-    job = spec(trials=8, max_concurrent_trials=2, early_termination="median")
+    job = sweep_job(trials=8, max_concurrent_trials=2, early_termination="median")
     workspace = WorkspaceRef("sub-id", "rg", "ws")
     submitted = submission.submit(job, workspace, sdk="v1", credential=FakeCredential())
 
@@ -294,8 +284,8 @@ def test_the_entry_exits_2_with_one_line_when_hyperdrive_passed_no_value(tmp_pat
 
 
 def test_a_trial_timeout_is_each_hyperdrive_trials_max_run_duration(project, tmp_path):
-    config = hyperdrive(spec(trial_timeout=5400)).build_config()
-    submission.dry_run(spec(trial_timeout=5400), tmp_path / "run.yml", sdk="v1")
+    config = hyperdrive(sweep_job(trial_timeout=5400)).build_config()
+    submission.dry_run(sweep_job(trial_timeout=5400), tmp_path / "run.yml", sdk="v1")
 
     assert config.run_config.run_config.max_run_duration_seconds == 5400
     written = yaml.safe_load((tmp_path / "run.yml").read_text())
@@ -321,7 +311,7 @@ def test_a_v1_in_job_sweep_submits_a_run_whose_command_is_the_sweep(project, ser
 
 def test_a_submitted_hyperdrive_run_is_named_described_and_bounded_as_asked(project, service):
     workspace = WorkspaceRef("sub-id", "rg", "ws")
-    submitted = submission.submit(spec(name="digits-sweep", description="lr sweep", max_duration=7200),
+    submitted = submission.submit(sweep_job(name="digits-sweep", description="lr sweep", max_duration=7200),
                                   workspace, sdk="v1", credential=FakeCredential())
 
     (started,) = [u for m, u, _ in service.calls if "/hyperdrive/v1.0/" in u]
@@ -336,7 +326,7 @@ def test_a_submitted_hyperdrive_run_is_named_described_and_bounded_as_asked(proj
 
 def test_a_submitted_hyperdrive_run_gives_each_trial_the_trial_timeout(project, service):
     workspace = WorkspaceRef("sub-id", "rg", "ws")
-    submission.submit(spec(trial_timeout=5400), workspace, sdk="v1", credential=FakeCredential())
+    submission.submit(sweep_job(trial_timeout=5400), workspace, sdk="v1", credential=FakeCredential())
 
     (experiment,) = service.experiments
     assert experiment["platform_config"]["Definition"]["Overrides"]["maxRunDurationSeconds"] == 5400
