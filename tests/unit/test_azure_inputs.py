@@ -10,12 +10,12 @@ import pytest
 import yaml
 from test_azure_submit_v2 import (  # noqa: F401  (fixtures)
     IMAGE,
+    PROJECT,
     WORKSPACE,
     FakeCredential,
     FakeWorkspace,
     RecordingTransport,
     fake,
-    project,
     submit,
 )
 
@@ -25,7 +25,7 @@ from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, parse_input,
 from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
 from hvdazure.cli import main
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), PROJECT]
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -96,7 +96,7 @@ def test_what_azure_ml_would_misread_or_refuse_late_is_one_line_naming_it(text, 
     assert "\n" not in str(error.value)
 
 
-def test_an_input_built_in_python_is_checked_as_strictly(project):  # noqa: F811
+def test_an_input_built_in_python_is_checked_as_strictly(project):
     job = JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
                   inputs=[InputSpec("data", "azureml:digits", mode="download")])
     with pytest.raises(JobSpecError, match=r"^--input data: azureml:digits has no version"):
@@ -105,7 +105,7 @@ def test_an_input_built_in_python_is_checked_as_strictly(project):  # noqa: F811
 
 @pytest.mark.parametrize("value", ["azureml:digits", "azureml:digits@prod", "azureml:digits@latest:ro-mount",
                                    "mltable:azureml:digits@latest", "azureml:digits@latest:eval_mount"])
-def test_the_dry_run_refuses_each_in_one_line_naming_it(project, capsys, value):  # noqa: F811
+def test_the_dry_run_refuses_each_in_one_line_naming_it(project, capsys, value):
     code = main(["submit", "train.py", "--compute", "gpu-cluster", "--nodes", "2", "--vm-size",
                  "Standard_ND96asr_v4", "--image", IMAGE, "--dry-run", "--input", f"data={value}", "--",
                  "--set", "extra.data=${{inputs.data}}"])
@@ -147,7 +147,7 @@ def test_data_assets_are_looked_up_before_the_environment_and_the_code(project, 
     assert fake.job_put()["inputs"]["data"]["uri"].endswith("/data/digits/versions/3")
 
 
-def test_the_dry_run_says_which_references_the_submission_looks_up_first(project, tmp_path):  # noqa: F811
+def test_the_dry_run_says_which_references_the_submission_looks_up_first(project, tmp_path):
     from hvdazure.azure import submission
 
     job = JobSpec(script="train.py", compute="cpu", processes_per_node=1, environment="azureml:team@latest",
@@ -190,7 +190,7 @@ ARGS = ["--set", "extra.raw=${{inputs.raw}}", "--set", "extra.local=${{inputs.lo
 
 
 @pytest.fixture
-def local_data(project):  # noqa: F811
+def local_data(project):
     """A folder outside the code directory, so its upload is its own, not the code's."""
     (project / "space.yaml").write_text("lr: {type: choice, values: [0.1, 0.01]}\n")
     folder = project.parent / "localdata"
@@ -216,7 +216,7 @@ def test_a_submission_passes_a_url_through_and_uploads_a_local_folder(project, f
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_dry_run_writes_a_url_as_it_is_and_a_local_path_as_an_absolute_path(project, local_data,  # noqa: F811
+def test_the_dry_run_writes_a_url_as_it_is_and_a_local_path_as_an_absolute_path(project, local_data,
                                                                                   tmp_path, kind):
     from azure.ai.ml import load_job
 
@@ -234,7 +234,7 @@ def test_the_dry_run_writes_a_url_as_it_is_and_a_local_path_as_an_absolute_path(
                                          "passed through, local uploaded)")
 
 
-def test_the_dry_run_refuses_a_job_file_whose_inputs_the_submission_would_look_up_as_assets(project,  # noqa: F811
+def test_the_dry_run_refuses_a_job_file_whose_inputs_the_submission_would_look_up_as_assets(project,
                                                                                              local_data,
                                                                                              tmp_path):
     """What azure-ai-ml's own dump writes (`azureml:` before every path) is caught by the offline check."""
@@ -258,7 +258,7 @@ def test_the_dry_run_refuses_a_job_file_whose_inputs_the_submission_would_look_u
                                 "directory: give --input local=uri_file:../localdata/part-0.bin"),
     ("../nothing", "--input local: ../nothing does not exist (a local path is uploaded)"),
 ])
-def test_a_local_input_of_the_wrong_kind_is_refused_before_anything_is_written(project, local_data, capsys,  # noqa: F811
+def test_a_local_input_of_the_wrong_kind_is_refused_before_anything_is_written(project, local_data, capsys,
                                                                                value, message):
     code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
                  "--output-yaml", "../job.yml", "--input", f"local={value}", "--", "--set",
@@ -270,7 +270,7 @@ def test_a_local_input_of_the_wrong_kind_is_refused_before_anything_is_written(p
 
 
 @pytest.mark.parametrize("value", [URL, "../localdata"])
-def test_sdk_v1_refuses_a_url_or_local_input_in_one_line(project, local_data, capsys, value):  # noqa: F811
+def test_sdk_v1_refuses_a_url_or_local_input_in_one_line(project, local_data, capsys, value):
     code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
                  "--sdk", "v1", "--output-yaml", "../job.yml", "--input", f"data={value}", "--", "--set",
                  "extra.data=${{inputs.data}}"])
@@ -362,7 +362,7 @@ def test_an_output_azure_ml_would_not_write_where_asked_is_one_line_naming_it(te
     assert "\n" not in str(error.value)
 
 
-def test_an_output_built_in_python_is_checked_as_strictly(project):  # noqa: F811
+def test_an_output_built_in_python_is_checked_as_strictly(project):
     job = JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
                   outputs=[OutputSpec("m", "s3://bucket/x")])
     with pytest.raises(JobSpecError, match=r"^--output m: s3://bucket/x is not a datastore path"):
@@ -371,7 +371,7 @@ def test_an_output_built_in_python_is_checked_as_strictly(project):  # noqa: F81
 
 @pytest.mark.parametrize("value", ["m=s3://bucket/x", "m=/local/dir", "ckpt=azureml:mymodel:1",
                                    f"m={DATASTORE}:ro_mount"])
-def test_the_cli_refuses_each_output_in_one_line_and_writes_nothing(project, capsys, value):  # noqa: F811
+def test_the_cli_refuses_each_output_in_one_line_and_writes_nothing(project, capsys, value):
     code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
                  "--output-yaml", "../job.yml", "--output", value])
 
@@ -382,7 +382,7 @@ def test_the_cli_refuses_each_output_in_one_line_and_writes_nothing(project, cap
     assert not (project.parent / "job.yml").exists()
 
 
-def test_name_colon_mode_reaches_the_rest_body(project, tmp_path):  # noqa: F811
+def test_name_colon_mode_reaches_the_rest_body(project, tmp_path):
     code = main(["submit", "train.py", "--compute", "cpu", "-ppn", "1", "--image", IMAGE, "--dry-run",
                  "--output-yaml", str(tmp_path / "job.yml"), "--output", "ckpt:upload", "--output",
                  f"best=uri_file:{DATASTORE}best.pt", "--", "--set", "checkpoint_dir=${{outputs.ckpt}}",

@@ -30,9 +30,10 @@ from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, resolve
 from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 
+# the `project` (conftest.py) of these tests and test_azure_inputs': a data folder its .amlignore leaves out
+PROJECT = pytest.mark.project(files={"data/big.bin": b"x" * 1000, ".amlignore": "data/\n"})
 # azure-ai-ml 1.35.2 defines marshmallow fields that marshmallow deprecates: hundreds of warnings per import
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.project(files={"data/big.bin": b"x" * 1000, ".amlignore": "data/\n"})]
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), PROJECT]
 FIXTURES = Path(__file__).parent / "fixtures" / "azure"
 WS = "/subscriptions/sub-id/resourceGroups/rg/providers/Microsoft.MachineLearningServices/workspaces/ws"
 WORKSPACE = WorkspaceRef("sub-id", "rg", "ws")
