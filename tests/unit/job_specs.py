@@ -1,5 +1,6 @@
 """The job every Azure submission test submits: `spec()`, the project's train.py on 2 nodes of 4 processes of
-IMAGE in gpu-cluster, but for the fields a test gives.
+IMAGE in gpu-cluster, but for the fields a test gives; `rest_body()`, what azure-ai-ml makes of a job file;
+`submit_v1()`, spec() submitted with SDK v1.
 
 A test module whose jobs differ from it in some fields names them once, as
 `spec = functools.partial(job_specs.spec, <its fields>)`; a test still overrides any of them by name.
@@ -7,7 +8,10 @@ A test module whose jobs differ from it in some fields names them once, as
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from fakes.azureml_jobs import FakeCredential
 
 from hvdazure.azure.job_spec import JobSpec
 
@@ -18,3 +22,23 @@ def spec(**fields: Any) -> JobSpec:
     """A JobSpec of train.py on 2 nodes x 4 processes of IMAGE in gpu-cluster, with `fields` over those."""
     return JobSpec(**{"script": "train.py", "compute": "gpu-cluster", "nodes": 2, "processes_per_node": 4,
                       "image": IMAGE, **fields})
+
+
+def rest_body(path: Path) -> tuple[Any, dict]:
+    """The job file at `path` loaded afresh, as `az ml job create -f` would, and the REST body it becomes
+    (its "properties")."""
+    from azure.ai.ml import load_job
+    from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
+
+    job = load_job(path)
+    return job, to_rest_job_object(job).as_dict()["properties"]
+
+
+def submit_v1(**overrides: Any) -> Any:
+    """spec() with `overrides` submitted with SDK v1 to whatever fake serves azureml-core's requests (see
+    test_azure_submit_v1.serving), its processes per node left to the compute's VM size."""
+    from hvdazure.azure import submission
+    from hvdazure.azure.workspace import WorkspaceRef
+
+    return submission.submit(spec(processes_per_node=None, **overrides), WorkspaceRef("sub-id", "rg", "ws"),
+                             sdk="v1", credential=FakeCredential())

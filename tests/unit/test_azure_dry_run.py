@@ -18,7 +18,7 @@ from pathlib import Path
 import job_specs
 import pytest
 import yaml
-from job_specs import IMAGE
+from job_specs import IMAGE, rest_body
 
 from hvdazure.azure import submission, submit_v2
 from hvdazure.azure.errors import JobSpecError, SubmitError
@@ -32,18 +32,11 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
 spec = partial(job_specs.spec, script_args=["--set", "epochs=3"])
 
 
-def load(path):
-    from azure.ai.ml import load_job
-    from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
-
-    return to_rest_job_object(load_job(path)).as_dict()["properties"]
-
-
 def test_the_yaml_loads_with_load_job_into_an_mpi_job_of_the_asked_layout(project, tmp_path):
     job = spec(env={"NCCL_DEBUG": "INFO"}, shm_size="16g")
     result = submission.dry_run(job, tmp_path / "out" / "job.yml")
 
-    body = load(tmp_path / "out" / "job.yml")  # loaded afresh, as `az ml job create -f` would
+    body = rest_body(tmp_path / "out" / "job.yml")[1]  # loaded afresh, as `az ml job create -f` would
     assert body["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 4}
     assert body["resources"] == {"instanceCount": 2, "shmSize": "16g", "properties": {}}
     assert body["command"] == "python train.py --set epochs=3"
@@ -82,7 +75,7 @@ def test_a_registered_environment_is_referenced_and_no_environment_file_is_writt
     result = submission.dry_run(spec(image=None, environment="azureml:team-env@latest"), tmp_path / "job.yml")
 
     assert result.files == [tmp_path / "job.yml"]
-    assert load(tmp_path / "job.yml")["environmentId"] == "team-env@latest"
+    assert rest_body(tmp_path / "job.yml")[1]["environmentId"] == "team-env@latest"
 
 
 def test_inputs_and_outputs_reach_the_rest_body(project, tmp_path):
@@ -92,7 +85,7 @@ def test_inputs_and_outputs_reach_the_rest_body(project, tmp_path):
                             "--set", "checkpoint_dir=${{outputs.ckpt}}"])
     submission.dry_run(job, tmp_path / "job.yml")
 
-    body = load(tmp_path / "job.yml")
+    body = rest_body(tmp_path / "job.yml")[1]
     assert body["inputs"] == {"data": {"uri": "digits@latest", "mode": "Download",
                                        "jobInputType": "uri_folder"}}
     assert body["outputs"] == {"ckpt": {"mode": "ReadWriteMount", "jobOutputType": "uri_folder"}}
@@ -148,7 +141,7 @@ def test_load_job_accepts_zero_nodes_and_negative_processes_which_hvdazure_refus
     job["distribution"]["process_count_per_instance"] = -4
     (tmp_path / "bad.yml").write_text(yaml.safe_dump(job))
 
-    body = load(tmp_path / "bad.yml")  # no error from the SDK
+    body = rest_body(tmp_path / "bad.yml")[1]  # no error from the SDK
 
     assert (body["resources"]["instanceCount"], body["distribution"]["processCountPerInstance"]) == (0, -4)
 

@@ -11,15 +11,13 @@ from functools import partial
 import job_specs
 import pytest
 import yaml
-from job_specs import IMAGE
-from test_azure_submit_v1 import FakeCredential as V1Credential
+from job_specs import IMAGE, submit_v1
 from test_azure_submit_v1 import FakeService, serving
 from test_azure_submit_v2 import WS, fake, submit  # noqa: F401  (fixtures)
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
 from hvdazure.azure.job_spec import resolve
-from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -82,11 +80,6 @@ def service():
     fake_service = EnvironmentService()
     with serving(fake_service):
         yield fake_service
-
-
-def submit_v1(**overrides):
-    return submission.submit(spec(processes_per_node=None, **overrides), WorkspaceRef("sub-id", "rg", "ws"),
-                             sdk="v1", credential=V1Credential())
 
 
 def test_v1_submission_sends_the_environment_version_the_dry_run_printed(project, service):

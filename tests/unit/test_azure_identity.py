@@ -13,8 +13,7 @@ import requests
 import responses
 import yaml
 from azure_project import make_project
-from job_specs import IMAGE, spec
-from test_azure_submit_v1 import FakeCredential as V1Credential
+from job_specs import IMAGE, spec, submit_v1
 from test_azure_submit_v1 import service  # noqa: F401  (fixture)
 from test_azure_submit_v2 import fake, submit  # noqa: F401  (fixtures)
 from test_azure_sweep import sweep
@@ -24,7 +23,6 @@ from hvdazure.azure.errors import JobSpecError
 from hvdazure.azure.job_identity import parse_identity
 from hvdazure.azure.job_spec import resolve
 from hvdazure.azure.resolved_job import JobIdentity
-from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -127,11 +125,6 @@ def test_cli_takes_identity_for_submit_and_sweep_and_prints_it(project, capsys, 
 
 
 # --- SDK v1 -----------------------------------------------------------------------------------------------
-def submit_v1(**overrides):
-    return submission.submit(spec(processes_per_node=None, **overrides), WorkspaceRef("sub-id", "rg", "ws"),
-                             sdk="v1", credential=V1Credential())
-
-
 def test_v1_user_identity_is_credential_passthrough(v1_project, service):  # noqa: F811
     submit_v1(identity="user")
 

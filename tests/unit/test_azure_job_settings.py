@@ -14,7 +14,7 @@ import json
 import job_specs
 import pytest
 import yaml
-from job_specs import IMAGE
+from job_specs import IMAGE, rest_body
 from test_azure_sweep import in_job, sweep
 
 from hvdazure.azure import submission, submit_v2
@@ -44,15 +44,6 @@ def spec_of(kind: str = "command job", **overrides) -> JobSpec:
 
 def serverless(kind: str = "command job", **overrides) -> JobSpec:
     return spec_of(kind, compute="serverless", vm_size=SERVERLESS_VM, processes_per_node=None, **overrides)
-
-
-def rest_body(path):
-    """The job file loaded afresh, as `az ml job create -f` would, and the REST body it becomes."""
-    from azure.ai.ml import load_job
-    from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
-
-    job = load_job(path)
-    return job, to_rest_job_object(job).as_dict()["properties"]
 
 
 def refusal(job: JobSpec, tmp_path, sdk: str = "v2") -> str:

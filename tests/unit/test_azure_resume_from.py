@@ -16,7 +16,7 @@ from functools import partial
 
 import job_specs
 import pytest
-from job_specs import IMAGE
+from job_specs import IMAGE, rest_body
 from test_azure_submit_v2 import WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport, fixture
 from test_azure_submit_v2 import fake as fake  # the fixture: the fake workspace, its uploads recorded
 
@@ -40,13 +40,6 @@ spec = partial(job_specs.spec, nodes=8, processes_per_node=8, script_args=["--se
                resume_from=SOURCE)
 
 
-def load(path):
-    from azure.ai.ml import load_job
-    from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
-
-    return to_rest_job_object(load_job(path)).as_dict()["properties"]
-
-
 # --- the dry run: the wiring in the file and the report, and what it did not check -------------------------
 @pytest.mark.parametrize(("args", "outputs", "uri", "where"), [
     # the trainer's default inside Azure ML: the job's own ./outputs/checkpoints, among its files
@@ -65,7 +58,7 @@ def test_the_dry_run_reads_the_jobs_checkpoints_through_a_read_only_input_and_se
     result = submission.dry_run(spec(script_args=["--set", "epochs=10", *args], outputs=outputs),
                                 tmp_path / "job.yml")
 
-    body = load(tmp_path / "job.yml")  # as `az ml job create -f` reads it
+    body = rest_body(tmp_path / "job.yml")[1]  # as `az ml job create -f` reads it
     assert body["inputs"]["resume_from"] == {"jobInputType": "uri_folder", "mode": "ReadOnlyMount",
                                              "uri": uri}
     assert body["command"].endswith(f" {SETTINGS}")
@@ -85,7 +78,7 @@ def test_checkpoints_at_a_url_are_read_by_the_new_job_itself_without_an_input(pr
     url = "abfs://ckpt@acct.dfs.core.windows.net/digits"
     submission.dry_run(spec(script_args=["--set", f"checkpoint_dir={url}"]), tmp_path / "job.yml")
 
-    body = load(tmp_path / "job.yml")
+    body = rest_body(tmp_path / "job.yml")[1]
     assert not body.get("inputs")
     assert body["command"] == (f"python train.py --set checkpoint_dir={url} --set resume=auto "
                                f"--set resume_from={url}/latest")

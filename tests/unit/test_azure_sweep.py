@@ -16,10 +16,10 @@ from functools import partial
 
 import job_specs
 import pytest
-import responses
 import yaml
-from job_specs import IMAGE
-from test_azure_submit_v2 import BLOB_HOST, WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport
+from job_specs import IMAGE, rest_body
+from test_azure_submit_v2 import WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport
+from test_azure_submit_v2 import fake as fake  # the fixture: the fake workspace, its uploads recorded
 
 from hvdazure.azure import submission, submit_v2, sweep_spec
 from hvdazure.azure.compute import ClusterSpec
@@ -54,14 +54,6 @@ def sweep(**options) -> sweep_spec.SweepSpec:
 spec = partial(job_specs.spec, script_args=["--set", "epochs=3"], sweep=sweep())
 
 
-def load(path):
-    from azure.ai.ml import load_job
-    from azure.ai.ml.entities._job.to_rest_functions import to_rest_job_object
-
-    job = load_job(path)
-    return job, to_rest_job_object(job).as_dict()["properties"]
-
-
 # --- the sweep job's YAML -----------------------------------------------------------------------------------
 def test_the_sweep_yaml_loads_with_load_job_into_a_sweep_job_whose_trial_is_the_mpi_job(project, tmp_path):
     from azure.ai.ml.sweep import SweepJob
@@ -70,7 +62,7 @@ def test_the_sweep_yaml_loads_with_load_job_into_a_sweep_job_whose_trial_is_the_
                max_duration=7200, shm_size="16g")
     result = submission.dry_run(job, tmp_path / "out" / "sweep.yml")
 
-    loaded, body = load(tmp_path / "out" / "sweep.yml")  # afresh, as `az ml job create -f` would
+    loaded, body = rest_body(tmp_path / "out" / "sweep.yml")  # afresh, as `az ml job create -f` would
     assert isinstance(loaded, SweepJob)
     trial = loaded.trial
     assert (trial.resources.instance_count, trial.distribution.process_count_per_instance) == (2, 4)
@@ -291,7 +283,7 @@ def test_an_in_job_sweep_is_one_mpi_job_whose_ranks_run_the_sweep_entry_point(pr
     job = spec(sweep=in_job(trials=24, ranks_per_trial=4, pruner="median", seed=3))
     result = submission.dry_run(job, tmp_path / "job.yml")
 
-    _, body = load(tmp_path / "job.yml")
+    _, body = rest_body(tmp_path / "job.yml")
     assert body["jobType"] == "Command"
     assert body["distribution"] == {"distributionType": "Mpi", "processCountPerInstance": 4}
     assert body["resources"]["instanceCount"] == 2
@@ -359,15 +351,6 @@ def test_an_in_job_sweep_with_sdk_v1_is_a_run_of_the_same_command(project, tmp_p
 
 
 # --- submitted up to HTTP ---------------------------------------------------------------------------------
-@pytest.fixture
-def fake():
-    workspace = FakeWorkspace()
-    with responses.RequestsMock(assert_all_requests_are_fired=False) as blob_store:
-        for method in ("PUT", "HEAD", "GET"):
-            blob_store.add_callback(method, BLOB_HOST, callback=workspace.blob)
-        yield workspace
-
-
 def submit(fake: FakeWorkspace, **overrides):
     job = spec(processes_per_node=None, **overrides)  # from the compute's VM size, as Azure reports it
     return submission.submit(job, WORKSPACE, credential=FakeCredential(),
@@ -523,7 +506,7 @@ def test_a_trial_timeout_reaches_the_sweep_jobs_limits(project, tmp_path):
     result = submission.dry_run(spec(sweep=sweep(trial_timeout=5400), max_duration=36000),
                                 tmp_path / "job.yml")
 
-    _, body = load(tmp_path / "job.yml")
+    _, body = rest_body(tmp_path / "job.yml")
     assert (body["limits"]["trialTimeout"], body["limits"]["timeout"]) == ("PT1H30M", "PT10H")
     assert "early termination: none; each trial stops after 1h30m (5400 s)" in result.report()
     assert "max duration: 10h (36000 s), then Azure ML cancels the job" in result.report()
