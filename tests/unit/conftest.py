@@ -1,4 +1,5 @@
-"""Fixtures of the unit tests: `project`, the project folder every Azure submission test starts from.
+"""Fixtures of the unit tests: `project`, the project folder every Azure submission test starts from, and
+`checkpoint_dir`, a fresh in-memory checkpoint folder.
 
 A fixture here costs only the tests that ask for it by name (none is autouse), so the suite's time does not
 grow with what is shared here. Plain builders live in modules of their own (azure_project.py, job_specs.py,
@@ -7,6 +8,8 @@ shard_files.py).
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,3 +33,16 @@ def project(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
     layout = dict(mark.kwargs) if mark is not None else {}
     under = layout.pop("under", None)
     return make_project(tmp_path / under if under else tmp_path, monkeypatch, **layout)
+
+
+@pytest.fixture
+def checkpoint_dir() -> Iterator[str]:
+    """A fresh memory:// folder for the trainer's checkpoints (fsspec's in-memory filesystem, shared by the
+    threads of a fake-rank job), removed after the test."""
+    import fsspec
+
+    url = f"memory://fake-ranks-{uuid.uuid4().hex}"
+    yield url
+    fs = fsspec.filesystem("memory")
+    if fs.exists(url):
+        fs.rm(url, recursive=True)

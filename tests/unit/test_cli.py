@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from no_process import must_not_start
 
 from hvdazure.cli import main
 
@@ -51,16 +52,12 @@ def test_command_after_double_dash_is_taken_verbatim(monkeypatch):
     assert (seen["timeout"], seen["grace"], seen["verbose"]) == (5.0, 30.0, False)
 
 
-def _must_not_start(*args, **kwargs):
-    raise AssertionError(f"started a process: {args[0] if args else kwargs}")
-
-
 @pytest.mark.parametrize("command", [
     ["missing.py", "--set", "epochs=1"], ["python", "missing.py"], ["--", "python3", "missing.py"],
 ])
 def test_a_missing_script_fails_in_one_line_before_any_rank_starts(capsys, monkeypatch, tmp_path, command):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(subprocess, "Popen", _must_not_start)
+    monkeypatch.setattr(subprocess, "Popen", must_not_start)
 
     assert main(["run", "-np", "2", *command]) == 2
     assert capsys.readouterr().err == (
@@ -90,7 +87,7 @@ def test_the_network_interface_option_reaches_the_launch_request(monkeypatch):
 
 
 def test_a_network_interface_this_machine_lacks_fails_in_one_line_before_any_rank_starts(capsys, monkeypatch):
-    monkeypatch.setattr(subprocess, "Popen", _must_not_start)
+    monkeypatch.setattr(subprocess, "Popen", must_not_start)
 
     assert main(["run", "-np", "2", "--network-interface", "nosuch0", "--", "python", "-c", "pass"]) == 2
     err = capsys.readouterr().err

@@ -9,6 +9,7 @@ import argparse
 import subprocess
 
 import pytest
+from no_process import must_not_start
 
 from hvdazure.cli import build_parser, main
 from hvdazure.core.durations import FORMS, DurationAction
@@ -40,7 +41,7 @@ def test_every_option_of_seconds_takes_units(where, given, seconds):
 @pytest.mark.parametrize("where", OPTIONS)
 def test_a_bad_duration_is_one_line_naming_the_option_the_value_and_the_forms(capsys, monkeypatch, where):
     before, option, after, _ = OPTIONS[where]
-    monkeypatch.setattr(subprocess, "Popen", _must_not_start)
+    monkeypatch.setattr(subprocess, "Popen", must_not_start)
 
     with pytest.raises(SystemExit) as exit_info:
         main([*before, option, "2x", *after])
@@ -49,10 +50,6 @@ def test_a_bad_duration_is_one_line_naming_the_option_the_value_and_the_forms(ca
     command = "hvdazure " + " ".join(before[:3] if before[0] == "azure" else before[:1])
     assert capsys.readouterr().err == (f"hvdazure: error: {option} 2x: not a duration; {FORMS} "
                                        f"(see {command} --help)\n")
-
-
-def _must_not_start(*args, **kwargs):
-    raise AssertionError(f"started a process: {args[0] if args else kwargs}")
 
 
 def test_run_gives_the_launcher_the_timeout_and_grace_in_seconds(monkeypatch):

@@ -17,12 +17,10 @@ import logging
 import signal
 import threading
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-import fsspec
 import numpy as np
 import pytest
 from fakes.fake_backend import (
@@ -130,15 +128,6 @@ class StopRequest(Callback):
     def on_step_end(self, trainer: Trainer) -> None:
         if trainer.state.step == self.at_step:
             trainer.state.request_stop("asked by the test")
-
-
-@pytest.fixture
-def checkpoint_dir() -> Iterator[str]:
-    url = f"memory://fake-ranks-{uuid.uuid4().hex}"
-    yield url
-    fs = fsspec.filesystem("memory")
-    if fs.exists(url):
-        fs.rm(url, recursive=True)
 
 
 # --- one uninterrupted run, at many shapes ----------------------------------------------------------------

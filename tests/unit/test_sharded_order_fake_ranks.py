@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import itertools
 import math
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 
-import fsspec
 import numpy as np
 import pytest
 from fakes.fake_backend import FakeTrainer, LinearProblem, ThreadWorld, initial_weights
@@ -87,15 +84,6 @@ def shards_touched(order: ShardOrder, trainer: FakeTrainer, epoch: int) -> int:
     samples = [i for record in trainer.steps if record.epoch == epoch for cell in record.micro_batches
                for i in cell]
     return len(set(order.locate(np.array(samples, dtype=np.int64))[0].tolist()))
-
-
-@pytest.fixture
-def checkpoint_dir() -> Iterator[str]:
-    url = f"memory://sharded-fake-ranks-{uuid.uuid4().hex}"
-    yield url
-    fs = fsspec.filesystem("memory")
-    if fs.exists(url):
-        fs.rm(url, recursive=True)
 
 
 # --- the order through the loop ---------------------------------------------------------------------------

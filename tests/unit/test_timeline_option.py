@@ -5,6 +5,7 @@ import os
 import subprocess
 
 import pytest
+from no_process import must_not_start
 
 from hvdazure.cli import main
 from hvdazure.launch.command import LaunchSpec, build_command
@@ -30,10 +31,6 @@ def test_a_relative_timeline_is_made_absolute_and_its_folder_created(monkeypatch
     assert not (tmp_path / "traces" / "job.json").exists()  # the check that it can be written leaves nothing
 
 
-def _must_not_start(*args, **kwargs):
-    raise AssertionError(f"started a process: {args[0] if args else kwargs}")
-
-
 @pytest.mark.parametrize(("where", "why"), [
     ("folder", "is a directory"),
     ("file/job.json", "cannot make its folder"),
@@ -44,8 +41,8 @@ def test_a_timeline_that_cannot_be_written_is_refused_in_one_line_before_any_ran
     (tmp_path / "folder").mkdir()
     (tmp_path / "file").write_text("in the way")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(subprocess, "Popen", _must_not_start)
-    monkeypatch.setattr("hvdazure.launch.supervisor.run_job", _must_not_start)
+    monkeypatch.setattr(subprocess, "Popen", must_not_start)
+    monkeypatch.setattr("hvdazure.launch.supervisor.run_job", must_not_start)
 
     assert main(["run", "-np", "2", "--timeline", where, "--", "python", "-c", "pass"]) == 2
     err = capsys.readouterr().err
