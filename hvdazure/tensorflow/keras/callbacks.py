@@ -14,6 +14,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from hvdazure.core.agreement import Failure, rank0_decides
 from hvdazure.core.checkpoint_store import CheckpointError, CheckpointManager, new_run_id
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.lr import LRSchedule
@@ -146,15 +147,10 @@ class Checkpoint(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if (epoch + 1) % self.every_epochs:
             return
-        failure = b""
-        if self._manager is not None:
-            try:
-                self._save(epoch + 1, logs or {})
-            except Exception as exc:
-                failure = f"checkpoint save in {self.directory} failed: {type(exc).__name__}: {exc}".encode()
-        failure = self._collectives.broadcast_bytes(failure if self._manager is not None else None)
-        if failure:
-            raise CheckpointError(failure.decode())
+        # rank 0 saves; its failure is one CheckpointError on every rank (one broadcast), never a hang
+        rank0_decides(self._collectives, lambda: self._save(epoch + 1, logs or {}), Failure(
+            Exception, CheckpointError,
+            lambda exc: f"checkpoint save in {self.directory} failed: {type(exc).__name__}: {exc}"))
 
     def _save(self, epochs_done: int, logs: dict[str, Any]) -> None:
         optimizer = self.model.optimizer
