@@ -117,6 +117,14 @@ def test_checkpoints_are_written_by_rank_0_only_verified_and_hold_the_final_weig
     assert weights == reports[0]["final_weights"]
 
 
+def test_a_save_failing_on_rank_0_is_the_same_checkpoint_error_on_every_rank_not_a_hang(job):
+    reports = job
+    kind, message = reports[0]["failed_save"]
+    assert kind == "CheckpointError"
+    assert message.startswith("checkpoint save in /proc/hvdazure-cannot-write-here failed: "), message
+    assert reports[1]["failed_save"] == reports[0]["failed_save"]
+
+
 def test_digits_sample_reaches_95_percent_eval_accuracy_on_2_ranks(tmp_path):
     run = run_job(REPO / "samples" / "keras_fit_digits.py", out_dir=tmp_path, np=2, timeout=300)
 

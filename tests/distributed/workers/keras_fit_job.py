@@ -6,7 +6,8 @@ Configured through TrainConfig's CLI (epochs, batch_size, lr, warmup_steps, sche
 starts from its own random weights (BroadcastInitialState must replace them) and reports: the data, its
 weights after the broadcast and after fit, its metrics' local state variables before MetricAverage sums
 them (train and validation, per epoch), fit's history, the LR of every step, and its checkpoint directory
-(ckpt-rank<r>: only rank 0's may exist).
+(ckpt-rank<r>: only rank 0's may exist). Then one more epoch with a Checkpoint that rank 0 cannot write:
+each rank reports the exception it got (type and message).
 """
 
 import os
@@ -84,12 +85,21 @@ def main() -> None:
     unseen = np.random.default_rng(8).normal(size=(101, 3))
     predictions = hk.predict(model, unseen, 8)
     alone = np.concatenate([model.predict_on_batch(unseen[i : i + 8]) for i in range(0, 101, 8)])
+    final_weights = [w.tolist() for w in model.get_weights()]
+
+    # a save that fails on rank 0 (a directory not even root can create) is an error on every rank
+    failed_save = None
+    try:
+        model.fit(train.dataset, steps_per_epoch=train.steps_per_epoch, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[hk.Checkpoint("/proc/hvdazure-cannot-write-here")])
+    except Exception as exc:
+        failed_save = [type(exc).__name__, str(exc)]
 
     report_rank(hvd.rank(), {
         "predictions_shape": list(predictions.shape),
         "predictions_as_alone": predictions.tobytes() == alone.tobytes(),
         "x": x.tolist(), "y": y.tolist(), "steps_per_epoch": train.steps_per_epoch,
-        "initial_weights": recorder.initial, "final_weights": [w.tolist() for w in model.get_weights()],
+        "initial_weights": recorder.initial, "final_weights": final_weights, "failed_save": failed_save,
         "local_train_states": local.train, "local_val_states": local.val, "history": history.history,
         "lrs": recorder.lrs, "checkpoint_dir": checkpoints,
     })
