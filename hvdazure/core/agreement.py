@@ -5,7 +5,8 @@ Two shapes, each one collective that every rank enters at the same point:
 - `rank0_decides`: rank 0 alone acts (storage: once for the job) or decides, and broadcasts the verdict:
   its result, which every rank returns, or its failure, which every rank raises as the same exception
   (type and one-line message). Each caller says, with `Failure` rules, which of rank 0's exceptions are
-  shared and as what; one that no rule catches is raised on rank 0 alone, as a bug would be.
+  shared and as what; one that no rule catches (a bug) is re-raised on rank 0 as it was, with its
+  traceback, and the other ranks raise RankZeroFailed naming it, rather than wait for a verdict.
 - `every_rank_tries`: every rank tries its part; all learn every rank's outcome (one allgather), and all
   raise if any rank failed, with the caller's exception naming the failed rank(s) and their errors.
 
@@ -34,6 +35,11 @@ class Failure:
     message: Callable[[Exception], str] = str
 
 
+class RankZeroFailed(RuntimeError):
+    """On the other ranks: rank 0 failed in `rank0_decides` with an exception no rule shares (its own
+    traceback is rank 0's)."""
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """A rank whose part failed in `every_rank_tries`, and its error as the caller described it."""
@@ -45,18 +51,24 @@ class RankFailure:
 def rank0_decides(collectives: Collectives, decide: Callable[[], T], *failures: Failure) -> T:
     """`decide()` on rank 0 only; its result (a JSON value) returned on every rank (one broadcast). An
     exception it raises that the first matching rule of `failures` catches is raised on every rank, as
-    that rule says; any other is raised on rank 0 alone (no broadcast)."""
+    that rule says; any other is re-raised on rank 0 and the other ranks raise RankZeroFailed."""
     verdict: dict[str, Any] = {}
+    unexpected: Exception | None = None
     if collectives.rank == 0:
         try:
             verdict = {"result": decide()}
         except Exception as exc:
             rule = next((i for i, f in enumerate(failures) if isinstance(exc, f.catch)), None)
             if rule is None:
-                raise
-            verdict = {"failure": rule, "message": failures[rule].message(exc)}
+                unexpected, verdict = exc, {"unexpected": f"{type(exc).__name__}: {exc}"}
+            else:
+                verdict = {"failure": rule, "message": failures[rule].message(exc)}
     mine = json.dumps(verdict).encode() if collectives.rank == 0 else None
     shared: dict[str, Any] = json.loads(collectives.broadcast_bytes(mine))
+    if unexpected is not None:
+        raise unexpected
+    if "unexpected" in shared:
+        raise RankZeroFailed(f"rank 0 failed ({shared['unexpected']}); see rank 0's traceback")
     if "failure" in shared:
         raise failures[shared["failure"]].raise_as(shared["message"])
     result: T = shared["result"]

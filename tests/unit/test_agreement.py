@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fakes.fake_backend import FakeCollectives, ThreadWorld
 
-from hvdazure.core.agreement import Failure, RankFailure, every_rank_tries, rank0_decides
+from hvdazure.core.agreement import Failure, RankFailure, RankZeroFailed, every_rank_tries, rank0_decides
 from hvdazure.core.backend import DataError
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.config import ConfigError
@@ -97,18 +97,18 @@ def test_rank0s_failure_keeps_a_subclass_rule_apart_from_its_base():
         assert [(type(o), str(o)) for o in outcomes] == [(kind, str(error))] * 2
 
 
-def test_a_failure_no_rule_catches_is_raised_on_rank0_alone_as_it_was():
-    """A bug, not a verdict: rank 0 raises it without the broadcast (the other ranks' wait is aborted)."""
+def test_a_failure_no_rule_catches_is_rank0s_own_and_the_other_ranks_are_told_instead_of_waiting():
+    """A bug, not a verdict: rank 0 raises it as it was (its traceback); the others raise RankZeroFailed
+    naming it. Was: raised on rank 0 alone, without the broadcast: the other ranks waited for it."""
     bug = ZeroDivisionError("division by zero")
 
     def decide():
         raise bug
 
-    world = ThreadWorld(3, timeout=TIMEOUT)
-    with pytest.raises(ZeroDivisionError) as raised:
-        world.run([lambda r=r: rank0_decides(FakeCollectives(world, r), decide, Failure(OSError, DataError))
-                   for r in range(3)])
-    assert raised.value is bug
+    outcomes = _on_ranks(3, lambda c: rank0_decides(c, decide, Failure(OSError, DataError)))
+    assert outcomes[0] is bug
+    assert [(type(o), str(o)) for o in outcomes[1:]] == [
+        (RankZeroFailed, "rank 0 failed (ZeroDivisionError: division by zero); see rank 0's traceback")] * 2
 
 
 # --- every rank tries ------------------------------------------------------------------------------------
