@@ -18,33 +18,23 @@ import json
 import os
 import platform
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hvdazure._version import __version__
 from hvdazure.core import run_context
-from hvdazure.core.agreement import Failure, RankFailure, every_rank_tries, rank0_decides
+from hvdazure.core.agreement import Failure, rank0_decides
 from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
-from hvdazure.core.checkpoint_export import NotACheckpoint, exported_checkpoint, refuse_a_file
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.environments import Environment, detect_environment
-from hvdazure.core.errors import exception_line
+from hvdazure.core.inference import Inference
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, RunningMean
 from hvdazure.core.nonfinite import RECORD, NonFiniteError, NonFiniteWatch
-from hvdazure.core.object_store import redact
-from hvdazure.core.predictions import (
-    Outputs,
-    PredictionWriter,
-    checked_outputs,
-    gather_in_order,
-    join_batches,
-    prediction_batches,
-)
 from hvdazure.core.preemption_watcher import PreemptionWatcher
 from hvdazure.core.profiling import ProfiledSteps, profiled_steps, with_profile_from
 from hvdazure.core.rank_logging import configure_logging, logger
@@ -60,7 +50,6 @@ from hvdazure.core.trainer_checkpoints import (
     CheckpointPieces,
     ResumePoint,
     TrainerCheckpoints,
-    checkpoint_location,
     data_order_record,
     default_checkpoint_dir,
     refuse_changed_data,
@@ -90,8 +79,7 @@ class TrainingLoop:
         self.checkpoints: TrainerCheckpoints | None = None
         self.environment: Environment  # set by fit(): the environment that started this process
         self._fitted: tuple[str, TrainConfig] | None = None  # how the last fit() ended, and its config
-        self._built_for_inference = False  # a predict()/test() before any fit() started ranks, built a model
-        self._inference_weights: str | None = None  # before any fit(): what that model holds, on every rank
+        self.inference = Inference(self)  # predict(), test() and the weights they use
         self._signal: int | None = None  # a stop signal this rank received
         self._signal_reason: str | None = None  # what asked for it, when not a real signal
         self._step_samples_here: int | None = None  # this rank's samples in the step running (log_metrics)
@@ -256,109 +244,23 @@ class TrainingLoop:
         self._emit("on_epoch_end")
         self._reduce_metrics_and_votes()  # agree on stops asked for in evaluation or by epoch-end callbacks
 
-    # --- predict and test, exact across ranks ----------------------------------------------------------
+    # --- predict and test (core/inference.py) ------------------------------------------------------------
     def predict(self, dataset: Any, checkpoint: str | None, output: str | None = None) -> Any:
-        """predict_step over every sample of `dataset` once (the trainer's predict_dataset() if None), the
-        outputs in dataset order on every rank (core/predictions.py); from `checkpoint`'s weights if given.
-        With `output`, written as shards there instead (each rank its part, then the index) and the
-        dataset returned."""
-        writer = self.backend.prediction_writer(output) if output is not None else None
-        self.ready_for_inference("predict", checkpoint)
-        if writer is not None:
-            rank0_decides(self.collectives, writer.check_empty, _predict_failure(output))
-        data = self.backend.inference_data(self._dataset_for("predict", dataset), "predict")
-        if not len(data):
-            raise DataError("predict(): the dataset holds no samples")
-        batches = prediction_batches(len(data), self.config.batch_size, self.world_size, self.rank)
-        outputs = checked_outputs("predict_step", self.backend.predict(data, batches), batches,
-                                  self.backend.output_as_numpy)
-        if writer is None:
-            return gather_in_order(join_batches("predict_step", outputs), self.collectives.allgather_bytes,
-                                   len(data))
-        return self._write_predictions(writer, output or "", outputs)
-
-    def _write_predictions(self, writer: PredictionWriter, output: str, batches: Iterator[Outputs]) -> Any:
-        """Every rank writes its part; all learn whether every part was written (a rank that failed raises
-        its own error, the others one line naming it); rank 0 then writes the index."""
-        def refused(failed: list[RankFailure]) -> DataError:
-            return DataError(f"predict(output={output!r}): rank {failed[0].rank} could not write its "
-                             f"predictions ({failed[0].error}); the directory has no index: predict into a "
-                             "new one")
-
-        parts = every_rank_tries(self.collectives, lambda: writer.write_part(self.rank, batches).decode(),
-                                 exception_line, refused, own_error=True)
-        rank0_decides(self.collectives, lambda: writer.commit([part.encode() for part in parts]),
-                      _predict_failure(output))
-        logger.info(f"predict(): wrote the predictions as shards to {output}")
-        return writer.open()
+        """Inference.predict: predict_step over `dataset`, in dataset order on every rank (or as shards)."""
+        return self.inference.predict(dataset, checkpoint, output)
 
     def test(self, dataset: Any, checkpoint: str | None) -> dict[str, float]:
-        """validation_step's metrics over `dataset` (the trainer's test_dataset() if None), the exact means
-        over all its samples as an evaluation in fit() computes them; from `checkpoint`'s weights if given."""
-        self.ready_for_inference("test", checkpoint)
-        data = self.backend.inference_data(self._dataset_for("test", dataset), "test")
-        meter = self._new_meter("validation_step")
-        self.backend.evaluate(meter, data=data)
-        reduced = meter.reduce(self.collectives.allgather_floats, self._gather_names)
-        if not reduced.count:
-            raise DataError("test(): the dataset holds no samples")
-        return reduced.means
-
-    def _dataset_for(self, purpose: str, dataset: Any) -> Any:
-        """`dataset`, or the trainer's predict_dataset() / test_dataset() hook's; a DataError for none."""
-        if dataset is None:
-            dataset = self.trainer.predict_dataset() if purpose == "predict" else self.trainer.test_dataset()
-            if dataset is None:
-                raise DataError(f"{purpose}() needs a dataset: pass one, or implement {purpose}_dataset()")
-        return dataset
+        """Inference.test: validation_step's exact means over `dataset`."""
+        return self.inference.test(dataset, checkpoint)
 
     def ready_for_inference(self, what: str, checkpoint: str | None) -> str | None:
-        """The ranks started and the model built (by a fit() or here, without the training data), and the
-        weights of `checkpoint` loaded on rank 0 and sent to every rank; returns the URL of the checkpoint
-        loaded (None: none). For predict, test and export.
+        """Inference.ready: ranks started, model built, `checkpoint`'s weights on every rank (for export)."""
+        return self.inference.ready(what, checkpoint)
 
-        Without a checkpoint before any fit(), the model is the one build_model() returns, with rank 0's
-        weights sent to every rank: build_model may load pretrained weights (a Hugging Face model, a file),
-        so the model as built is not taken to be untrained; one log line says which weights are used."""
-        if self._fitted is None and not self._built_for_inference:
-            self._start_ranks()
-            self.backend.build(self.config.lr)
-            self._built_for_inference = True
-        if checkpoint is not None:
-            self._inference_weights = None  # until loaded: a load that fails midway leaves rank 0's alone
-            self._inference_weights = self._load_weights(checkpoint, what)
-            return self._inference_weights
-        if self._fitted is None:
-            if self._inference_weights is None:  # rank 0's, as built: every rank predicts with the same model
-                self.backend.broadcast_model_and_optimizer()
-                self._inference_weights = _AS_BUILT
-            loaded = f"the model's weights of checkpoint {self._inference_weights}, loaded by an earlier call"
-            logger.info(f"{what}(): " + (_AS_BUILT_LINE if self._inference_weights == _AS_BUILT else loaded))
-        return None
-
-    def _load_weights(self, checkpoint: str, what: str) -> str:
-        """Rank 0 loads the model's weights of `checkpoint` ("latest"/"best" of the checkpoint directory, or a
-        path or URL) and every rank gets them; a checkpoint that cannot be used is one line on every rank.
-        Returns the checkpoint's URL (redacted; rank 0's)."""
-        where, which = checkpoint_location(checkpoint, self.config.checkpoint_dir, self.environment, what)
-        then = "" if what == "export" else f"; then {what}() without checkpoint= uses that model"
-        rank0_decides(self.collectives, lambda: refuse_a_file(where, then),
-                      Failure(NotACheckpoint, NotACheckpoint))
-        loaded = {"url": ""}  # rank 0's, for its log line
-
-        def load() -> None:
-            with exported_checkpoint(where, which, self.backend.model_file) as (chosen, path):
-                try:
-                    self.backend.load_model_file(path)
-                except ValueError as exc:
-                    raise CheckpointError(f"{redact(where)}: its model does not fit this trainer's "
-                                          f"build_model(): {exc}") from None
-            loaded["url"] = redact(chosen.url)
-
-        rank0_decides(self.collectives, load, Failure(CheckpointError, CheckpointError))
-        self.backend.broadcast_model_and_optimizer()
-        logger.info(f"{what}(): the model's weights of checkpoint {loaded['url']}")
-        return loaded["url"]
+    @property
+    def fit_started(self) -> bool:
+        """Whether a fit() started the ranks and built the model (and may have trained it)."""
+        return self._fitted is not None
 
     # --- pieces of the loop --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -388,7 +290,7 @@ class TrainingLoop:
     def _start(self) -> None:
         """Start the backend's ranks; this rank's place, data plan and LR schedule."""
         backend, c = self.backend, self.config
-        self._start_ranks()
+        self.start_ranks()
         order = backend.load_datasets()
         self._check_global_batch(order.num_samples)
         self.sample_plan = SamplePlan(order.num_samples, c.batch_size, self.world_size, self.rank,
@@ -396,7 +298,7 @@ class TrainingLoop:
         self._data_order = data_order_record(self.sample_plan, backend.data_fingerprint())
         self.schedule = LRSchedule.from_config(c, self.world_size, self.sample_plan.steps_per_epoch)
 
-    def _start_ranks(self) -> None:
+    def start_ranks(self) -> None:
         """Start the backend's ranks (once per fit() or first predict/test); this rank's place in them."""
         backend, c = self.backend, self.config
         self.environment = detect_environment()  # once: what it answers is passed on from here
@@ -423,7 +325,7 @@ class TrainingLoop:
         self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
         self.times = backend.step_times = StepTimes(enabled=c.step_times, device=backend.device_stats)
         self._step_batches = StepBatches(self.sample_plan, backend.epoch_batches, self.times)
-        self._meter, self._epoch_means = self._new_meter(), RunningMean()
+        self._meter, self._epoch_means = self.new_meter(), RunningMean()
         self._nonfinite = NonFiniteWatch(c.on_nan_loss, self.is_main, loss_scaling=c.precision == "fp16")
         return CheckpointPieces(
             stateful={"state": self.state, "epoch_train": self._epoch_means,
@@ -586,7 +488,7 @@ class TrainingLoop:
         leaves the model's mode as it was."""
         if not self.config.sanity_check:
             return
-        meter, streams = self._new_meter("validation_step"), self._rng.state_dict()
+        meter, streams = self.new_meter("validation_step"), self._rng.state_dict()
         try:
             has_eval_data = self.backend.evaluate(meter, first_batch_only=True)
         except Exception as exc:
@@ -629,17 +531,17 @@ class TrainingLoop:
         for callback in self.callbacks:
             getattr(callback, event)(self.trainer)
 
-    def _gather_names(self, names: list[str]) -> list[list[str]]:
+    def gather_names(self, names: list[str]) -> list[list[str]]:
         return [json.loads(b) for b in self.collectives.allgather_bytes(json.dumps(names).encode())]
 
-    def _new_meter(self, hook: str = "training_step") -> MetricAccumulator:
+    def new_meter(self, hook: str = "training_step") -> MetricAccumulator:
         return MetricAccumulator(self.backend.metric_to_float64, hook)
 
     def _reduce_metrics_and_votes(self) -> None:
         """One fused collective: the interval's metric sums and counts, the ranks' stop votes and their
         records of non-finite steps (core/nonfinite.py: `stop` raises NonFiniteError here, on every rank)."""
         s, kept = self.state, 1 + len(RECORD)
-        reduced = self._meter.reduce(self.collectives.allgather_floats, self._gather_names,
+        reduced = self._meter.reduce(self.collectives.allgather_floats, self.gather_names,
                                      flags=[float(s.stop_requested), *self.backend.nonfinite_record(),
                                             *self.times.row()])
         self._nonfinite.check([flags[1:kept] for flags in reduced.flags_by_rank], s.step, self.checkpoints)
@@ -689,10 +591,10 @@ class TrainingLoop:
                         grad_allreduce=c.grad_allreduce, checkpoint_async=c.checkpoint_async)
 
     def _run_evaluation(self) -> bool:
-        meter = self._new_meter("validation_step")
+        meter = self.new_meter("validation_step")
         if not self.backend.evaluate(meter):
             return False
-        reduced = meter.reduce(self.collectives.allgather_floats, self._gather_names)
+        reduced = meter.reduce(self.collectives.allgather_floats, self.gather_names)
         if not reduced.count:  # on every rank: the count is reduced
             raise DataError(_NO_EVAL_SAMPLES)
         self.state.eval_metrics = reduced.means
@@ -751,19 +653,6 @@ class TrainingLoop:
 # What another fit() of the same trainer may change: how far the run goes, and what it profiles on the way
 _MAY_CHANGE_BETWEEN_FITS = ("epochs", "max_steps", "profile_steps")
 _NO_EVAL_SAMPLES = "eval_dataset() holds no samples: return None for no evaluation"
-# predict()/test() before any fit() and without checkpoint=: the model build_model() made (it may have loaded
-# pretrained weights), rank 0's weights on every rank
-_AS_BUILT = "as built"
-_AS_BUILT_LINE = ("the model as build_model() returns it (rank 0's weights, sent to every rank); checkpoint= "
-                  "loads a checkpoint's weights instead")
-
-
-def _predict_failure(output: str | None) -> Failure:
-    """How rank 0's storage failure in predict(output=...) (a ValueError or OSError: shards there already,
-    an index that cannot be written) is one DataError on every rank."""
-    return Failure((ValueError, OSError), DataError, lambda exc: f"predict(output={output!r}): {exc}")
-
-
 def loop_of(trainer: Any) -> TrainingLoop:
     """The loop a trainer (core/trainer.py's Trainer) holds, for hvdazure's own tools and tests (benchmarks
     that stop before the first step, test doubles that deliver a signal, the export command); not for
