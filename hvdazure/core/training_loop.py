@@ -36,6 +36,12 @@ from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, RunningMean
 from hvdazure.core.nonfinite import RECORD, NonFiniteError, NonFiniteWatch
 from hvdazure.core.preemption_watcher import PreemptionWatcher
+from hvdazure.core.preflight import (
+    NO_EVAL_SAMPLES,
+    check_global_batch,
+    check_micro_batch_sizes,
+    check_validation_step,
+)
 from hvdazure.core.profiling import ProfiledSteps, profiled_steps, with_profile_from
 from hvdazure.core.rank_logging import configure_logging, logger
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
@@ -283,16 +289,17 @@ class TrainingLoop:
             self._trainer_checkpoints(parent, pieces).resume(c.resume, self._continue_from)
         self.backend.broadcast_model_and_optimizer()  # rank 0's model: as built, or as resumed there
         self._end_schedule_at_max_steps()
-        self._check_micro_batch_sizes()
+        check_micro_batch_sizes(c, self.sample_plan, self.world_size, self.state.samples_in_epoch,
+                                self.backend.min_samples_per_micro_batch())
         self.state.lr = self.schedule.lr_at(self.schedule_step)
-        self._check_validation_step()
+        check_validation_step(c, self.backend, self.new_meter("validation_step"), self._rng)
 
     def _start(self) -> None:
         """Start the backend's ranks; this rank's place, data plan and LR schedule."""
         backend, c = self.backend, self.config
         self.start_ranks()
         order = backend.load_datasets()
-        self._check_global_batch(order.num_samples)
+        check_global_batch(c, self.world_size, order.num_samples)
         self.sample_plan = SamplePlan(order.num_samples, c.batch_size, self.world_size, self.rank,
                                     c.grad_accum_steps, c.seed, order=order)
         self._data_order = data_order_record(self.sample_plan, backend.data_fingerprint())
@@ -302,7 +309,9 @@ class TrainingLoop:
         """Start the backend's ranks (once per fit() or first predict/test); this rank's place in them."""
         backend, c = self.backend, self.config
         self.environment = detect_environment()  # once: what it answers is passed on from here
-        self.collectives = backend.start(self.comm)
+        # the step clock, given to the backend as it starts (its run_step charges its phases to it)
+        self.times = StepTimes(enabled=c.step_times, device=backend.device_stats)
+        self.collectives = backend.start(self.comm, lambda: self.config, self.times)
         if self._context is not None:
             self._context.shutdowns.append(backend.shutdown)
         refuse_adasum_without_mpi(c.reduce_op, self.collectives.controller)
@@ -323,7 +332,6 @@ class TrainingLoop:
         # Average divides the summed gradients by the world size; the loss weights are shares of the whole
         # step, so multiply that division back out.
         self._ranks_averaged = 1 if c.reduce_op == "sum" else self.world_size
-        self.times = backend.step_times = StepTimes(enabled=c.step_times, device=backend.device_stats)
         self._step_batches = StepBatches(self.sample_plan, backend.epoch_batches, self.times)
         self._meter, self._epoch_means = self.new_meter(), RunningMean()
         self._nonfinite = NonFiniteWatch(c.on_nan_loss, self.is_main, loss_scaling=c.precision == "fp16")
@@ -445,61 +453,6 @@ class TrainingLoop:
         return RankStep(micro_batches, self._step_batches.of_step(micro_batches),
                         [mb.loss_weight(self._ranks_averaged) for mb in micro_batches], self.state.step + 1)
 
-    def _check_micro_batch_sizes(self) -> None:
-        """A ConfigError on every rank, before training, if the plan gives some rank a micro-batch smaller
-        than the model can train on (the short last step of an epoch, e.g. 1 sample for BatchNorm)."""
-        need, why, across = self.backend.min_samples_per_micro_batch()
-        plan = self.sample_plan
-        smallest = min(plan.smallest_micro_batch(0, across),
-                       plan.smallest_micro_batch(self.state.samples_in_epoch, across))
-        if smallest >= need:
-            return
-        c = self.config
-        fits = plan.nearest_batch_sizes(min_micro_batch=need, across_ranks=across)
-        counted = " (all ranks together)" if across else ""
-        raise ConfigError(
-            f"config field 'batch_size': {c.batch_size} leaves a micro-batch of {smallest} sample(s)"
-            f"{counted} in the last step of an epoch ({plan.num_samples} samples, global batch "
-            f"{plan.global_batch_size} = {c.batch_size} x {self.world_size} rank(s) x "
-            f"{c.grad_accum_steps} micro-batch(es)), and {why}; try batch_size {' or '.join(map(str, fits))}")
-
-    def _check_global_batch(self, num_samples: int) -> None:
-        """A ConfigError on every rank, before training, for a global batch larger than the training set:
-        every epoch would be one short step, with the LR scaled for samples that are not there."""
-        c, ranks = self.config, self.world_size
-        if num_samples < 1:
-            raise DataError("train_dataset() holds no samples: there is nothing to train on")
-        batch = c.global_batch_size(ranks)
-        if batch <= num_samples:
-            return
-        cells = ranks * c.grad_accum_steps  # micro-batches per step, all ranks together
-        way = (f"use a batch_size of at most {num_samples // cells}" if num_samples >= cells else
-               f"use fewer ranks or grad_accum_steps (ranks x grad_accum_steps at most {num_samples})")
-        scaled = f", with the LR scaled for {batch}" if c.lr_scaling != "none" else ""
-        raise ConfigError(
-            f"config field 'batch_size': the global batch of {batch} samples ({c.batch_size} x {ranks} "
-            f"rank(s) x {c.grad_accum_steps} grad_accum_steps) is larger than the {num_samples} training "
-            f"samples: every epoch would be one step of {num_samples} samples{scaled}; {way}")
-
-    def _check_validation_step(self) -> None:
-        """The sanity check (config field sanity_check): validation_step on one batch per rank before
-        training, so that a broken one fails in seconds, not after an epoch. Nothing of it is kept: its
-        metrics are dropped unreduced (no collective), this rank's RNG streams are restored, and the backend
-        leaves the model's mode as it was."""
-        if not self.config.sanity_check:
-            return
-        meter, streams = self.new_meter("validation_step"), self._rng.state_dict()
-        try:
-            has_eval_data = self.backend.evaluate(meter, first_batch_only=True)
-        except Exception as exc:
-            if not isinstance(exc, ConfigError):  # a one-line error names the hook itself
-                exc.add_note("hvdazure: raised while checking validation_step on one evaluation batch before "
-                             "training (config field sanity_check: false skips this check)")
-            raise
-        self._rng.load_state_dict(streams)
-        if has_eval_data and not meter.samples:
-            raise DataError(_NO_EVAL_SAMPLES)
-
     def _default_callbacks(self) -> list[Callback]:
         c = self.config
         callbacks: list[Callback] = [LRScheduleCallback()]
@@ -596,7 +549,7 @@ class TrainingLoop:
             return False
         reduced = meter.reduce(self.collectives.allgather_floats, self.gather_names)
         if not reduced.count:  # on every rank: the count is reduced
-            raise DataError(_NO_EVAL_SAMPLES)
+            raise DataError(NO_EVAL_SAMPLES)
         self.state.eval_metrics = reduced.means
         return True
 
@@ -652,7 +605,6 @@ class TrainingLoop:
 
 # What another fit() of the same trainer may change: how far the run goes, and what it profiles on the way
 _MAY_CHANGE_BETWEEN_FITS = ("epochs", "max_steps", "profile_steps")
-_NO_EVAL_SAMPLES = "eval_dataset() holds no samples: return None for no evaluation"
 def loop_of(trainer: Any) -> TrainingLoop:
     """The loop a trainer (core/trainer.py's Trainer) holds, for hvdazure's own tools and tests (benchmarks
     that stop before the first step, test doubles that deliver a signal, the export command); not for
