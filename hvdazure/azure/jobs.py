@@ -1,10 +1,11 @@
 """`hvdazure jobs` as functions: a submitted job's life after `hvdazure submit` (list, show, stream, cancel,
 download), with SDK v2 or v1.
 
-Each SDK is a `JobsClient` (jobs_v2.V2Jobs, jobs_v1.V1Jobs), chosen once by `connect` from `--sdk`, which
-also finds the workspace and asks the credential for a token first, as a submission does (a missing login
-is one line before any request). What hvdazure adds to the SDKs is here, once for both: a job that does not
-exist, one that has ended already, or a service that cannot be reached are one line each (JobError, a
+Each SDK's jobs are a `JobsClient` (sdk.py: jobs_v2.V2Jobs, jobs_v1.V1Jobs), which `connect` gets from the SDK
+submission.sdk_for chooses from `--sdk` (AzureSdk.jobs, the one seam submit uses too); it also finds the
+workspace and asks the credential for a token first, as a submission does (a missing login is one line before
+any request). What hvdazure adds to the SDKs is here, once for both: a job that does not exist, one that has
+ended already, or a service that cannot be reached are one line each (JobError, a
 SubmitError: the CLI's exit status 2, as for submit); `show` names a preemption the service reports and the
 command that resumes the job (job_preemption.py); `download` puts nothing in place before it is complete and
 verifies every checkpoint it brought (job_download.py).
@@ -21,52 +22,12 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from hvdazure.azure.errors import JobError, SubmitError, check_count, redact, redacted_line
-from hvdazure.azure.job_checkpoints import (
-    CheckpointPlace,
-    LastCheckpoint,
-    Reader,
-    last_checkpoint,
-    url_reader,
-)
+from hvdazure.azure.job_checkpoints import CheckpointPlace, LastCheckpoint, last_checkpoint, url_reader
 from hvdazure.azure.job_download import Downloaded
 from hvdazure.azure.job_preemption import Preemption, preemption
 from hvdazure.azure.job_records import JobDetails, JobSummary, table
+from hvdazure.azure.sdk import JobsClient
 from hvdazure.azure.workspace import WorkspaceRef
-
-
-class JobsClient(Protocol):
-    """One SDK's view of a workspace's jobs (jobs_v2.V2Jobs, jobs_v1.V1Jobs). Each method raises JobError
-    for a job the workspace does not have; any other SDK error goes up as it is (`service_errors`)."""
-
-    sdk: str
-    workspace: WorkspaceRef
-    named_outputs: bool  # whether its jobs have named outputs (`hvdazure submit --output`: SDK v2 only)
-
-    def recent(self, experiment: str, limit: int) -> list[JobSummary]:
-        """The experiment's newest `limit` jobs, newest first."""
-        ...
-
-    def details(self, name: str) -> JobDetails:
-        """The job, with what Run History says of it (times, error, warnings)."""
-        ...
-
-    def stream(self, name: str) -> None:
-        """Print the job's logs until it ends (what `hvdazure submit --stream` does)."""
-        ...
-
-    def cancel(self, name: str) -> None:
-        """Ask the service to cancel the job."""
-        ...
-
-    def download(self, job: JobDetails, output: str | None, destination: Path) -> None:
-        """Download the job's files and named outputs (or only the output `output`) into `destination`, in
-        job_download.py's layout."""
-        ...
-
-    def reader(self, job: JobDetails, place: CheckpointPlace) -> Reader | None:
-        """A reader of the files of the checkpoint directory `place` among the job's files or outputs, or
-        None where this SDK cannot read it."""
-        ...
 
 
 class Result(Protocol):
@@ -166,19 +127,13 @@ def connect(sdk: str = "v2", workspace: WorkspaceRef | Callable[[], WorkspaceRef
     from hvdazure.azure import workspace as workspace_module
     from hvdazure.azure.submission import sdk_for, warn_of_sdk
 
-    sdk_for(sdk)  # an unknown --sdk, or its SDK not installed: the line submit gives
-    warn_of_sdk(sdk)
+    api = sdk_for(sdk)  # an unknown --sdk, or its SDK not installed: the line submit gives
+    warn_of_sdk(api)
     workspace = workspace() if callable(workspace) else workspace or WorkspaceRef.from_options()
     credential = credential or workspace_module.default_credential()
     workspace_module.check_credential(credential)
     with service_errors(workspace):
-        if sdk == "v1":
-            from hvdazure.azure.jobs_v1 import V1Jobs
-
-            return V1Jobs(workspace, credential, client_options or {})
-        from hvdazure.azure.jobs_v2 import V2Jobs
-
-        return V2Jobs(workspace, credential, client_options or {})
+        return api.jobs(workspace, credential, client_options or {})
 
 
 def list_jobs(jobs: JobsClient, experiment: str, limit: int = 10) -> JobList:

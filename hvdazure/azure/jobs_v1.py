@@ -24,16 +24,16 @@ from hvdazure.azure.workspace import WorkspaceRef
 
 
 class V1Jobs:
-    """The runs of one workspace, through azureml-core's Workspace (authenticated as submit_v1's)."""
+    """The runs of one workspace, through azureml-core's Workspace (authenticated as submit_v1's): the
+    JobsClient (sdk.py) of V1Sdk.jobs."""
 
     sdk = "v1"
     named_outputs = False
 
-    def __init__(self, workspace: WorkspaceRef, credential: Any, client_options: dict[str, Any]) -> None:
-        from hvdazure.azure.submit_v1 import V1Connection
-
+    def __init__(self, workspace: WorkspaceRef, aml_workspace: Any) -> None:
+        """`aml_workspace`: azureml-core's Workspace for `workspace` (V1Sdk.jobs: submit_v1's, signed in)."""
         self.workspace = workspace
-        self.aml_workspace = V1Connection(workspace, credential, client_options).workspace
+        self.aml_workspace = aml_workspace
 
     def recent(self, experiment: str, limit: int) -> list[JobSummary]:
         from azureml.core import Experiment

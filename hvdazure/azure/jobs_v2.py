@@ -26,16 +26,15 @@ DEFAULT_OUTPUT = "default"  # the job's own files (./outputs, logs): Azure ML's 
 
 
 class V2Jobs:
-    """The jobs of one workspace, through azure-ai-ml's MLClient."""
+    """The jobs of one workspace, through azure-ai-ml's MLClient: the JobsClient (sdk.py) of V2Sdk.jobs."""
 
     sdk = "v2"
     named_outputs = True
 
-    def __init__(self, workspace: WorkspaceRef, credential: Any, client_options: dict[str, Any]) -> None:
-        from hvdazure.azure.submit_v2 import client
-
+    def __init__(self, workspace: WorkspaceRef, ml_client: Any) -> None:
+        """`ml_client`: azure-ai-ml's MLClient for `workspace` (V2Sdk.jobs: submit_v2.client's)."""
         self.workspace = workspace
-        self.ml_client = client(workspace, credential, **client_options)
+        self.ml_client = ml_client
 
     def recent(self, experiment: str, limit: int) -> list[JobSummary]:
         found = []

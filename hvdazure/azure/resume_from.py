@@ -1,6 +1,7 @@
 """`hvdazure submit SCRIPT --resume-from NAME`: a new job that goes on with job NAME's training from its
 newest valid checkpoint, on another number of nodes or another VM size (the trainer resumes at any world
-size). No Azure SDK here; the job is looked up through `hvdazure jobs`' own client (jobs_v2.V2Jobs).
+size). No Azure SDK here; the job is looked up through `hvdazure jobs`' own client (the submitting SDK's
+AzureSdk.jobs: SDK v2's, as SDK v1 refuses --resume-from offline).
 
 Where job NAME keeps its checkpoints is read from its command, as `hvdazure jobs` reads it
 (job_checkpoints.checkpoint_place: `--set checkpoint_dir=${{outputs.OUTPUT}}`, a URL, or by default its
@@ -39,7 +40,6 @@ import itertools
 import posixpath
 import shlex
 from collections.abc import Sequence
-from typing import Any
 
 from hvdazure.azure import credential_check
 from hvdazure.azure.errors import JobError, JobSpecError
@@ -52,7 +52,7 @@ from hvdazure.azure.job_checkpoints import (
 from hvdazure.azure.job_records import JobDetails
 from hvdazure.azure.resolved_job import InputSpec, ResumeSource
 from hvdazure.azure.script_args import set_fields, without_fields
-from hvdazure.azure.workspace import WorkspaceRef
+from hvdazure.azure.sdk import JobsClient
 
 RESUME_INPUT = "resume_from"  # the input the new job reads the checkpoints through
 ARTIFACTS_OUTPUT = "artifacts"  # Azure ML's name, in azureml://jobs/... URIs, for a job's own files
@@ -86,14 +86,11 @@ def assumed(name: str, script_args: Sequence[str]) -> ResumeSource:
     return _wiring(name, place, "this job's command", looked_up=False)
 
 
-def look_up(name: str, workspace: WorkspaceRef, credential: Any,
-            client_options: dict[str, Any]) -> ResumeSource:
-    """A submission's wiring: job NAME as the workspace has it (through `hvdazure jobs`' SDK v2 client),
-    refused in one line (SubmitError) if it cannot be resumed."""
-    from hvdazure.azure.jobs_v2 import V2Jobs
-
+def look_up(name: str, jobs: JobsClient) -> ResumeSource:
+    """A submission's wiring: job NAME as the workspace has it (through `hvdazure jobs`' client of the
+    submitting SDK), refused in one line (SubmitError) if it cannot be resumed."""
     try:
-        job = V2Jobs(workspace, credential, client_options).details(name)
+        job = jobs.details(name)
     except JobError as exc:  # not found
         raise JobError(f"--resume-from {name}: {exc}") from None
     return source_of(job)

@@ -1,9 +1,12 @@
-"""What submission.py needs of an Azure ML SDK: the SubmitSdk protocol, which SDK v2 (submit_v2.py) and SDK v1
-(submit_v1.py) each implement once, and the values both return. No Azure SDK here.
+"""The one seam between hvdazure and an Azure ML SDK: the AzureSdk protocol, which SDK v2 (submit_v2.V2Sdk)
+and SDK v1 (submit_v1.V1Sdk) each implement once, and the values both return. No Azure SDK here.
 
-A SubmitSdk works offline first (check, write, validate: what a dry run does) and then, connected to a
-workspace, looks up or creates the compute and submits. submission.py chooses the SDK once, from
-`--sdk`; each dispatches once on the job's kind (resolved_job.py) to the form it sends that kind in.
+An AzureSdk works offline first (check, write, validate: what a dry run does) and then, connected to a
+workspace, looks up or creates the compute and submits; its `jobs` are the workspace's jobs as `hvdazure
+jobs` and `--resume-from` read them (a JobsClient: jobs_v2.V2Jobs, jobs_v1.V1Jobs). submission.sdk_for
+chooses the SDK once, from `--sdk`, for submit, its dry run and `hvdazure jobs`: none of them branches on
+the SDK's name again. Each SDK dispatches once on the job's kind (resolved_job.py) to the form it sends that
+kind in.
 """
 
 from __future__ import annotations
@@ -14,8 +17,17 @@ from typing import Any, Protocol
 
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError
+from hvdazure.azure.job_checkpoints import CheckpointPlace, Reader
+from hvdazure.azure.job_records import JobDetails, JobSummary
 from hvdazure.azure.resolved_job import ResolvedJob
 from hvdazure.azure.workspace import WorkspaceRef
+
+# Printed once by every command that takes `--sdk v1` (submission.warn_of_sdk, from V1Sdk.end_of_support).
+# What v1 still gives is in the Azure ML guide's "SDK v1" section; keep the two in step.
+V1_END_OF_SUPPORT = ("--sdk v1: Azure ML SDK v1 (azureml-core) is past Microsoft's end of support "
+                     "(2026-06-30); v2 (azure-ai-ml) is the default and runs every hvdazure feature; v1 "
+                     "still gives azureml-core's run forms (a ScriptRunConfig run, a HyperDrive sweep) and "
+                     "reads the runs submitted with it")
 
 
 @dataclass(frozen=True)
@@ -64,10 +76,48 @@ class WorkspaceConnection(Protocol):
         ...
 
 
-class SubmitSdk(Protocol):
-    """One Azure ML SDK: the offline steps of a submission, and the connection for the rest."""
+class JobsClient(Protocol):
+    """One SDK's view of a workspace's jobs (jobs_v2.V2Jobs, jobs_v1.V1Jobs), from AzureSdk.jobs. Each method
+    raises JobError for a job the workspace does not have; any other SDK error goes up as it is
+    (jobs.service_errors)."""
+
+    sdk: str
+    workspace: WorkspaceRef
+    named_outputs: bool  # whether its jobs have named outputs (`hvdazure submit --output`: SDK v2 only)
+
+    def recent(self, experiment: str, limit: int) -> list[JobSummary]:
+        """The experiment's newest `limit` jobs, newest first."""
+        ...
+
+    def details(self, name: str) -> JobDetails:
+        """The job, with what Run History says of it (times, error, warnings)."""
+        ...
+
+    def stream(self, name: str) -> None:
+        """Print the job's logs until it ends (what `hvdazure submit --stream` does)."""
+        ...
+
+    def cancel(self, name: str) -> None:
+        """Ask the service to cancel the job."""
+        ...
+
+    def download(self, job: JobDetails, output: str | None, destination: Path) -> None:
+        """Download the job's files and named outputs (or only the output `output`) into `destination`, in
+        job_download.py's layout."""
+        ...
+
+    def reader(self, job: JobDetails, place: CheckpointPlace) -> Reader | None:
+        """A reader of the files of the checkpoint directory `place` among the job's files or outputs, or
+        None where this SDK cannot read it."""
+        ...
+
+
+class AzureSdk(Protocol):
+    """One Azure ML SDK: the offline steps of a submission, the connection for the rest, and the workspace's
+    jobs."""
 
     sdk: str  # "v2" or "v1", as --sdk names it
+    end_of_support: str | None  # the one line every command with this --sdk prints (V1_END_OF_SUPPORT)
 
     def check_supported(self, job: ResolvedJob) -> None:
         """Refuse, offline, what this SDK cannot submit (JobSpecError)."""
@@ -89,6 +139,14 @@ class SubmitSdk(Protocol):
                 client_options: dict[str, Any]) -> WorkspaceConnection:
         """The SDK's client for `workspace` (`client_options` go to SDK v2's MLClient)."""
         ...
+
+    def jobs(self, workspace: WorkspaceRef, credential: Any, client_options: dict[str, Any]) -> JobsClient:
+        """The jobs of `workspace` through this SDK (`client_options` go to SDK v2's MLClient and SDK v1's
+        Workspace as connect's do)."""
+        ...
+
+
+SubmitSdk = AzureSdk  # the protocol's name before it also held the jobs
 
 
 def compute_not_found(compute: str) -> SubmitError:

@@ -12,9 +12,10 @@ Order of a submission, cheapest checks first, nothing uploaded before the last s
 5. the job is written as YAML into a temporary directory and validated by the SDK, as in a dry run;
 6. the environment is registered if new, the code uploaded and the job created.
 
-Each SDK is a SubmitSdk (sdk.py: submit_v2.V2Sdk, submit_v1.V1Sdk), chosen once from
-`--sdk`. A sweep (`JobSpec.sweep`) takes the same steps: its options are validated in step 1, where the
-job's kind is decided (resolved_job.py), and each SDK writes, validates and submits that kind: an Azure
+Each SDK is an AzureSdk (sdk.py: submit_v2.V2Sdk, submit_v1.V1Sdk), chosen once from `--sdk` by `sdk_for`, the
+one seam submit, its dry run and `hvdazure jobs` (jobs.connect) go through. A sweep (`JobSpec.sweep`) takes
+the same steps: its options are validated in step 1, where the job's kind is decided (resolved_job.py), and
+each SDK writes, validates and submits that kind: an Azure
 ML sweep job (SDK v1: a HyperDrive run), or a command job whose ranks run the sweep.
 """
 
@@ -35,18 +36,13 @@ from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import JobSpecError, SubmitError, redacted_line
 from hvdazure.azure.job_spec import JobSpec, resolve
 from hvdazure.azure.resolved_job import ResolvedJob
-from hvdazure.azure.sdk import OfflineCheck, SubmitSdk, Submitted
+from hvdazure.azure.sdk import V1_END_OF_SUPPORT as V1_END_OF_SUPPORT  # warn_of_sdk's line, named here too
+from hvdazure.azure.sdk import AzureSdk, OfflineCheck, Submitted
 from hvdazure.azure.sweep_spec import InJobSweepSpec
 from hvdazure.azure.workspace import WorkspaceRef
 
 SDKS = ("v2", "v1")
 DEFAULT_YAML = "hvdazure-job.yml"  # the job's file name; a dry run writes it to default_output_yaml
-# Printed once by every command that takes `--sdk v1` (warn_of_sdk). What v1 still gives is in the Azure ML
-# guide's "SDK v1" section; keep the two in step.
-V1_END_OF_SUPPORT = ("--sdk v1: Azure ML SDK v1 (azureml-core) is past Microsoft's end of support "
-                     "(2026-06-30); v2 (azure-ai-ml) is the default and runs every hvdazure feature; v1 "
-                     "still gives azureml-core's run forms (a ScriptRunConfig run, a HyperDrive sweep) and "
-                     "reads the runs submitted with it")
 _INSTALL_HINT = {"v2": "pip install 'hvdazure[azure]' (azure-ai-ml)",
                  "v1": "pip install 'hvdazure[azure-v1]' (azureml-core)"}
 
@@ -106,7 +102,7 @@ def dry_run(spec: JobSpec, output_yaml: str | Path | None = None, sdk: str = "v2
     api = sdk_for(sdk)
     job = resolve(spec)
     api.check_supported(job)
-    warn_of_sdk(sdk, warn)
+    warn_of_sdk(api, warn)
     for warning in job.warnings:
         warn(warning)
     files = api.write_yaml(job, default_output_yaml(job) if output_yaml is None else output_yaml)
@@ -141,7 +137,7 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
     if create_compute is not None:
         create_compute = _sized_for(create_compute, first)
         create_compute.validate()
-    warn_of_sdk(sdk, warn)
+    warn_of_sdk(api, warn)
     workspace = workspace() if callable(workspace) else workspace or WorkspaceRef.from_options()
     # 2. credentials
     credential = credential or workspace_module.default_credential()
@@ -150,7 +146,7 @@ def submit(spec: JobSpec, workspace: WorkspaceRef | Callable[[], WorkspaceRef] |
         # 3. what the job names in the workspace, before a cluster is created or anything uploaded: first
         # the job it resumes from, then (the SDK's connection) its name, data assets and environment
         resume = None if spec.resume_from is None else \
-            resume_from.look_up(spec.resume_from, workspace, credential, client_options or {})
+            resume_from.look_up(spec.resume_from, api.jobs(workspace, credential, client_options or {}))
         connection = api.connect(workspace, credential, client_options or {})
         connection.check_references(first)
         # 4. the compute
@@ -197,8 +193,9 @@ def create_compute(cluster: ClusterSpec, workspace: WorkspaceRef | None = None, 
         raise SubmitError(f"Azure ML: {redacted_line(exc)}") from exc
 
 
-def sdk_for(sdk: str) -> SubmitSdk:
-    """The submitting SDK for `sdk`, with its SDK importable (checked now, before any work)."""
+def sdk_for(sdk: str) -> AzureSdk:
+    """The SDK `--sdk` names, with its SDK importable (checked now, before any work): the one place that
+    tells v2 from v1."""
     if sdk not in SDKS:
         raise JobSpecError(f"--sdk {sdk!r}: expected v2 (azure-ai-ml, the default) or v1 (azureml-core, "
                            "legacy)")
@@ -218,12 +215,12 @@ def sdk_for(sdk: str) -> SubmitSdk:
         raise SubmitError(f"--sdk {sdk} needs {_INSTALL_HINT[sdk]}: {redacted_line(exc)}") from None
 
 
-def warn_of_sdk(sdk: str, warn: Callable[[str], None] = _warn) -> None:
-    """`--sdk v1`'s one line (V1_END_OF_SUPPORT), through `warn`. Every command that takes `--sdk` (submit,
-    its dry run, `hvdazure jobs`) calls it once, after `sdk_for` and the checks that refuse the command
-    offline, so that a refused command stays one line."""
-    if sdk == "v1":
-        warn(V1_END_OF_SUPPORT)
+def warn_of_sdk(api: AzureSdk, warn: Callable[[str], None] = _warn) -> None:
+    """The SDK's end-of-support line (`--sdk v1`'s V1_END_OF_SUPPORT; none for v2), through `warn`. Every
+    command that takes `--sdk` (submit, its dry run, `hvdazure jobs`) calls it once, after `sdk_for` and the
+    checks that refuse the command offline, so that a refused command stays one line."""
+    if api.end_of_support:
+        warn(api.end_of_support)
 
 
 def _inside(path: Path, directory: Path) -> bool:

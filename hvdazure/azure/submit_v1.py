@@ -25,8 +25,9 @@ from typing import Any
 from hvdazure.azure import run_config_v1
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import JobSpecError
+from hvdazure.azure.jobs_v1 import V1Jobs
 from hvdazure.azure.resolved_job import CommandJob, InJobSweep, ResolvedJob, SweepJob
-from hvdazure.azure.sdk import OfflineCheck, Submitted, compute_not_found, output_file
+from hvdazure.azure.sdk import V1_END_OF_SUPPORT, OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.sweep_v1 import HyperDriveRun
 from hvdazure.azure.workspace import WorkspaceRef
 
@@ -124,6 +125,7 @@ class V1Sdk:
     """The submitting SDK for `--sdk v1` (azureml-core, legacy)."""
 
     sdk = "v1"
+    end_of_support: str | None = V1_END_OF_SUPPORT
 
     def check_supported(self, job: ResolvedJob) -> None:
         """What SDK v1 jobs cannot do, refused offline."""
@@ -158,6 +160,9 @@ class V1Sdk:
     def connect(self, workspace: WorkspaceRef, credential: Any,
                 client_options: dict[str, Any]) -> V1Connection:
         return V1Connection(workspace, credential, client_options)
+
+    def jobs(self, workspace: WorkspaceRef, credential: Any, client_options: dict[str, Any]) -> V1Jobs:
+        return V1Jobs(workspace, V1Connection(workspace, credential, client_options).workspace)
 
 
 class V1Connection:

@@ -32,6 +32,7 @@ from hvdazure._version import __version__
 from hvdazure.azure import compute, data_inputs
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError, redacted_line
+from hvdazure.azure.jobs_v2 import V2Jobs
 from hvdazure.azure.resolved_job import CommandJob, InJobSweep, QueueSettings, ResolvedJob, SweepJob
 from hvdazure.azure.sdk import OfflineCheck, Submitted, compute_not_found, output_file
 from hvdazure.azure.sweep_v2 import SweepJobForm
@@ -204,6 +205,7 @@ class V2Sdk:
     """The submitting SDK for `--sdk v2` (azure-ai-ml), the default."""
 
     sdk = "v2"
+    end_of_support: str | None = None
 
     def check_supported(self, job: ResolvedJob) -> None:
         """SDK v2 submits every kind of job hvdazure makes."""
@@ -289,6 +291,9 @@ class V2Sdk:
     def connect(self, workspace: WorkspaceRef, credential: Any,
                 client_options: dict[str, Any]) -> V2Connection:
         return V2Connection(client(workspace, credential, **client_options))
+
+    def jobs(self, workspace: WorkspaceRef, credential: Any, client_options: dict[str, Any]) -> V2Jobs:
+        return V2Jobs(workspace, client(workspace, credential, **client_options))
 
 
 class V2Connection:
