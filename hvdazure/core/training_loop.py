@@ -19,23 +19,21 @@ import os
 import platform
 import signal
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from hvdazure._version import __version__
 from hvdazure.core import run_context
 from hvdazure.core.agreement import Failure, rank0_decides
 from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
-from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
+from hvdazure.core.callbacks import Callback
 from hvdazure.core.checkpoint_store import CheckpointError
 from hvdazure.core.config import ConfigError, TrainConfig
+from hvdazure.core.default_callbacks import default_callbacks
 from hvdazure.core.environments import Environment, detect_environment
 from hvdazure.core.inference import Inference
-from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.lr import LRSchedule
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, RunningMean
 from hvdazure.core.nonfinite import RECORD, NonFiniteError, NonFiniteWatch
-from hvdazure.core.preemption_watcher import PreemptionWatcher
 from hvdazure.core.preflight import (
     NO_EVAL_SAMPLES,
     check_global_batch,
@@ -52,7 +50,6 @@ from hvdazure.core.step_times import Breakdown, RunFacts, StepTimes
 from hvdazure.core.stop_signals import stop_signals_caught
 from hvdazure.core.trainer_checkpoints import (
     CallbackStates,
-    CheckpointCallback,
     CheckpointPieces,
     ResumePoint,
     TrainerCheckpoints,
@@ -279,7 +276,8 @@ class TrainingLoop:
         pieces = self._build()
         if checkpoint_dir is not None:
             self.checkpoints = self._trainer_checkpoints(checkpoint_dir, pieces)
-        self.callbacks = [cb for cb in self._default_callbacks() + self._user_callbacks
+        self.callbacks = [cb for cb in default_callbacks(c, self.environment, self.checkpoints, self._context)
+                          + self._user_callbacks
                           if self.is_main or not cb.main_only]
         if self.checkpoints is not None:  # resumes if asked; refuses a directory holding another run's
             self.checkpoints.start_run(c.resume, self._continue_from, fallback=c.resume_from)
@@ -452,33 +450,6 @@ class TrainingLoop:
         iterates them, and each micro-batch's loss weight."""
         return RankStep(micro_batches, self._step_batches.of_step(micro_batches),
                         [mb.loss_weight(self._ranks_averaged) for mb in micro_batches], self.state.step + 1)
-
-    def _default_callbacks(self) -> list[Callback]:
-        c = self.config
-        callbacks: list[Callback] = [LRScheduleCallback()]
-        if c.early_stopping_patience is not None:
-            callbacks.append(EarlyStopping(c.monitor, c.monitor_mode, c.early_stopping_patience,
-                                           c.early_stopping_min_delta))
-        callbacks.append(ProgressLogger(use_bar=None if c.progress_bar else False))
-        if c.tensorboard:
-            callbacks.append(TensorBoardLogger(Path(c.output_dir) / "tensorboard"))
-        if c.mlflow:
-            context = self._context
-            callbacks.append(MLflowLogger(
-                c.mlflow_tracking_uri or default_mlflow_uri(c.output_dir),
-                parent_run_id=context.mlflow_parent_run_id if context else None,
-                run_name=context.run_name if context else None))
-        if self.checkpoints is not None:
-            callbacks.append(CheckpointCallback(self.checkpoints, c.checkpoint_every_steps,
-                                                c.checkpoint_every_epochs))
-        # The environment says whether and how a preemption is announced ahead (core/environments/)
-        notices = self.environment.preemption_notices(c.preemption_watch, c.scheduled_events_url)
-        if notices is not None:
-            if self.checkpoints is None:
-                raise ConfigError("config field 'preemption_watch': true needs checkpoint_dir (a preemption "
-                                  "notice is answered with a checkpoint)")
-            callbacks.append(PreemptionWatcher(notices))
-        return callbacks
 
     def _emit(self, event: str) -> None:
         for callback in self.callbacks:

@@ -14,6 +14,7 @@ from fakes.metadata_service import FakeMetadataService, InSeconds, document, pre
 
 from hvdazure import TrainConfig
 from hvdazure.core.config import ConfigError
+from hvdazure.core.default_callbacks import default_callbacks
 from hvdazure.core.environments import detect_environment
 from hvdazure.core.environments.scheduled_events import (
     VM_NAME_ENV,
@@ -24,7 +25,6 @@ from hvdazure.core.environments.scheduled_events import (
 )
 from hvdazure.core.preemption_watcher import PreemptionWatcher
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.training_loop import TrainingLoop
 
 NOW = datetime(2026, 4, 11, 22, 26, 28, tzinfo=timezone.utc)
 
@@ -245,7 +245,8 @@ def _default_callbacks(monkeypatch, env, checkpoints=True, **config):
         monkeypatch.setenv(name, value)
     loop = SimpleNamespace(config=TrainConfig(**config), checkpoints=object() if checkpoints else None,
                            _context=None, environment=detect_environment())
-    return [cb for cb in TrainingLoop._default_callbacks(loop) if isinstance(cb, PreemptionWatcher)]
+    return [cb for cb in default_callbacks(loop.config, loop.environment, loop.checkpoints, loop._context)
+            if isinstance(cb, PreemptionWatcher)]
 
 
 def test_the_watcher_is_on_by_default_inside_azure_ml_at_the_configured_url(monkeypatch):
