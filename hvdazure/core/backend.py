@@ -10,7 +10,9 @@ holds, and two small interfaces it hands out:
   JSON state such as a loss scaler, RNG streams), as save/load pairs. The checkpoint code is its only user.
 
 The user's class (TorchTrainer, TensorFlowTrainer) keeps the user's hooks (build_model, training_step, ...)
-and only creates its backend, which calls them.
+and only creates its backend, which calls them through `UserHooks` (a binding's protocol adds its own
+build_optimizer): no binding's backend imports its trainer. What the backend needs of the run (the
+communicator, the config, the step clock) the loop gives it when it starts it, not through the user's object.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
-from hvdazure.core.config import ControllerError
+from hvdazure.core.config import ControllerError, TrainConfig
 from hvdazure.core.errors import UserError
 from hvdazure.core.metrics import MetricAccumulator
 from hvdazure.core.nonfinite import NO_RECORD
@@ -145,22 +147,54 @@ class RankStep:
         return zip(self.micro_batches, self.batches, self.loss_weights, strict=True)
 
 
+class UserHooks(Protocol):
+    """The user's hooks a binding's backend calls, framework-free (the models, batches and datasets are the
+    framework's: Any here). The user's class (TorchTrainer, TensorFlowTrainer) fills it; each binding's
+    protocol adds build_optimizer, whose arguments differ (torch/backend.py's TorchHooks,
+    tensorflow/backend.py's KerasHooks). The backend holds the user's object as this and nothing more."""
+
+    def build_model(self) -> Any: ...
+
+    def train_dataset(self) -> Any: ...
+
+    def eval_dataset(self) -> Any: ...
+
+    def training_step(self, model: Any, batch: Any) -> Any: ...
+
+    def validation_step(self, model: Any, batch: Any) -> Any: ...
+
+    def predict_step(self, model: Any, batch: Any) -> Any: ...
+
+
 class Backend(ABC):
     """A framework's operations, in the order the Trainer calls them: start, load_datasets, build,
     broadcast_model_and_optimizer, then run_step / evaluate / set_lr per step, and shutdown."""
 
     framework_name = "none"  # recorded in checkpoints: a resume refuses another framework's
     micro_batch: MicroBatch | None = None  # the one being trained on (training_step may read it)
-    # The loop's clock of the step's phases (core/step_times.py): run_step charges its compute, exchange
-    # and optimizer time (or one compiled step's) to it; the loop times the data wait itself.
-    step_times: StepTimes = StepTimes(enabled=False)
+    # The loop's clock of the step's phases (core/step_times.py), given by start(): run_step charges its
+    # compute, exchange and optimizer time (or one compiled step's) to it; the loop times the data wait.
+    clock: StepTimes
     # The job's devices in one line, set by start() (core/devices.py's Placement.layout); rank 0 logs it.
     device_layout = ""
+    _config: Callable[[], TrainConfig]  # given by start()
+
+    @property
+    def config(self) -> TrainConfig:
+        """The run's config as it is now (start()'s `config` asked; a user may replace it between fit()
+        and predict())."""
+        return self._config()
+
+    def _keep(self, config: Callable[[], TrainConfig], clock: StepTimes) -> None:
+        """Keep what start() is given of the run: each binding's start calls this first."""
+        self._config, self.clock = config, clock
 
     @abstractmethod
-    def start(self, comm: Any) -> Collectives:
+    def start(self, comm: Any, config: Callable[[], TrainConfig], clock: StepTimes) -> Collectives:
         """Start Horovod on the mpi4py communicator `comm`'s ranks (None: all; pin devices, share the
-        cores); return the collectives over its ranks."""
+        cores); return the collectives over its ranks. `config`: the run's config as it is when asked (the
+        backend reads it as `self.config`); `clock`: the step clock run_step charges its phases to (as
+        `self.clock`). Both kept by `_keep`, before anything else."""
 
     @abstractmethod
     def shutdown(self) -> None:

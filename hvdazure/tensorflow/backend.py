@@ -6,7 +6,8 @@ TensorFlow collectives instead: hvd.init and device placement, thread limits on 
 of the gradients per optimizer step inside a compiled step (compression, op, predivide), gradient
 accumulation, clipping after the allreduce, broadcast of model and optimizer variables from rank 0, the
 core's exact data plan over random-access arrays, and mixed precision through Keras policies. The user's
-hooks (build_model, training_step, ...) are the TensorFlowTrainer's (tensorflow/trainer.py).
+hooks (build_model, training_step, ...) are the TensorFlowTrainer's (tensorflow/trainer.py), called through
+`KerasHooks`: this module does not import the trainer.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import horovod
 import horovod.tensorflow as hvd
@@ -24,14 +25,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.backend import Backend, RankStep
+from hvdazure.core.backend import Backend, RankStep, UserHooks
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
 from hvdazure.core.model_export import ExportError
 from hvdazure.core.nonfinite import FIRST_GRADIENTS_STEP, FIRST_LOSS, FIRST_LOSS_STEP, RECORD, SKIPPED_STEPS
 from hvdazure.core.sample_plan import SampleOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
-from hvdazure.core.step_times import no_device
+from hvdazure.core.step_times import StepTimes, no_device
 from hvdazure.data.prediction_output import PredictionShards
 from hvdazure.tensorflow.checkpoint_content import (
     MODEL_FILE,
@@ -52,10 +53,14 @@ from hvdazure.tensorflow.model_export import FORMATS
 from hvdazure.tensorflow.profiler import TensorFlowProfiler, gpu_stats
 from hvdazure.tensorflow.sync_batchnorm import convert_sync_batchnorm, has_sync_batchnorm
 
-if TYPE_CHECKING:
-    from hvdazure.tensorflow.trainer import TensorFlowTrainer
-
 _POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+class KerasHooks(UserHooks, Protocol):
+    """The user's hooks TensorFlowBackend calls: core's UserHooks and Keras's build_optimizer.
+    TensorFlowTrainer (tensorflow/trainer.py) fills it."""
+
+    def build_optimizer(self, lr: float) -> keras.optimizers.Optimizer: ...
 
 
 class TensorFlowBackend(Backend):
@@ -63,17 +68,14 @@ class TensorFlowBackend(Backend):
 
     framework_name = "tensorflow"
 
-    def __init__(self, user: TensorFlowTrainer) -> None:
+    def __init__(self, user: KerasHooks) -> None:
         self.user = user
         self.model: keras.Model
         self.optimizer: keras.optimizers.Optimizer
         self._eval_data: DataView | None = None
 
-    @property
-    def config(self) -> TrainConfig:
-        return self.user.config
-
-    def start(self, comm: Any) -> TensorFlowCollectives:
+    def start(self, comm: Any, config: Callable[[], TrainConfig], clock: StepTimes) -> TensorFlowCollectives:
+        self._keep(config, clock)
         placement = start_horovod(comm)
         self._on_gpu = placement.on_gpu
         self.device_layout = placement.layout(hvd.size(), hvd.cross_size())
@@ -139,7 +141,7 @@ class TensorFlowBackend(Backend):
 
     def run_step(self, step: RankStep, meter: MetricAccumulator, stop_vote: float | None) -> float:
         with_vote, vote = stop_vote is not None, _float64(stop_vote or 0.0)
-        steps, times = self._compiled, self.step_times
+        steps, times = self._compiled, self.clock
         work = list(step)  # the batches, each wait timed as it is taken (data)
         since = times.now()  # then forward, backward, exchange and update: one compiled step, one phase
         if self._forward_empty:  # synchronized BatchNorm layers must meet the other ranks' here too

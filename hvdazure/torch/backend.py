@@ -7,7 +7,8 @@ and optimizer state from rank 0, sharded and re-seeded data per epoch, exact los
 last steps, gradient clipping after the allreduce, autocast mixed precision (bf16; fp16 with a GradScaler on
 the rank's device, its overflows skipped on every rank alike: the gradients are allreduced before they are
 unscaled), and torch.compile (checkpoints keep the uncompiled model's keys: torch/checkpoint_content.py).
-The user's hooks (build_model, training_step, ...) are the TorchTrainer's (torch/trainer.py).
+The user's hooks (build_model, training_step, ...) are the TorchTrainer's (torch/trainer.py), called
+through `TorchHooks`: this module does not import the trainer.
 """
 
 from __future__ import annotations
@@ -15,15 +16,15 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 import horovod
 import horovod.torch as hvd
 import numpy as np
 import torch
 
-from hvdazure.core.backend import Backend, RankStep
+from hvdazure.core.backend import Backend, RankStep, UserHooks
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.devices import place_rank
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
@@ -32,7 +33,7 @@ from hvdazure.core.nonfinite import FIRST_GRADIENTS_STEP, FIRST_LOSS, FIRST_LOSS
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
-from hvdazure.core.step_times import no_device
+from hvdazure.core.step_times import StepTimes, no_device
 from hvdazure.data.prediction_output import PredictionShards
 from hvdazure.torch.checkpoint_content import (
     MODEL_FILE,
@@ -49,10 +50,14 @@ from hvdazure.torch.model_export import FORMATS
 from hvdazure.torch.profiler import CudaStats, TorchProfiler
 from hvdazure.torch.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, has_sync_batchnorm
 
-if TYPE_CHECKING:
-    from hvdazure.torch.trainer import TorchTrainer
-
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TorchHooks(UserHooks, Protocol):
+    """The user's hooks TorchBackend calls: core's UserHooks and PyTorch's build_optimizer. TorchTrainer
+    (torch/trainer.py) fills it."""
+
+    def build_optimizer(self, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer: ...
 
 
 class TorchBackend(Backend):
@@ -61,7 +66,7 @@ class TorchBackend(Backend):
 
     framework_name = "torch"
 
-    def __init__(self, user: TorchTrainer, collate: Callable[[list[Any]], Any] | None) -> None:
+    def __init__(self, user: TorchHooks, collate: Callable[[list[Any]], Any] | None) -> None:
         self.user, self.collate = user, collate
         self.model: torch.nn.Module  # what the steps call: compiled with `compile: true`
         self.uncompiled: torch.nn.Module  # the model without torch.compile's wrapper: its parameters, state
@@ -71,11 +76,8 @@ class TorchBackend(Backend):
         self._eval_data: DataView | None = None
         self._cuda_stats: CudaStats | None = None  # on a GPU: its numbers for the step times
 
-    @property
-    def config(self) -> TrainConfig:
-        return self.user.config
-
-    def start(self, comm: Any) -> TorchCollectives:
+    def start(self, comm: Any, config: Callable[[], TrainConfig], clock: StepTimes) -> TorchCollectives:
+        self._keep(config, clock)
         hvd.init(comm=comm)
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
         placement = place_rank(hvd.local_rank(), hvd.local_size(), visible,
@@ -175,7 +177,7 @@ class TorchBackend(Backend):
         votes = None if stop_vote is None else self.collectives.allreduce_sum_async([stop_vote], "stop_vote")
         if not self.model.training:  # after an evaluation (a recursive call; not needed every step)
             self.model.train()
-        times = self.step_times
+        times = self.clock
         for micro_batch, batch, weight in step:  # each batch's wait is timed as it is taken (data)
             since = times.now()
             if batch is None:
@@ -212,7 +214,7 @@ class TorchBackend(Backend):
         return self._empty_batch
 
     def _optimizer_step(self, number: int) -> None:
-        opt, clip, times = self.optimizer, self.config.grad_clip_norm, self.step_times
+        opt, clip, times = self.optimizer, self.config.grad_clip_norm, self.clock
         since = times.now()
         # averaged across ranks before they are unscaled or clipped: a rank's overflow (inf) reaches every
         # rank, whose scalers then skip the same step and lower the same scale alike

@@ -42,7 +42,7 @@ from hvdazure.core.profiling import ProfilerTrace, StepProfiler
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SampleOrder, UniformOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
-from hvdazure.core.step_times import no_device
+from hvdazure.core.step_times import StepTimes, no_device
 from hvdazure.core.trainer import Trainer, loop_of
 from hvdazure.data.prediction_output import PredictionShards
 
@@ -413,7 +413,8 @@ class FakeBackend(Backend):
         self.events: list[str] = []  # the profilers' calls, and what a test's callbacks add, in order
 
     # --- running the model ---------------------------------------------------------------------------------
-    def start(self, comm: Any) -> FakeCollectives:
+    def start(self, comm: Any, config: Callable[[], TrainConfig], clock: StepTimes) -> FakeCollectives:
+        self._keep(config, clock)
         self.collectives = FakeCollectives(self.user.world, self.user._world_rank)
         return self.collectives
 
@@ -429,7 +430,7 @@ class FakeBackend(Backend):
 
     def build(self, peak_lr: float) -> FakeCheckpointContent:
         self.lr = peak_lr
-        self.weights = initial_weights(self.problem.dim, self.user.config.seed, self.collectives.rank)
+        self.weights = initial_weights(self.problem.dim, self.config.seed, self.collectives.rank)
         self.velocity = np.zeros(self.problem.dim)
         return FakeCheckpointContent(self)
 
@@ -454,7 +455,7 @@ class FakeBackend(Backend):
         votes = None if stop_vote is None else self.collectives.allreduce_sum_async([stop_vote], "stop_vote")
         gradient = np.zeros(self.problem.dim)
         weights: list[float | None] = []
-        state, times = self.user.state, self.step_times  # the phases charged as the bindings charge them
+        state, times = self.user.state, self.clock  # the phases charged as the bindings charge them
         for micro_batch, batch, weight in step:
             since = times.now()
             if batch is None:  # no forward pass; this rank still joins the gradient average
@@ -484,7 +485,7 @@ class FakeBackend(Backend):
         if data is None and self.problem.eval_y is None:
             return False
         data = data if data is not None else FakeData(self.problem.eval_x, self.problem.eval_y)
-        c, size, rank = self.user.config, self.collectives.size, self.collectives.rank
+        c, size, rank = self.config, self.collectives.size, self.collectives.rank
         mine = eval_range(len(data), size, rank)
         batches = [range(start, min(start + c.batch_size, mine.stop))
                    for start in range(mine.start, mine.stop, c.batch_size)]

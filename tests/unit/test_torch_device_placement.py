@@ -28,11 +28,13 @@ import json, os, sys
 import pytest, torch
 sys.path.insert(0, sys.argv[2])
 from fake_cuda import FakeCuda
+from hvdazure.core.config import TrainConfig
+from hvdazure.core.step_times import StepTimes
 from hvdazure.torch.backend import TorchBackend
 with pytest.MonkeyPatch.context() as patch:
     cuda = FakeCuda(int(sys.argv[1])).install(patch)
     backend = TorchBackend(None, None)
-    collectives = backend.start(None)
+    collectives = backend.start(None, TrainConfig, StepTimes(enabled=False))
     print(json.dumps({"device": str(backend.device), "current": cuda.current, "layout": backend.device_layout,
                       "stats": backend._cuda_stats is not None, "collectives": str(collectives.device)}))
 """

@@ -48,6 +48,8 @@ def fake_gpu_per_rank() -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit"))
     from fake_cuda import FakeCuda
 
+    from hvdazure.core.config import TrainConfig
+    from hvdazure.core.step_times import StepTimes
     from hvdazure.torch.backend import TorchBackend
 
     with pytest.MonkeyPatch.context() as patch:
@@ -55,7 +57,7 @@ def fake_gpu_per_rank() -> dict:
         cuda = FakeCuda(1).install(patch)
         backend = TorchBackend(None, None)  # type: ignore[arg-type]
         try:
-            backend.start(None)  # Horovod is running: its init returns at once
+            backend.start(None, TrainConfig, StepTimes(enabled=False))  # Horovod runs: init returns
         except RuntimeError as exc:
             return {"error": str(exc)}
         return {"device": str(backend.device), "current": cuda.current, "layout": backend.device_layout}
