@@ -12,7 +12,6 @@ comes from reduced values.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -47,7 +46,7 @@ from hvdazure.core.seeds import RankRandomState, rank_seed, resume_seed
 from hvdazure.core.state import TrainState
 from hvdazure.core.step_batches import StepBatches
 from hvdazure.core.step_times import Breakdown, RunFacts, StepTimes
-from hvdazure.core.stop_signals import stop_signals_caught
+from hvdazure.core.stop_signals import StopRequests
 from hvdazure.core.trainer_checkpoints import (
     CallbackStates,
     CheckpointPieces,
@@ -83,8 +82,7 @@ class TrainingLoop:
         self.environment: Environment  # set by fit(): the environment that started this process
         self._fitted: tuple[str, TrainConfig] | None = None  # how the last fit() ended, and its config
         self.inference = Inference(self)  # predict(), test() and the weights they use
-        self._signal: int | None = None  # a stop signal this rank received
-        self._signal_reason: str | None = None  # what asked for it, when not a real signal
+        self.stops = StopRequests()  # a stop signal this rank received, or a request for one
         self._step_samples_here: int | None = None  # this rank's samples in the step running (log_metrics)
         self._in_run_step = False  # inside the backend's step: training_step may be what logs
         self.times = StepTimes(enabled=False)  # set by fit(): this rank's clock of the phases (step_times)
@@ -175,7 +173,7 @@ class TrainingLoop:
         self._fit_steps, self._fit_times, self._interval = 0, Breakdown(), Breakdown()
         self._profile = self._profiled_steps()
         self.times.row()  # the clock starts here: what came before is not this fit's
-        with self._stop_signals_caught():
+        with self.stops.caught(self.checkpoints is not None):
             try:
                 self._emit("on_train_start")
                 while not self._finished():
@@ -209,7 +207,7 @@ class TrainingLoop:
             self._in_run_step = True
             try:
                 signal_votes = self.backend.run_step(self._rank_step(micro_batches), self._meter,
-                                                      self._stop_vote())
+                                                      self.stops.vote(self.checkpoints is not None))
             finally:
                 self._in_run_step = False
             self.times.step_done(micro_batches[0].step_samples, first_of_fit=self._fit_steps == 0)
@@ -226,7 +224,7 @@ class TrainingLoop:
             self._profile.step_ended(s.step)
             self._step_samples_here = None
             if signal_votes > 0:
-                self._stop_for_signal()
+                self.stops.stop(self.save_checkpoint)
             if s.should_stop or self._max_steps_reached():
                 break
         self._reduce_metrics_and_votes()  # the epoch's last, partial log interval
@@ -539,39 +537,16 @@ class TrainingLoop:
         s = self.state
         return s.should_stop or self._max_steps_reached() or s.epoch >= self.config.epochs
 
-    # --- stop signals (SIGTERM on preemption, SIGINT) ------------------------------------------------------
-    def _stop_signals_caught(self) -> contextlib.AbstractContextManager[Any]:
-        """While checkpointing, a first SIGTERM/SIGINT only sets a flag: all ranks agree on it at the next
-        step, save a final checkpoint together, and exit with 128 + the signal number. A second one exits
-        at once (core/stop_signals.py)."""
-        if self.checkpoints is None:
-            return contextlib.nullcontext()
-
-        return stop_signals_caught(self.note_signal)
-
+    # --- stop signals (SIGTERM on preemption, SIGINT): core/stop_signals.py ---------------------------------
     def note_signal(self, signum: int) -> None:
-        """A stop signal this rank received (the handler's side of `_stop_signals_caught`)."""
-        self._signal = self._signal or signum
-
-    def _stop_vote(self) -> float | None:
-        """This rank's vote to stop for a signal, summed over ranks during the step; None when signals are
-        not caught (no checkpointing: they end the process as usual)."""
-        return None if self.checkpoints is None else float(self._signal is not None)
+        """A stop signal this rank received (what its SIGTERM/SIGINT handler does)."""
+        self.stops.note_signal(signum)
 
     def request_checkpoint_and_exit(self, reason: str, signum: int = signal.SIGTERM) -> None:
         """Make every rank save a checkpoint at the next step and exit with 128 + `signum`, as a first
         SIGTERM does (it travels in the same per-step vote: no collective of its own). Safe to call from
         any thread of any rank, e.g. a watcher of the cloud's preemption notices. Needs checkpointing."""
-        if self._signal is None:
-            self._signal_reason = reason
-            self._signal = signum
-
-    def _stop_for_signal(self) -> None:
-        name = signal.Signals(self._signal).name if self._signal else "a stop signal on another rank"
-        what = self._signal_reason or name
-        saved = self.save_checkpoint(f"signal: {what}")
-        logger.warning(f"received {what}: saved checkpoint {saved}; exiting")
-        raise SystemExit(128 + (self._signal or signal.SIGTERM))
+        self.stops.request(reason, signum)
 
 
 # What another fit() of the same trainer may change: how far the run goes, and what it profiles on the way
