@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from hvdazure.core.rank_logging import logger
+
 # The phases a rank times, in the order of the reduced row; "other" and "startup" are derived.
 PHASES = ("data", "compute", "exchange", "optimizer", "step", "checkpoint", "eval")
 _LABELS = {"data": "data wait", "compute": "forward+backward", "exchange": "allreduce wait",
@@ -352,3 +354,40 @@ def advice(shares: dict[str, float], facts: RunFacts | None = None) -> list[str]
                          "training slow?')") for p, threshold in _THRESHOLDS.items()
              if shares.get(p, 0.0) > threshold]
     return [line for _, line in sorted(found, reverse=True)]
+
+
+class FitTimes:
+    """The reduced phase times of the loop's fit(): the log interval's (`interval`, added to as each
+    interval's collective brings the ranks' rows), the whole fit's, and the last interval's for the loggers
+    (`last`, kept across fits). Rank 0 logs the table of the fit at its end, and after the fit's first
+    interval when that one is abnormal (`Breakdown.abnormal_early`)."""
+
+    def __init__(self) -> None:
+        self.interval = Breakdown()  # the reduced phase times since the last log line
+        self.fit = Breakdown()  # and since this fit() began
+        self.last: Breakdown | None = None  # the last log interval's, for the loggers
+
+    def begin(self) -> None:
+        """A fit() begins: its times start from nothing (`last` stays, until its first interval ends)."""
+        self.fit, self.interval = Breakdown(), Breakdown()
+
+    def interval_ends(self, is_main: bool, fit_steps: int, facts: Callable[[], RunFacts]) -> None:
+        """A log interval ends: its phase times are the loggers' (`last`) and the fit's. The table is the
+        end's, once; after the fit's first interval rank 0 logs it early only when that interval is
+        abnormal (a starved loader shows within seconds). `fit_steps`: the fit's steps so far."""
+        self.last, first = self.interval, not self.fit.steps
+        self.fit.add(self.interval)
+        self.interval = Breakdown()
+        why = self.last.abnormal_early() if first and is_main and self.last.steps else None
+        if why is not None:
+            logger.info(self.last.table(f"where the time went, steps 2-{fit_steps} (shown now: {why})",
+                                        facts()))
+
+    def fit_ends(self, rows: Sequence[Sequence[float]], is_main: bool, facts: Callable[[], RunFacts]) -> None:
+        """fit() ends: `rows`, each rank's times left since the last interval (reduced), join the fit's, and
+        rank 0 logs the table of the whole fit()."""
+        self.interval.add_rows(rows)
+        self.fit.add(self.interval)
+        self.interval = Breakdown()
+        if is_main and self.fit.steps:
+            logger.info(self.fit.table("where the time went in fit() (the first step apart)", facts()))

@@ -45,7 +45,7 @@ from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 from hvdazure.core.seeds import RankRandomState, rank_seed, resume_seed
 from hvdazure.core.state import TrainState
 from hvdazure.core.step_batches import StepBatches
-from hvdazure.core.step_times import Breakdown, RunFacts, StepTimes
+from hvdazure.core.step_times import Breakdown, FitTimes, RunFacts, StepTimes
 from hvdazure.core.stop_signals import StopRequests
 from hvdazure.core.trainer_checkpoints import (
     CallbackStates,
@@ -86,9 +86,7 @@ class TrainingLoop:
         self._step_samples_here: int | None = None  # this rank's samples in the step running (log_metrics)
         self._in_run_step = False  # inside the backend's step: training_step may be what logs
         self.times = StepTimes(enabled=False)  # set by fit(): this rank's clock of the phases (step_times)
-        self._interval = Breakdown()  # the reduced phase times since the last log line
-        self._fit_times = Breakdown()  # and since this fit() began
-        self.last_times: Breakdown | None = None  # the last log interval's, for the loggers
+        self.fit_times = FitTimes()  # the reduced phase times: the interval's, the fit's, the last interval's
         self._fit_steps = 0  # optimizer steps this fit() has taken (its first is start-up)
         self._profile = ProfiledSteps.off()  # set by fit(): the steps this rank records a trace of
 
@@ -117,6 +115,11 @@ class TrainingLoop:
     def micro_batch(self) -> MicroBatch | None:
         """The micro-batch being trained on (its sample indices and loss weight), for training_step."""
         return self.backend.micro_batch
+
+    @property
+    def last_times(self) -> Breakdown | None:
+        """The phase times of the last log interval (reduced over ranks), for the loggers."""
+        return self.fit_times.last
 
     @property
     def finished(self) -> bool:
@@ -170,7 +173,8 @@ class TrainingLoop:
         else:
             self._continue_run()
         self._fitted = ("left", self.config)  # until it returns: a fit() that raised is not continued
-        self._fit_steps, self._fit_times, self._interval = 0, Breakdown(), Breakdown()
+        self._fit_steps = 0
+        self.fit_times.begin()
         self._profile = self._profiled_steps()
         self.times.row()  # the clock starts here: what came before is not this fit's
         with self.stops.caught(self.checkpoints is not None):
@@ -192,7 +196,9 @@ class TrainingLoop:
                 since = self.times.now()
                 self.checkpoints.finish_pending()  # a background write of this very step
                 self.times.add("checkpoint", since)
-            self._end_times()
+            if self.times.enabled:  # what is left of the phase times is reduced (one collective)
+                self.fit_times.fit_ends(self.collectives.allgather_floats(self.times.row()), self.is_main,
+                                        self._run_facts)
             self._emit("on_train_end")
         self._fitted = ("returned", self.config)
         return self.state.history
@@ -219,7 +225,8 @@ class TrainingLoop:
             s.metrics_reduced = s.step % self.config.log_every == 0
             if s.metrics_reduced:
                 self._reduce_metrics_and_votes()
-                self._log_interval_times()
+                if self.times.enabled:
+                    self.fit_times.interval_ends(self.is_main, self._fit_steps, self._run_facts)
             self._emit("on_step_end")
             self._profile.step_ended(s.step)
             self._step_samples_here = None
@@ -468,7 +475,7 @@ class TrainingLoop:
                                             *self.times.row()])
         self._nonfinite.check([flags[1:kept] for flags in reduced.flags_by_rank], s.step, self.checkpoints)
         if len(reduced.flags) > kept:  # each rank's step times (the device's among them) after the above
-            self._interval.add_rows([flags[kept:] for flags in reduced.flags_by_rank])
+            self.fit_times.interval.add_rows([flags[kept:] for flags in reduced.flags_by_rank])
         if reduced.count:
             s.train_metrics = reduced.means
         elif reduced.means:  # only metrics logged after the interval's last reduction (log_metrics)
@@ -478,32 +485,6 @@ class TrainingLoop:
         if reduced.flags[0]:
             s.should_stop = True
             s.stop_reason = s.stop_reason or "stop requested by another rank"
-
-    def _log_interval_times(self) -> None:
-        """A log interval ends: its phase times are the loggers' (`last_times`) and the fit's. The table is
-        the end's, once; after the fit's first interval rank 0 logs it early only when that interval is
-        abnormal (step_times.Breakdown.abnormal_early: a starved loader shows within seconds)."""
-        if not self.times.enabled:
-            return
-        self.last_times, first = self._interval, not self._fit_times.steps
-        self._fit_times.add(self._interval)
-        self._interval = Breakdown()
-        why = self.last_times.abnormal_early() if first and self.is_main and self.last_times.steps else None
-        if why is not None:
-            logger.info(self.last_times.table(f"where the time went, steps 2-{self._fit_steps} (shown now: "
-                                              f"{why})", self._run_facts()))
-
-    def _end_times(self) -> None:
-        """fit() ends: what is left of the phase times is reduced (one collective) and rank 0 logs the
-        table of the whole fit()."""
-        if not self.times.enabled:
-            return
-        self._interval.add_rows(self.collectives.allgather_floats(self.times.row()))
-        self._fit_times.add(self._interval)
-        self._interval = Breakdown()
-        if self.is_main and self._fit_times.steps:
-            logger.info(self._fit_times.table("where the time went in fit() (the first step apart)",
-                                              self._run_facts()))
 
     def _run_facts(self) -> RunFacts:
         """What the step-time table's advice depends on (core/step_times.py)."""
