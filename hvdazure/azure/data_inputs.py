@@ -6,7 +6,7 @@ ML, and nothing it would turn into a wrong path. No Azure SDK here.
 - a data asset, `azureml:NAME:VERSION` or `azureml:NAME@latest`. azure-ai-ml resolves the version, and of
   the labels only `latest` (`DataOperations._managed_label_resolver`); a name without either fails there
   with "Version must be provided", after the code is uploaded. A real submission looks each one up in the
-  workspace before anything is uploaded (submit_v2.ensure_inputs);
+  workspace before anything is uploaded (v2.submit.ensure_inputs);
 - an `azureml://` URI azure-ai-ml passes through as it is: a datastore path (`azureml://datastores/DS/
   paths/PATH`, or its long form under `azureml://subscriptions/...`), a job's output (`azureml://jobs/JOB/
   outputs/NAME/paths/PATH`), or a data asset by URI (`.../data/NAME/versions/VERSION` under
@@ -24,7 +24,7 @@ names: an ARM id, a URL (a scheme and a host: `https://...`, `azureml://datastor
 through as it is; an absolute path is uploaded; anything else with a ':' or an '@' is looked up as a data
 asset; any other relative path is uploaded. So a local input is written as its absolute path (a relative one
 holding an '@' would be looked up as an asset), and a URL as it is, never with azure-ai-ml's own `azureml:`
-prefix (submit_v2.write_yaml).
+prefix (v2.submit.V2Sdk.write_yaml).
 
 `--output NAME[:MODE]`, `NAME=TYPE[:MODE]` or `NAME=[TYPE:]URI[:MODE]`, each optionally followed by
 `,name=ASSET[,version=VERSION]`: Azure ML writes an output to a datastore path (`azureml://datastores/DS/

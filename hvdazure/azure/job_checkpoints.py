@@ -5,7 +5,7 @@ guide's "Checkpoints on a datastore"), any other `checkpoint_dir=URL` in that st
 trainer's Azure ML default is `./outputs/checkpoints`, which Azure ML uploads with the job's files
 (core/environments/azureml.py). The last checkpoint is the one the directory's `latest` pointer names, and
 its step is its manifest's (core/checkpoint_store.py's layout): both read through a reader each SDK gives
-(jobs_v2.py, jobs_v1.py), so nothing here needs to download a checkpoint to name it.
+(v2/jobs.py, v1/jobs.py), so nothing here needs to download a checkpoint to name it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What `hvdazure jobs` shows of a job, as values both SDKs fill in (jobs_v2.py, jobs_v1.py). No Azure SDK.
+"""What `hvdazure jobs` shows of a job, as values both SDKs fill in (v2/jobs.py, v1/jobs.py). No Azure SDK.
 
 Both SDKs end up reading the same service for what a job did: Azure ML's Run History, whose run record
 (camelCase JSON: `startTimeUtc`, `endTimeUtc`, `error.error.message`, `warnings[].message`) SDK v1 returns

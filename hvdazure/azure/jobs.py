@@ -1,7 +1,7 @@
 """`hvdazure jobs` as functions: a submitted job's life after `hvdazure submit` (list, show, stream, cancel,
 download), with SDK v2 or v1.
 
-Each SDK's jobs are a `JobsClient` (sdk.py: jobs_v2.V2Jobs, jobs_v1.V1Jobs), which `connect` gets from the SDK
+Each SDK's jobs are a `JobsClient` (sdk.py: v2.jobs.V2Jobs, v1.jobs.V1Jobs), which `connect` gets from the SDK
 submission.sdk_for chooses from `--sdk` (AzureSdk.jobs, the one seam submit uses too); it also finds the
 workspace and asks the credential for a token first, as a submission does (a missing login is one line before
 any request). What hvdazure adds to the SDKs is here, once for both: a job that does not exist, one that has

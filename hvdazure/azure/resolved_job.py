@@ -1,6 +1,6 @@
 """A job `hvdazure submit` validated offline (`ResolvedJob`), and its kind, decided once: what both SDKs'
 SDKs submit. Data only; no Azure SDK here, and no import of the modules that validate (job_spec.py,
-sweep_spec.py) or submit (submit_v1.py, submit_v2.py) it.
+sweep_spec.py) or submit (v1/submit.py, v2/submit.py) it.
 
 The kind says what the job's ranks run, and each SDK dispatches on it once:
 

@@ -31,7 +31,7 @@ another kind that is not a command job (a sweep's trials are jobs of their own: 
 (whose trials each keep their own checkpoints), a job that has not ended (it may still write checkpoints,
 and would go on training beside the new one: cancel it first), and a job whose command names no checkpoint
 directory that outlives it (an output it lacks, a path outside ./outputs, or no command at all).
-SDK v1 jobs take no inputs in hvdazure, so `--resume-from` needs SDK v2 (submit_v1.py refuses it).
+SDK v1 jobs take no inputs in hvdazure, so `--resume-from` needs SDK v2 (v1/submit.py refuses it).
 """
 
 from __future__ import annotations

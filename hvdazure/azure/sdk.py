@@ -1,9 +1,9 @@
-"""The one seam between hvdazure and an Azure ML SDK: the AzureSdk protocol, which SDK v2 (submit_v2.V2Sdk)
-and SDK v1 (submit_v1.V1Sdk) each implement once, and the values both return. No Azure SDK here.
+"""The one seam between hvdazure and an Azure ML SDK: the AzureSdk protocol, which SDK v2 (v2.submit.V2Sdk)
+and SDK v1 (v1.submit.V1Sdk) each implement once, and the values both return. No Azure SDK here.
 
 An AzureSdk works offline first (check, write, validate: what a dry run does) and then, connected to a
 workspace, looks up or creates the compute and submits; its `jobs` are the workspace's jobs as `hvdazure
-jobs` and `--resume-from` read them (a JobsClient: jobs_v2.V2Jobs, jobs_v1.V1Jobs). submission.sdk_for
+jobs` and `--resume-from` read them (a JobsClient: v2.jobs.V2Jobs, v1.jobs.V1Jobs). submission.sdk_for
 chooses the SDK once, from `--sdk`, for submit, its dry run and `hvdazure jobs`: none of them branches on
 the SDK's name again. Each SDK dispatches once on the job's kind (resolved_job.py) to the form it sends that
 kind in.
@@ -77,7 +77,7 @@ class WorkspaceConnection(Protocol):
 
 
 class JobsClient(Protocol):
-    """One SDK's view of a workspace's jobs (jobs_v2.V2Jobs, jobs_v1.V1Jobs), from AzureSdk.jobs. Each method
+    """One SDK's view of a workspace's jobs (v2.jobs.V2Jobs, v1.jobs.V1Jobs), from AzureSdk.jobs. Each method
     raises JobError for a job the workspace does not have; any other SDK error goes up as it is
     (jobs.service_errors)."""
 

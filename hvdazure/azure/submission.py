@@ -12,7 +12,7 @@ Order of a submission, cheapest checks first, nothing uploaded before the last s
 5. the job is written as YAML into a temporary directory and validated by the SDK, as in a dry run;
 6. the environment is registered if new, the code uploaded and the job created.
 
-Each SDK is an AzureSdk (sdk.py: submit_v2.V2Sdk, submit_v1.V1Sdk), chosen once from `--sdk` by `sdk_for`, the
+Each SDK is an AzureSdk (sdk.py: v2.submit.V2Sdk, v1.submit.V1Sdk), chosen once from `--sdk` by `sdk_for`, the
 one seam submit, its dry run and `hvdazure jobs` (jobs.connect) go through. A sweep (`JobSpec.sweep`) takes
 the same steps: its options are validated in step 1, where the job's kind is decided (resolved_job.py), and
 each SDK writes, validates and submits that kind: an Azure
@@ -203,12 +203,12 @@ def sdk_for(sdk: str) -> AzureSdk:
         if sdk == "v1":
             import azureml.core  # noqa: F401
 
-            from hvdazure.azure.submit_v1 import V1Sdk
+            from hvdazure.azure.v1.submit import V1Sdk
 
             return V1Sdk()
         import azure.ai.ml  # noqa: F401
 
-        from hvdazure.azure.submit_v2 import V2Sdk
+        from hvdazure.azure.v2.submit import V2Sdk
 
         return V2Sdk()
     except ImportError as exc:

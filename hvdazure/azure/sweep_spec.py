@@ -6,7 +6,7 @@ One search space file (hvdazure/sweep/space.py, in Azure ML's distributions) and
   submit` builds (nodes x processes per node), started by Azure ML with sampled values, which reach the
   script as `--set NAME=VALUE`. Azure ML reads the objective from each trial's MLflow run, so the trial's
   command turns the trainer's MLflow logging on (`--set mlflow=true`; inside Azure ML it logs into the
-  trial's own run). SDK v2's SweepJob (sweep_v2.py) and SDK v1's HyperDriveConfig (sweep_v1.py) are built
+  trial's own run). SDK v2's SweepJob (v2/sweep.py) and SDK v1's HyperDriveConfig (v1/sweep.py) are built
   from one resolved SweepJob (resolved_job.py).
 - `hvdazure submit in-job-sweep` (InJobSweepSpec): one MPI command job whose ranks all run `python -m
   hvdazure.sweep` (Optuna, trials of --ranks-per-trial ranks on mpi4py sub-communicators): one allocation,

@@ -20,9 +20,10 @@ import pytest
 import yaml
 from job_specs import IMAGE, rest_body
 
-from hvdazure.azure import submission, submit_v2
+from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
 from hvdazure.azure.job_spec import InputSpec, OutputSpec, resolve
+from hvdazure.azure.v2 import submit as submit_v2
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

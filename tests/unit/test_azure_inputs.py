@@ -238,7 +238,7 @@ def test_the_dry_run_refuses_a_job_file_whose_inputs_the_submission_would_look_u
                                                                                              local_data,
                                                                                              tmp_path):
     """What azure-ai-ml's own dump writes (`azureml:` before every path) is caught by the offline check."""
-    from hvdazure.azure.submit_v2 import V2Sdk
+    from hvdazure.azure.v2.submit import V2Sdk
 
     job = resolve(JobSpec(script="train.py", compute="cpu", processes_per_node=1, image=IMAGE,
                           inputs=[InputSpec("raw", URL)], script_args=ARGS[:2]))

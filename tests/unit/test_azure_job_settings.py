@@ -17,10 +17,11 @@ import yaml
 from job_specs import IMAGE, rest_body
 from test_azure_sweep import in_job, sweep
 
-from hvdazure.azure import submission, submit_v2
+from hvdazure.azure import submission
 from hvdazure.azure.compute import ClusterSpec
 from hvdazure.azure.errors import JobSpecError, SubmitError
 from hvdazure.azure.job_spec import JobSpec, OutputSpec, resolve
+from hvdazure.azure.v2 import submit as submit_v2
 from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 

@@ -23,10 +23,11 @@ from azure.core.exceptions import ClientAuthenticationError
 from azure.core.pipeline.transport import RequestsTransport
 from fakes.azureml_jobs import transport_response
 
-from hvdazure.azure import submission, submit_v2
+from hvdazure.azure import submission
 from hvdazure.azure.compute import ClusterSpec
 from hvdazure.azure.errors import SubmitError
 from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, resolve
+from hvdazure.azure.v2 import submit as submit_v2
 from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
 
@@ -403,7 +404,7 @@ def test_nothing_printed_or_written_by_a_submission_holds_the_sas_signature_or_t
 def test_the_cli_prints_the_job_name_and_studio_url(project, fake, monkeypatch, capsys):
     real_client = submit_v2.client
     monkeypatch.setattr("hvdazure.azure.workspace.default_credential", FakeCredential)
-    monkeypatch.setattr("hvdazure.azure.submit_v2.client",
+    monkeypatch.setattr("hvdazure.azure.v2.submit.client",
                         lambda ws, cred, **kw: real_client(ws, cred, transport=RecordingTransport(fake)))
     code = main(["submit", "train.py", "--compute", "gpu-cluster", "--nodes", "2", "--image", IMAGE,
                  "--subscription", "sub-id", "--resource-group", "rg", "--workspace", "ws", "--json",

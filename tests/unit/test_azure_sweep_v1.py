@@ -22,10 +22,11 @@ from job_specs import IMAGE
 from test_azure_submit_v1 import FakeCredential, FakeService, serving
 from test_azure_sweep import sweep
 
-from hvdazure.azure import submission, sweep_v1
+from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
 from hvdazure.azure.hyperdrive_args import ENTRY_FILE, ENTRY_SOURCE, HyperDriveArgsError, translate
 from hvdazure.azure.job_spec import JobSpec, resolve
+from hvdazure.azure.v1 import sweep as sweep_v1
 from hvdazure.azure.workspace import WorkspaceRef
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

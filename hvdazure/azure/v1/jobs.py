@@ -24,14 +24,14 @@ from hvdazure.azure.workspace import WorkspaceRef
 
 
 class V1Jobs:
-    """The runs of one workspace, through azureml-core's Workspace (authenticated as submit_v1's): the
+    """The runs of one workspace, through azureml-core's Workspace (authenticated as submit.py's): the
     JobsClient (sdk.py) of V1Sdk.jobs."""
 
     sdk = "v1"
     named_outputs = False
 
     def __init__(self, workspace: WorkspaceRef, aml_workspace: Any) -> None:
-        """`aml_workspace`: azureml-core's Workspace for `workspace` (V1Sdk.jobs: submit_v1's, signed in)."""
+        """`aml_workspace`: azureml-core's Workspace for `workspace` (V1Sdk.jobs: submit.py's, signed in)."""
         self.workspace = workspace
         self.aml_workspace = aml_workspace
 

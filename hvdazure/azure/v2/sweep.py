@@ -1,6 +1,6 @@
 """An Azure ML sweep job with SDK v2 (azure-ai-ml): `hvdazure submit sweep SCRIPT --space SPACE.yaml`.
 
-The sweep job's trial is the MPI command job submit_v2 builds (code, command, environment, resources with
+The sweep job's trial is the MPI command job submit.py builds (code, command, environment, resources with
 the node count, `MpiDistribution(process_count_per_instance=N)`), and the job around it holds what every
 trial shares: compute, inputs and outputs, experiment, names and tags, and the search: search space,
 objective, sampling algorithm, limits and early termination policy. The trial's command passes each sampled
@@ -9,7 +9,7 @@ value as `--set NAME=${{search_space.KEY}}`, which Azure ML fills in per trial.
 azure-ai-ml checks a sweep job's `${{inputs.x}}` references, but not its `${{search_space.x}}` ones: a key the
 search space lacks would reach the script as the literal text. `check_body` checks both ways.
 
-`SweepJobForm` is how submit_v2's V2Sdk sends a job of this kind: it wraps the command job as the trial.
+`SweepJobForm` is how submit.py's V2Sdk sends a job of this kind: it wraps the command job as the trial.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ class V2Jobs:
     named_outputs = True
 
     def __init__(self, workspace: WorkspaceRef, ml_client: Any) -> None:
-        """`ml_client`: azure-ai-ml's MLClient for `workspace` (V2Sdk.jobs: submit_v2.client's)."""
+        """`ml_client`: azure-ai-ml's MLClient for `workspace` (V2Sdk.jobs: v2.submit.client's)."""
         self.workspace = workspace
         self.ml_client = ml_client
 

@@ -1,6 +1,6 @@
 """The run configuration of an SDK v1 (azureml-core) run: a `ScriptRunConfig` with an MPI layout, built,
-serialised and loaded back. The command job (submit_v1.py) runs it as it is, and a HyperDrive sweep
-(sweep_v1.py) as each trial's configuration.
+serialised and loaded back. The command job (v1/submit.py) runs it as it is, and a HyperDrive sweep
+(v1/sweep.py) as each trial's configuration.
 
 A job whose ranks run `python SCRIPT ARGS` is the configuration's script and arguments; any other (an in-job
 sweep's `python -m hvdazure.sweep ...`) is its `command`, which azureml-core 1.61 takes instead: as one
@@ -63,7 +63,7 @@ def build_run_config(job: ResolvedJob, workspace: Any = None) -> Any:
                                                   arguments=shlex.split(job.docker_args or "")),
     )
     config.run_config.environment_variables = dict(job.env)
-    # --identity user: azureml-core's credential passthrough (it has no managed identity: submit_v1 refuses)
+    # --identity user: azureml-core's credential passthrough (it has no managed identity: submit.py refuses)
     config.run_config.credential_passthrough = job.identity is not None and job.identity.kind == "user"
     return config
 

@@ -1,6 +1,6 @@
 """An Azure ML sweep with the legacy SDK v1: a HyperDrive run (azureml-train-core's `HyperDriveConfig`).
 
-The trial is the ScriptRunConfig run_config_v1 builds for the command job (MPI layout, Docker, environment),
+The trial is the ScriptRunConfig run_config.py builds for the command job (MPI layout, Docker, environment),
 with one difference. HyperDrive hands each trial its sampled values as script arguments appended after the
 job's own (`--extra_hidden 64`), and a v1 ScriptRunConfig must run a script file (HyperDrive ignores its
 arguments when the run is a `command`). So the trial's script is `hvdazure_hyperdrive.py`, a small
@@ -15,7 +15,7 @@ is the trial run's `max_run_duration_seconds`. A dry run writes its settings (wh
 sent, less the workspace's addresses) and the trial's run configuration as YAML, and loads both back with
 the SDKs; it prints the trial's command as v1 runs it (the entry file), not SDK v2's placeholders.
 
-`HyperDriveRun` is how submit_v1's V1Sdk sends a job of this kind (an Azure ML sweep job, `hvdazure submit
+`HyperDriveRun` is how submit.py's V1Sdk sends a job of this kind (an Azure ML sweep job, `hvdazure submit
 sweep ... --sdk v1`).
 """
 
@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdazure.azure import code_snapshot, run_config_v1
+from hvdazure.azure import code_snapshot
 from hvdazure.azure.errors import JobSpecError, SubmitError, redacted_line
 from hvdazure.azure.hyperdrive_args import ENTRY_FILE, ENTRY_SOURCE, entry_arguments
 from hvdazure.azure.resolved_job import CommandJob, ResolvedJob, SearchParameter, SweepJob
 from hvdazure.azure.sdk import output_file
+from hvdazure.azure.v1 import run_config as run_config_v1
 from hvdazure.core.durations import as_units, describe
 from hvdazure.sweep.space import KINDS
 

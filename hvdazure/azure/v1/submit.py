@@ -1,10 +1,10 @@
 """Submitting a ResolvedJob with Azure ML's legacy SDK v1 (azureml-core), for workspaces that still use it.
 
 azureml-core has been out of support since 2026-06-30; it is imported only here and in the modules this one
-uses (run_config_v1.py, sweep_v1.py), only for `--sdk v1`. `V1Sdk` is the SubmitSdk (sdk.py)
+uses (v1/run_config.py, v1/sweep.py), only for `--sdk v1`. `V1Sdk` is the SubmitSdk (sdk.py)
 for it. The job's kind decides its form once (`_form`): a command job is a `ScriptRunConfig`
-(run_config_v1.py), and so is an in-job sweep (its `command` is the ranks' `python -m hvdazure.sweep ...`);
-an Azure ML sweep job is a HyperDrive run whose trial is that configuration (sweep_v1.py).
+(v1/run_config.py), and so is an in-job sweep (its `command` is the ranks' `python -m hvdazure.sweep ...`);
+an Azure ML sweep job is a HyperDrive run whose trial is that configuration (v1/sweep.py).
 `Experiment.submit` uploads the snapshot and starts the run.
 
 Inputs and outputs (`--input`, `--output`), serverless compute and queue settings (`--job-tier`,
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdazure.azure import run_config_v1
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import JobSpecError
-from hvdazure.azure.jobs_v1 import V1Jobs
 from hvdazure.azure.resolved_job import CommandJob, InJobSweep, ResolvedJob, SweepJob
 from hvdazure.azure.sdk import V1_END_OF_SUPPORT, OfflineCheck, Submitted, compute_not_found, output_file
-from hvdazure.azure.sweep_v1 import HyperDriveRun
+from hvdazure.azure.v1 import run_config as run_config_v1
+from hvdazure.azure.v1.jobs import V1Jobs
+from hvdazure.azure.v1.sweep import HyperDriveRun
 from hvdazure.azure.workspace import WorkspaceRef
 
 
@@ -202,7 +202,7 @@ class V1Connection:
 
     def create_compute(self, cluster: ClusterSpec) -> ComputeInfo:
         """Clusters are created with SDK v2, in the same workspace."""
-        from hvdazure.azure.submit_v2 import V2Sdk
+        from hvdazure.azure.v2.submit import V2Sdk
 
         return V2Sdk().connect(*self._v2).create_compute(cluster)
 

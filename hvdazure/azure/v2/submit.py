@@ -15,7 +15,7 @@ and outputs (type, mode, registration).
 
 `V2Sdk` is the SubmitSdk (sdk.py) for `--sdk v2`, the default. The job's kind decides its form
 once (`_form`): a command job (an in-job sweep is one too, its ranks running the sweep), or for `hvdazure
-submit sweep` an Azure ML sweep job whose trial is this command job (sweep_v2.py); either is written,
+submit sweep` an Azure ML sweep job whose trial is this command job (v2/sweep.py); either is written,
 validated and submitted the same way.
 """
 
@@ -32,10 +32,10 @@ from hvdazure._version import __version__
 from hvdazure.azure import compute, data_inputs
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError, redacted_line
-from hvdazure.azure.jobs_v2 import V2Jobs
 from hvdazure.azure.resolved_job import CommandJob, InJobSweep, QueueSettings, ResolvedJob, SweepJob
 from hvdazure.azure.sdk import OfflineCheck, Submitted, compute_not_found, output_file
-from hvdazure.azure.sweep_v2 import SweepJobForm
+from hvdazure.azure.v2.jobs import V2Jobs
+from hvdazure.azure.v2.sweep import SweepJobForm
 from hvdazure.azure.workspace import WorkspaceRef
 
 # azure-ai-ml announces its own internal experimental classes and fields (queue_settings) on stderr while
