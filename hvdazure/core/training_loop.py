@@ -41,8 +41,9 @@ from hvdazure.core.preflight import (
 )
 from hvdazure.core.profiling import ProfiledSteps, profiled_steps, with_profile_from
 from hvdazure.core.rank_logging import configure_logging, logger
+from hvdazure.core.resumption import LastFit, continue_from, refuse_fit_again, reopen_cut_epoch
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
-from hvdazure.core.seeds import RankRandomState, rank_seed, resume_seed
+from hvdazure.core.seeds import RankRandomState, rank_seed
 from hvdazure.core.state import TrainState
 from hvdazure.core.step_batches import StepBatches
 from hvdazure.core.step_times import Breakdown, FitTimes, RunFacts, StepTimes
@@ -54,7 +55,6 @@ from hvdazure.core.trainer_checkpoints import (
     TrainerCheckpoints,
     data_order_record,
     default_checkpoint_dir,
-    refuse_changed_data,
 )
 
 
@@ -80,7 +80,7 @@ class TrainingLoop:
         self.backend = backend
         self.checkpoints: TrainerCheckpoints | None = None
         self.environment: Environment  # set by fit(): the environment that started this process
-        self._fitted: tuple[str, TrainConfig] | None = None  # how the last fit() ended, and its config
+        self._last_fit: LastFit | None = None  # how the last fit() ended, and its config
         self.inference = Inference(self)  # predict(), test() and the weights they use
         self.stops = StopRequests()  # a stop signal this rank received, or a request for one
         self._step_samples_here: int | None = None  # this rank's samples in the step running (log_metrics)
@@ -152,7 +152,7 @@ class TrainingLoop:
         """Checkpoint now; every rank must call this at the same step. With wait=False rank 0 writes in the
         background and training goes on; the name is returned once written (wait=True)."""
         if self.checkpoints is None:
-            if self._fitted is None:  # nothing trains yet: no run, no step, no checkpoint directory opened
+            if self._last_fit is None:  # nothing trains yet: no run, no step, no checkpoint directory opened
                 raise CheckpointError("save_checkpoint() before fit(): a checkpoint is a step of training "
                                       "(model, optimizer, data position); call it from a callback or hook "
                                       "during fit(), or after fit()")
@@ -168,11 +168,11 @@ class TrainingLoop:
         """Train; return the per-epoch history of train and eval metrics, identical on every rank. Called
         again on the same trainer, the same run goes on to the config's `epochs` and `max_steps`, which
         may have been raised in between (`_continue_run`)."""
-        if self._fitted is None:
+        if self._last_fit is None:
             self.prepare()
         else:
             self._continue_run()
-        self._fitted = ("left", self.config)  # until it returns: a fit() that raised is not continued
+        self._last_fit = LastFit(False, self.config)  # until it returns: a fit() that raised is not continued
         self._fit_steps = 0
         self.fit_times.begin()
         self._profile = self._profiled_steps()
@@ -200,7 +200,7 @@ class TrainingLoop:
                 self.fit_times.fit_ends(self.collectives.allgather_floats(self.times.row()), self.is_main,
                                         self._run_facts)
             self._emit("on_train_end")
-        self._fitted = ("returned", self.config)
+        self._last_fit = LastFit(True, self.config)
         return self.state.history
 
     def _train_epoch(self) -> None:
@@ -268,7 +268,7 @@ class TrainingLoop:
     @property
     def fit_started(self) -> bool:
         """Whether a fit() started the ranks and built the model (and may have trained it)."""
-        return self._fitted is not None
+        return self._last_fit is not None
 
     # --- pieces of the loop --------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -348,27 +348,9 @@ class TrainingLoop:
                                   self.backend.framework_name, self.environment.job_id(os.environ))
 
     def _continue_from(self, point: ResumePoint) -> str:
-        """What a resume means for this run, once the checkpoint's pieces are loaded: the data continues
-        from the samples consumed in the epoch, whatever the world size was; the RNG streams are restored
-        at the same world size, seeded afresh at another; returns the log line (with the LR rescale)."""
-        s, plan, manifest = self.state, self.sample_plan, point.manifest
-        refuse_changed_data(point.url, manifest, self._data_order)
-        self._reopen_cut_epoch()
-        s.step_in_epoch = plan.steps_per_epoch - plan.steps_left(s.samples_in_epoch)
-        old_world, old_batch = manifest["world_size"], manifest["global_batch_size"]
-        if old_world == self.world_size and len(point.rngs) == self.world_size:
-            self._rng.load_state_dict(point.rngs[self.rank])
-        else:  # no saved RNG state belongs to this rank: a fresh, reproducible one
-            self._rng.seed(resume_seed(self.config.seed, self.rank, s.step))
-        message = (f"resumed from {point.name} at epoch {s.epoch + 1}, step {s.step} "
-                   f"({s.samples_in_epoch} samples into the epoch)")
-        if (old_world, old_batch) != (self.world_size, self.global_batch_size):
-            s.world_size_history.append({"step": s.step, "world_size": self.world_size,
-                                         "global_batch_size": self.global_batch_size})
-            message += (f"; world size {old_world} -> {self.world_size}, global batch {old_batch} -> "
-                        f"{self.global_batch_size}: LR rescaled {manifest['scaled_lr']:.6g} -> "
-                        f"{self.schedule.peak_lr:.6g}")
-        return message
+        """A resume, once the checkpoint's pieces are loaded (core/resumption.py); returns the log line."""
+        return continue_from(point, self.state, self.sample_plan, self._rng, self._data_order,
+                             self.config.seed, self.rank, self.global_batch_size, self.schedule.peak_lr)
 
     def _profiled_steps(self) -> ProfiledSteps:
         """What this fit() records a profiler trace of (config field profile_steps), checked on every rank
@@ -401,38 +383,15 @@ class TrainingLoop:
         rank, before anything changes: after a fit() that raised (an error, a stop signal), when the
         config changed elsewhere than `epochs`, `max_steps` and `profile_steps`, and when both `epochs` and
         `max_steps` are reached already."""
-        (ended, last), c, s = self._fitted or ("returned", self.config), self.config, self.state
-        if ended != "returned":
-            again = " with resume=auto, to go on from its last checkpoint" if self.checkpoints else ""
-            raise ConfigError(f"fit() cannot go on from this trainer's last fit(), which ended with an error "
-                              f"or a stop signal at step {s.step}: create a new trainer{again}")
-        if changed := [f.name for f in dataclasses.fields(c) if f.name not in _MAY_CHANGE_BETWEEN_FITS
-                       and getattr(c, f.name) != getattr(last, f.name)]:
-            name = changed[0]
-            raise ConfigError(f"config field {name!r}: {getattr(last, name)!r} -> {getattr(c, name)!r} since "
-                              "the last fit(); another fit() of the same trainer goes on with its run "
-                              "and may change epochs, max_steps and profile_steps only: for other "
-                              "settings, create a new trainer (with resume=auto, to start from this run's "
-                              "last checkpoint)")
-        if self._max_steps_reached() or s.epoch >= c.epochs:
-            field = "max_steps" if self._max_steps_reached() else "epochs"
-            done = f"{s.step} steps" if field == "max_steps" else f"{s.epoch} epochs"
-            raise ConfigError(f"config field {field!r}: this trainer has trained its {done} already; to "
-                              f"train further, raise {field} before calling fit() again: trainer.config = "
-                              f"trainer.config.replace({field}=...)")
+        c, s = self.config, self.state
+        refuse_fit_again(self._last_fit or LastFit(True, c), c, s, self.checkpoints is not None)
         s.should_stop, s.stop_requested, s.stop_reason = False, False, None  # as on a resume
         self.schedule = LRSchedule.from_config(c, self.world_size, self.sample_plan.steps_per_epoch)
         self._end_schedule_at_max_steps()
-        self._reopen_cut_epoch()
+        reopen_cut_epoch(self.state)
         s.lr = self.schedule.lr_at(self.schedule_step)
         until = f"epochs {c.epochs}" + (f", max_steps {c.max_steps}" if c.max_steps is not None else "")
         logger.info(f"fit() again: the run goes on from epoch {s.epoch + 1}, step {s.step}, to {until}")
-
-    def _reopen_cut_epoch(self) -> None:
-        """Drop the history record of an epoch cut short (max_steps, a stop): training goes on with it."""
-        s = self.state
-        if s.samples_in_epoch and s.history and s.history[-1]["epoch"] == s.epoch:
-            s.history.pop()
 
     def _manifest(self, reason: str) -> dict[str, Any]:
         """How a checkpoint of this step describes the run (manifest.json, beside the store's own keys)."""
@@ -530,8 +489,6 @@ class TrainingLoop:
         self.stops.request(reason, signum)
 
 
-# What another fit() of the same trainer may change: how far the run goes, and what it profiles on the way
-_MAY_CHANGE_BETWEEN_FITS = ("epochs", "max_steps", "profile_steps")
 def loop_of(trainer: Any) -> TrainingLoop:
     """The loop a trainer (core/trainer.py's Trainer) holds, for hvdazure's own tools and tests (benchmarks
     that stop before the first step, test doubles that deliver a signal, the export command); not for
