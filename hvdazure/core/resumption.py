@@ -1,5 +1,6 @@
-"""How a run goes on: from a checkpoint (a resume: `continue_from`, once its pieces are loaded), or from the
-last fit() of the same trainer, in memory (fit again: `LastFit`, `refuse_fit_again`). The loop
+"""How a run goes on: from a checkpoint (a resume: `continue_from`, once its pieces are loaded, reading back
+what `run_manifest` wrote), or from the last fit() of the same trainer, in memory (fit again: `LastFit`,
+`refuse_fit_again`). The loop
 (core/training_loop.py) calls these; each rank computes the same answer from the same values, so a refusal
 is one ConfigError on every rank, before anything changes.
 """
@@ -7,9 +8,11 @@ is one ConfigError on every rank, before anything changes.
 from __future__ import annotations
 
 import dataclasses
+import platform
 from dataclasses import dataclass
 from typing import Any
 
+from hvdazure._version import __version__
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.sample_plan import SamplePlan
 from hvdazure.core.seeds import RankRandomState, resume_seed
@@ -86,3 +89,22 @@ def continue_from(point: ResumePoint, state: TrainState, plan: SamplePlan, rng: 
         message += (f"; world size {old_world} -> {world_size}, global batch {old_batch} -> "
                     f"{global_batch_size}: LR rescaled {manifest['scaled_lr']:.6g} -> {peak_lr:.6g}")
     return message
+
+
+def run_manifest(reason: str, state: TrainState, config: TrainConfig, world_size: int, global_batch_size: int,
+                 peak_lr: float, data_order: dict[str, Any], framework_name: str,
+                 framework_versions: dict[str, str]) -> dict[str, Any]:
+    """How a checkpoint of this step describes the run (manifest.json, beside the store's own keys): what
+    a resume reads back (`continue_from`) and a person reads to know the run."""
+    s = state
+    metrics = {**{f"train_{k}": v for k, v in s.train_metrics.items()},
+               **{f"eval_{k}": v for k, v in s.eval_metrics.items()}}
+    return {
+        "framework": framework_name, "reason": reason, "epoch": s.epoch,
+        "step_in_epoch": s.step_in_epoch, "samples_in_epoch": s.samples_in_epoch,
+        "samples_seen": s.samples_seen, "world_size": world_size,
+        "global_batch_size": global_batch_size, "scaled_lr": peak_lr, "lr": s.lr,
+        "metrics": metrics, "config": config.to_dict(), "world_size_history": s.world_size_history,
+        **data_order,
+        "versions": {"hvdazure": __version__, "python": platform.python_version(), **framework_versions},
+    }

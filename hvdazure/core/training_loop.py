@@ -15,12 +15,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import signal
 from collections.abc import Sequence
 from typing import Any
 
-from hvdazure._version import __version__
 from hvdazure.core import run_context
 from hvdazure.core.agreement import Failure, rank0_decides
 from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
@@ -41,7 +39,13 @@ from hvdazure.core.preflight import (
 )
 from hvdazure.core.profiling import ProfiledSteps, profiled_steps, with_profile_from
 from hvdazure.core.rank_logging import configure_logging, logger
-from hvdazure.core.resumption import LastFit, continue_from, refuse_fit_again, reopen_cut_epoch
+from hvdazure.core.resumption import (
+    LastFit,
+    continue_from,
+    refuse_fit_again,
+    reopen_cut_epoch,
+    run_manifest,
+)
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 from hvdazure.core.seeds import RankRandomState, rank_seed
 from hvdazure.core.state import TrainState
@@ -394,20 +398,10 @@ class TrainingLoop:
         logger.info(f"fit() again: the run goes on from epoch {s.epoch + 1}, step {s.step}, to {until}")
 
     def _manifest(self, reason: str) -> dict[str, Any]:
-        """How a checkpoint of this step describes the run (manifest.json, beside the store's own keys)."""
-        s = self.state
-        metrics = {**{f"train_{k}": v for k, v in s.train_metrics.items()},
-                   **{f"eval_{k}": v for k, v in s.eval_metrics.items()}}
-        return {
-            "framework": self.backend.framework_name, "reason": reason, "epoch": s.epoch,
-            "step_in_epoch": s.step_in_epoch, "samples_in_epoch": s.samples_in_epoch,
-            "samples_seen": s.samples_seen, "world_size": self.world_size,
-            "global_batch_size": self.global_batch_size, "scaled_lr": self.schedule.peak_lr, "lr": s.lr,
-            "metrics": metrics, "config": self.config.to_dict(), "world_size_history": s.world_size_history,
-            **self._data_order,
-            "versions": {"hvdazure": __version__, "python": platform.python_version(),
-                         **self.backend.framework_versions()},
-        }
+        """How a checkpoint of this step describes the run (core/resumption.py's run_manifest)."""
+        return run_manifest(reason, self.state, self.config, self.world_size, self.global_batch_size,
+                            self.schedule.peak_lr, self._data_order, self.backend.framework_name,
+                            self.backend.framework_versions())
 
     def _rank_step(self, micro_batches: list[MicroBatch]) -> RankStep:
         """This rank's part of the step: its batches, read from the backend's epoch stream as the backend
