@@ -185,16 +185,16 @@ class Backend(ABC):
         and predict())."""
         return self._config()
 
-    def _keep(self, config: Callable[[], TrainConfig], clock: StepTimes) -> None:
-        """Keep what start() is given of the run: each binding's start calls this first."""
+    def start(self, comm: Any, config: Callable[[], TrainConfig], clock: StepTimes) -> Collectives:
+        """Start Horovod on the mpi4py communicator `comm`'s ranks (None: all); return the collectives over
+        its ranks. `config`: the run's config as it is when asked (read as `self.config`); `clock`: the step
+        clock run_step charges its phases to (`self.clock`). Both are kept before the binding's _start."""
         self._config, self.clock = config, clock
+        return self._start(comm)
 
     @abstractmethod
-    def start(self, comm: Any, config: Callable[[], TrainConfig], clock: StepTimes) -> Collectives:
-        """Start Horovod on the mpi4py communicator `comm`'s ranks (None: all; pin devices, share the
-        cores); return the collectives over its ranks. `config`: the run's config as it is when asked (the
-        backend reads it as `self.config`); `clock`: the step clock run_step charges its phases to (as
-        `self.clock`). Both kept by `_keep`, before anything else."""
+    def _start(self, comm: Any) -> Collectives:
+        """The binding's start: Horovod on `comm`'s ranks (pin devices, share the cores), its collectives."""
 
     @abstractmethod
     def shutdown(self) -> None:

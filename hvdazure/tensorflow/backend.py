@@ -26,13 +26,13 @@ import numpy as np
 import tensorflow as tf
 
 from hvdazure.core.backend import Backend, RankStep, UserHooks
-from hvdazure.core.config import ConfigError, TrainConfig
+from hvdazure.core.config import ConfigError
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
 from hvdazure.core.model_export import ExportError
 from hvdazure.core.nonfinite import FIRST_GRADIENTS_STEP, FIRST_LOSS, FIRST_LOSS_STEP, RECORD, SKIPPED_STEPS
 from hvdazure.core.sample_plan import SampleOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
-from hvdazure.core.step_times import StepTimes, no_device
+from hvdazure.core.step_times import no_device
 from hvdazure.data.prediction_output import PredictionShards
 from hvdazure.tensorflow.checkpoint_content import (
     MODEL_FILE,
@@ -74,8 +74,7 @@ class TensorFlowBackend(Backend):
         self.optimizer: keras.optimizers.Optimizer
         self._eval_data: DataView | None = None
 
-    def start(self, comm: Any, config: Callable[[], TrainConfig], clock: StepTimes) -> TensorFlowCollectives:
-        self._keep(config, clock)
+    def _start(self, comm: Any) -> TensorFlowCollectives:
         placement = start_horovod(comm)
         self._on_gpu = placement.on_gpu
         self.device_layout = placement.layout(hvd.size(), hvd.cross_size())

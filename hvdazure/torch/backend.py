@@ -33,7 +33,7 @@ from hvdazure.core.nonfinite import FIRST_GRADIENTS_STEP, FIRST_LOSS, FIRST_LOSS
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
 from hvdazure.core.step_batches import StepCursor
-from hvdazure.core.step_times import StepTimes, no_device
+from hvdazure.core.step_times import no_device
 from hvdazure.data.prediction_output import PredictionShards
 from hvdazure.torch.checkpoint_content import (
     MODEL_FILE,
@@ -76,8 +76,7 @@ class TorchBackend(Backend):
         self._eval_data: DataView | None = None
         self._cuda_stats: CudaStats | None = None  # on a GPU: its numbers for the step times
 
-    def start(self, comm: Any, config: Callable[[], TrainConfig], clock: StepTimes) -> TorchCollectives:
-        self._keep(config, clock)
+    def _start(self, comm: Any) -> TorchCollectives:
         hvd.init(comm=comm)
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
         placement = place_rank(hvd.local_rank(), hvd.local_size(), visible,

@@ -42,7 +42,7 @@ from hvdazure.core.profiling import ProfilerTrace, StepProfiler
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SampleOrder, UniformOrder, eval_range, first_eval_batch
 from hvdazure.core.step_batches import StepCursor, loaded_cells
-from hvdazure.core.step_times import StepTimes, no_device
+from hvdazure.core.step_times import no_device
 from hvdazure.core.trainer import Trainer, loop_of
 from hvdazure.data.prediction_output import PredictionShards
 
@@ -413,8 +413,7 @@ class FakeBackend(Backend):
         self.events: list[str] = []  # the profilers' calls, and what a test's callbacks add, in order
 
     # --- running the model ---------------------------------------------------------------------------------
-    def start(self, comm: Any, config: Callable[[], TrainConfig], clock: StepTimes) -> FakeCollectives:
-        self._keep(config, clock)
+    def _start(self, comm: Any) -> FakeCollectives:
         self.collectives = FakeCollectives(self.user.world, self.user._world_rank)
         return self.collectives
 
