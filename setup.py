@@ -26,8 +26,8 @@ setup(
     # so scripts/build_horovod.sh builds it (see docs/getting-started.md, "What the first run builds").
     install_requires=[
         "pyyaml>=6", "numpy>=1.24", "tqdm>=4.60", "packaging>=21", "psutil>=5.9", "cloudpickle>=2",
-        "fsspec>=2023.1",  # checkpoint storage (hvdazure/core/checkpoint_store.py), local paths included
-        "xxhash>=3.0",  # checkpoint integrity: xxh3_128, ~25 GB/s where SHA-256 does ~1 (checkpoint_store)
+        "fsspec>=2023.1",  # checkpoint storage (hvdazure/core/checkpoint/store.py), local paths included
+        "xxhash>=3.0",  # checkpoint integrity: xxh3_128, ~25 GB/s where SHA-256 does ~1 (checkpoint/store.py)
     ],
     extras_require={
         "torch": ["torch>=2.1"],

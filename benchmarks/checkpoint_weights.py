@@ -43,7 +43,7 @@ def measure(mb: int, pairs: int) -> dict[str, Any]:
     """Seconds per variant and round (VARIANTS), rotated, after one unrecorded round."""
     import torch
 
-    from hvdazure.core.checkpoint_store import CheckpointManager
+    from hvdazure.core.checkpoint.store import CheckpointManager
     from hvdazure.torch import load_weights
     from hvdazure.torch.checkpoint_content import MODEL_FILE, TorchCheckpointContent
 

@@ -4,7 +4,7 @@ The job's command says where: `--set checkpoint_dir=${{outputs.NAME}}` puts them
 guide's "Checkpoints on a datastore"), any other `checkpoint_dir=URL` in that storage, and without one the
 trainer's Azure ML default is `./outputs/checkpoints`, which Azure ML uploads with the job's files
 (core/environments/azureml.py). The last checkpoint is the one the directory's `latest` pointer names, and
-its step is its manifest's (core/checkpoint_store.py's layout): both read through a reader each SDK gives
+its step is its manifest's (core/checkpoint/store.py's layout): both read through a reader each SDK gives
 (v2/jobs.py, v1/jobs.py), so nothing here needs to download a checkpoint to name it.
 """
 
@@ -19,8 +19,8 @@ from typing import Literal
 
 from hvdazure.azure.job_records import JobDetails
 from hvdazure.azure.script_args import settings
-from hvdazure.core.checkpoint_integrity import MANIFEST
-from hvdazure.core.checkpoint_store import LATEST, is_checkpoint_name
+from hvdazure.core.checkpoint.integrity import MANIFEST
+from hvdazure.core.checkpoint.store import LATEST, is_checkpoint_name
 
 DEFAULT_IN_JOB = "outputs/checkpoints"  # the trainer's default inside an Azure ML job, among the job's files
 _OUTPUT = re.compile(r"^\$\{\{\s*outputs\.([A-Za-z0-9_]+)\s*\}\}/?(.*)$")

@@ -11,7 +11,7 @@ so an interrupted download leaves no part that looks complete (the next one remo
 part that exists, before downloading anything).
 
 A checkpoint directory (one with a `latest` pointer, or `step-*/manifest.json`) is verified as any reader
-verifies it (core/checkpoint_integrity.py): each checkpoint with a manifest must have every file it lists,
+verifies it (core/checkpoint/integrity.py): each checkpoint with a manifest must have every file it lists,
 of its size and hash. A damaged one is renamed `step-00000120.damaged`, which no hvdazure reader takes for
 a checkpoint (a `latest` naming it falls back to the newest valid one, with a warning), and the download is
 reported failed in one line naming it. A step directory without a manifest is a save cut short (a preempted
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure.azure.errors import JobError
-from hvdazure.core.checkpoint_integrity import MANIFEST, CheckpointError
-from hvdazure.core.checkpoint_store import LATEST, CheckpointManager, is_checkpoint_name, step_and_version
+from hvdazure.core.checkpoint.integrity import MANIFEST, CheckpointError
+from hvdazure.core.checkpoint.store import LATEST, CheckpointManager, is_checkpoint_name, step_and_version
 
 ARTIFACTS = "artifacts"  # azure-ai-ml's names for the two parts of a download
 NAMED_OUTPUTS = "named-outputs"

@@ -14,7 +14,7 @@ Where job NAME keeps its checkpoints is read from its command, as `hvdazure jobs
 - a URL (`abfs://...`): no input; `--set resume=auto --set resume_from=URL/latest`, read with the new job's
   own identity.
 
-`DIR/latest` is the newest checkpoint in DIR that verifies (core/checkpoint_store.py): one cut short or
+`DIR/latest` is the newest checkpoint in DIR that verifies (core/checkpoint/store.py): one cut short or
 damaged falls back to the one before, and a directory with none fails the new job at its start, on every
 rank, in one line. The new job writes its own checkpoints where its own command says, never into job NAME's,
 and keeps the run's id. `resume=auto` with `resume_from` (TrainConfig): the new job's own checkpoint_dir is

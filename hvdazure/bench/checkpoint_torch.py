@@ -22,7 +22,7 @@ from torch.utils.data import TensorDataset
 
 from hvdazure import Callback, TrainConfig
 from hvdazure.bench.checkpoint_workload import BATCH_SIZE, PROBES
-from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointManager
 from hvdazure.core.trainer import loop_of
 from hvdazure.torch import TorchTrainer
 from hvdazure.torch.checkpoint_content import TorchCheckpointContent

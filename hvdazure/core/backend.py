@@ -90,7 +90,7 @@ class FrameworkCheckpointContent(ABC):
     """What a checkpoint holds of one rank's framework: model and optimizer files, extra state, RNGs.
 
     `state_dict` / `load_state_dict` are the extra JSON state, so that this object is one of the named
-    stateful pieces a trainer's checkpoint saves (core/trainer_checkpoints.py)."""
+    stateful pieces a trainer's checkpoint saves (core/checkpoint/trainer_checkpoints.py)."""
 
     @abstractmethod
     def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from hvdazure.core.callbacks import Callback, EarlyStopping, LRScheduleCallback, ProgressLogger
+from hvdazure.core.checkpoint.trainer_checkpoints import CheckpointCallback, TrainerCheckpoints
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.environments import Environment
 from hvdazure.core.loggers import MLflowLogger, TensorBoardLogger, default_mlflow_uri
 from hvdazure.core.preemption_watcher import PreemptionWatcher
 from hvdazure.core.run_context import RunContext
-from hvdazure.core.trainer_checkpoints import CheckpointCallback, TrainerCheckpoints
 
 
 def default_callbacks(config: TrainConfig, environment: Environment, checkpoints: TrainerCheckpoints | None,

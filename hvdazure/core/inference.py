@@ -12,8 +12,9 @@ from typing import Any, Protocol
 
 from hvdazure.core.agreement import Failure, RankFailure, every_rank_tries, rank0_decides
 from hvdazure.core.backend import Backend, Collectives, DataError
-from hvdazure.core.checkpoint_export import NotACheckpoint, exported_checkpoint, refuse_a_file
-from hvdazure.core.checkpoint_store import CheckpointError
+from hvdazure.core.checkpoint.store import CheckpointError
+from hvdazure.core.checkpoint.trainer_checkpoints import checkpoint_location
+from hvdazure.core.checkpoint.weights import NotACheckpoint, exported_checkpoint, refuse_a_file
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.environments import Environment
 from hvdazure.core.errors import exception_line
@@ -28,7 +29,6 @@ from hvdazure.core.predictions import (
     prediction_batches,
 )
 from hvdazure.core.rank_logging import logger
-from hvdazure.core.trainer_checkpoints import checkpoint_location
 
 # predict()/test() before any fit() and without checkpoint=: the model build_model() made (it may have loaded
 # pretrained weights), rank 0's weights on every rank

@@ -131,7 +131,7 @@ class NonFiniteWatch:
 
 
 class NewestFinite(Protocol):
-    """What the watch asks of the run's checkpoints (core/trainer_checkpoints.py's TrainerCheckpoints)."""
+    """What the watch asks of the run's checkpoints (core/checkpoint/trainer_checkpoints.py)."""
 
     def newest_finite_after_pending(self) -> str | None:
         """The newest checkpoint of the run that holds finite weights, once a write in progress has ended

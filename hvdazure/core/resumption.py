@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdazure._version import __version__
+from hvdazure.core.checkpoint.trainer_checkpoints import ResumePoint, refuse_changed_data
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.sample_plan import SamplePlan
 from hvdazure.core.seeds import RankRandomState, resume_seed
 from hvdazure.core.state import TrainState
-from hvdazure.core.trainer_checkpoints import ResumePoint, refuse_changed_data
 
 # What another fit() of the same trainer may change: how far the run goes, and what it profiles on the way
 MAY_CHANGE_BETWEEN_FITS = ("epochs", "max_steps", "profile_steps")

@@ -182,10 +182,10 @@ class Trainer:
 
     @classmethod
     def main(cls, argv: Sequence[str] | None = None, **defaults: Any) -> Any:
-        """Run the script's command line (core/script_modes.py): `fit` (the default), `test [--checkpoint
+        """Run the script's command line (core/script/modes.py): `fit` (the default), `test [--checkpoint
         C] [--output metrics.json]`, `predict [--checkpoint C] --output predictions.npz` (or a directory or
         URL: shards; without --checkpoint, the model as build_model() returns it) or `export --checkpoint
-        C --output model.onnx` (core/script_export.py: in one
+        C --output model.onnx` (core/script/export.py: in one
         process, with the config the checkpoint records), then TrainConfig's `--config` / `--set` over
         `defaults`. Builds `cls(config)`; returns what the mode's method returns (rank 0 writes a file
         --output and logs the test metrics).
@@ -195,15 +195,15 @@ class Trainer:
         """
         import sys
 
-        from hvdazure.core.script_modes import is_shards_output, parse_command, write_output
+        from hvdazure.core.script.modes import is_shards_output, parse_command, write_output
 
         try:
             command = parse_command(sys.argv[1:] if argv is None else argv)
         except ConfigError as exc:  # as TrainConfig.from_cli says a bad argument: one line, on every rank
             sys.stderr.write(f"hvdazure: error: {exc}\n")
             raise SystemExit(2) from None
-        if command.mode == "export":  # one process; the config is the checkpoint's (core/script_export.py)
-            from hvdazure.core.script_export import export_checkpoint, export_request
+        if command.mode == "export":  # one process; the config is the checkpoint's (core/script/export.py)
+            from hvdazure.core.script.export import export_checkpoint, export_request
 
             try:  # in one process, as `hvdazure export`: every refusal is bad input, exit status 2
                 request = export_request(command.checkpoint or "", command.output or "", command.config_args,

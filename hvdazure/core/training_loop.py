@@ -23,7 +23,15 @@ from hvdazure.core import run_context
 from hvdazure.core.agreement import Failure, rank0_decides
 from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
 from hvdazure.core.callbacks import Callback
-from hvdazure.core.checkpoint_store import CheckpointError
+from hvdazure.core.checkpoint.store import CheckpointError
+from hvdazure.core.checkpoint.trainer_checkpoints import (
+    CallbackStates,
+    CheckpointPieces,
+    ResumePoint,
+    TrainerCheckpoints,
+    data_order_record,
+    default_checkpoint_dir,
+)
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.default_callbacks import default_callbacks
 from hvdazure.core.environments import Environment, detect_environment
@@ -52,14 +60,6 @@ from hvdazure.core.state import TrainState
 from hvdazure.core.step_batches import StepBatches
 from hvdazure.core.step_times import Breakdown, FitTimes, RunFacts, StepTimes
 from hvdazure.core.stop_signals import StopRequests
-from hvdazure.core.trainer_checkpoints import (
-    CallbackStates,
-    CheckpointPieces,
-    ResumePoint,
-    TrainerCheckpoints,
-    data_order_record,
-    default_checkpoint_dir,
-)
 
 
 class TrainingLoop:

@@ -28,9 +28,9 @@ import tensorflow as tf
 from hvdazure.core.backend import Backend, RankStep, UserHooks
 from hvdazure.core.config import ConfigError
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
-from hvdazure.core.model_export import ExportError
 from hvdazure.core.nonfinite import FIRST_GRADIENTS_STEP, FIRST_LOSS, FIRST_LOSS_STEP, RECORD, SKIPPED_STEPS
 from hvdazure.core.sample_plan import SampleOrder, eval_range, first_eval_batch
+from hvdazure.core.script.model_export import ExportError
 from hvdazure.core.step_batches import StepCursor, loaded_cells
 from hvdazure.core.step_times import no_device
 from hvdazure.data.prediction_output import PredictionShards

@@ -18,8 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvdazure.core.backend import FrameworkCheckpointContent
-from hvdazure.core.checkpoint_export import exported_file
-from hvdazure.core.checkpoint_integrity import CheckpointError
+from hvdazure.core.checkpoint.integrity import CheckpointError
+from hvdazure.core.checkpoint.weights import exported_file
 
 MODEL_FILE = "model.npz"
 OPTIMIZER_FILE = "optimizer.npz"

@@ -1,7 +1,7 @@
 """A trained Keras 3 model exported for serving: a `.keras` file (Keras's own format, for Keras and
 Azure ML's MLflow/scoring scripts) or a TensorFlow SavedModel directory (`model.export`, for TF Serving
 and TFLite converters), each reloaded and checked against the model before it is put in place
-(core/model_export.py). The example input is made from the model's input specs when none is given."""
+(core/script/model_export.py). The example input is made from the model's input specs when none is given."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdazure.core.model_export import Exported, ExportError, check_outputs, put_in_place, written_beside
+from hvdazure.core.script.model_export import (
+    Exported,
+    ExportError,
+    check_outputs,
+    put_in_place,
+    written_beside,
+)
 from hvdazure.tensorflow.checkpoint_content import load_weights
 
 FORMATS = ("keras", "saved_model")

@@ -11,7 +11,7 @@ import keras
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.metrics import HookReturnError
-from hvdazure.core.model_export import Exported
+from hvdazure.core.script.model_export import Exported
 from hvdazure.core.trainer import Trainer
 from hvdazure.tensorflow.backend import TensorFlowBackend
 from hvdazure.tensorflow.model_export import export_model

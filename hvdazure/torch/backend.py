@@ -28,10 +28,10 @@ from hvdazure.core.backend import Backend, RankStep, UserHooks
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.devices import place_rank
 from hvdazure.core.metrics import HookReturnError, MetricAccumulator, check_metric_shape
-from hvdazure.core.model_export import ExportError
 from hvdazure.core.nonfinite import FIRST_GRADIENTS_STEP, FIRST_LOSS, FIRST_LOSS_STEP, RECORD, SKIPPED_STEPS
 from hvdazure.core.rank_logging import logger
 from hvdazure.core.sample_plan import SampleOrder, first_eval_batch
+from hvdazure.core.script.model_export import ExportError
 from hvdazure.core.step_batches import StepCursor
 from hvdazure.core.step_times import no_device
 from hvdazure.data.prediction_output import PredictionShards

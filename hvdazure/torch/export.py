@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from hvdazure.core.checkpoint_export import exported_file
-from hvdazure.core.model_export import Exported
+from hvdazure.core.checkpoint.weights import exported_file
+from hvdazure.core.script.model_export import Exported
 from hvdazure.torch.checkpoint_content import (
     MODEL_FILE,
     load_mapped,

@@ -22,7 +22,13 @@ import numpy as np
 import torch
 
 from hvdazure.core.errors import exception_line
-from hvdazure.core.model_export import Exported, ExportError, check_outputs, put_in_place, written_beside
+from hvdazure.core.script.model_export import (
+    Exported,
+    ExportError,
+    check_outputs,
+    put_in_place,
+    written_beside,
+)
 from hvdazure.torch.checkpoint_content import original_module
 
 FORMATS = ("onnx", "torchscript", "exported_program")

@@ -12,7 +12,7 @@ from torch.utils.data import default_collate as _default_collate
 
 from hvdazure.core.callbacks import Callback
 from hvdazure.core.config import TrainConfig
-from hvdazure.core.model_export import Exported
+from hvdazure.core.script.model_export import Exported
 from hvdazure.core.trainer import Trainer
 from hvdazure.torch.backend import TorchBackend
 from hvdazure.torch.model_export import export_model

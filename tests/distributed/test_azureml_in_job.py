@@ -12,7 +12,7 @@ import pytest
 from fakes.metadata_service import FakeMetadataService, InSeconds, document, preempt
 from harness import run_job
 
-from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointManager
 
 JOB = "azureml_job.py"
 # 37 samples, batch 4 on 2 ranks: 5 steps per epoch, 20 in all; slow enough for the watcher to see a timeline

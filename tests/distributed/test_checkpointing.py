@@ -23,7 +23,7 @@ from harness import set_args as _args
 from harness import train as train_job
 from rank_output import lines_of
 
-from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointManager
 
 JOB = "torch_job.py"
 # 37 samples, batch 4 on 2 ranks: 5 steps per epoch with an uneven last step; checkpoints every 3 steps

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from harness import REPO, run_job
 
-from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointManager
 from hvdazure.core.sample_plan import epoch_permutation
 
 EPOCHS, BATCH, LR, WARMUP, SEED, WORLD = 3, 4, 0.05, 3, 3, 2

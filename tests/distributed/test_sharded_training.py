@@ -16,7 +16,7 @@ from harness import WORKERS, processes_running, run_job
 from rank_output import lines_of
 from sharded_data import NUM_SAMPLES, write_regression_shards
 
-from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointManager
 
 JOB = "sharded_job.py"
 COMMON = ("epochs=2", "lr=0.05", "base_batch_size=8")

@@ -25,7 +25,7 @@ from hvdazure.azure import jobs
 from hvdazure.azure.sdk import V1_END_OF_SUPPORT
 from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main
-from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointManager
 from storage.azurite import Azurite, forget_filesystems, use_connection_string
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

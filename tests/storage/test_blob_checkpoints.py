@@ -21,7 +21,7 @@ import fsspec
 import pytest
 
 from hvdazure.core import object_store
-from hvdazure.core.checkpoint_store import CheckpointError, CheckpointManager, StorageError, pointer_directory
+from hvdazure.core.checkpoint.store import CheckpointError, CheckpointManager, StorageError, pointer_directory
 from storage.azurite import ACCOUNT, ACCOUNT_KEY, Azurite, use_connection_string
 from storage.conftest import ProxiedBlob
 from storage.fault_proxy import Request
@@ -196,7 +196,7 @@ _WRITERS = textwrap.dedent("""
     import traceback
 
     import adlfs  # noqa: F401  (abfs://, imported before the forks)
-    from hvdazure.core.checkpoint_store import CheckpointManager
+    from hvdazure.core.checkpoint.store import CheckpointManager
 
     def save(url):
         manager = CheckpointManager(url)

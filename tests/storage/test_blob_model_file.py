@@ -1,4 +1,4 @@
-"""A model file on Blob storage named as a checkpoint (core/checkpoint_export.py's refuse_a_file): one line
+"""A model file on Blob storage named as a checkpoint (core/checkpoint/weights.py's refuse_a_file): one line
 saying what it is, as for a local file, on Azurite."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import fsspec
 import pytest
 
-from hvdazure.core.checkpoint_export import NotACheckpoint, exported_file, recorded_config
+from hvdazure.core.checkpoint.weights import NotACheckpoint, exported_file, recorded_config
 
 
 def test_a_blob_that_is_a_model_file_is_one_line_saying_what_it_is(blob_url: str) -> None:

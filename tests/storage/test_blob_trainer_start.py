@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from fakes.fake_backend import FakeTrainer, LinearProblem, ThreadWorld
 
-from hvdazure.core.checkpoint_store import CheckpointError, CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointError, CheckpointManager
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.object_store import filesystem
 from storage.azurite import ACCOUNT_KEY, Azurite, use_connection_string

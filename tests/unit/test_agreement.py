@@ -13,7 +13,7 @@ from fakes.fake_backend import FakeCollectives, ThreadWorld
 
 from hvdazure.core.agreement import Failure, RankFailure, RankZeroFailed, every_rank_tries, rank0_decides
 from hvdazure.core.backend import DataError
-from hvdazure.core.checkpoint_store import CheckpointError
+from hvdazure.core.checkpoint.store import CheckpointError
 from hvdazure.core.config import ConfigError
 
 TIMEOUT = 10.0  # each wait in a collective; a hang fails the test within 3 x this + 5 s

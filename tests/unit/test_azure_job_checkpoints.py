@@ -17,7 +17,7 @@ from hvdazure.azure.job_checkpoints import CheckpointPlace, checkpoint_place, la
 from hvdazure.azure.job_download import DAMAGED_SUFFIX, download, verify_checkpoints
 from hvdazure.azure.job_preemption import preemption, reported_preemption, resume_command
 from hvdazure.azure.job_records import JobDetails, RunFacts, format_duration, run_facts
-from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointManager
 
 
 def job(command: str | None = "python train.py --set epochs=3", status: str = "Failed",

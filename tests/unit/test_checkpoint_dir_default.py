@@ -2,8 +2,8 @@
 
 import os
 
+from hvdazure.core.checkpoint.trainer_checkpoints import default_checkpoint_dir
 from hvdazure.core.environments import detect_environment
-from hvdazure.core.trainer_checkpoints import default_checkpoint_dir
 
 
 def test_no_checkpoint_dir_means_no_checkpoints_outside_azure_ml(monkeypatch):

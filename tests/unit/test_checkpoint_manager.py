@@ -1,4 +1,4 @@
-"""hvdazure.core.checkpoint_store: atomic, verified checkpoints on local paths and fsspec URLs; retention.
+"""hvdazure.core.checkpoint.store: atomic, verified checkpoints on local paths and fsspec URLs; retention.
 
 Every storage test runs three times: on a local directory, on a memory:// URL (fsspec's in-process store,
 which has directories), and on abfs:// in a container of Azurite, a real flat-namespace Blob endpoint
@@ -26,13 +26,13 @@ import pytest
 import xxhash
 from storage.azurite import azurite, blob_url  # noqa: F401  (fixtures, for the "blob" storage)
 
-from hvdazure.core.checkpoint_export import exported_file
-from hvdazure.core.checkpoint_store import (
+from hvdazure.core.checkpoint.store import (
     FORMAT_VERSION,
     CheckpointError,
     CheckpointManager,
     pointer_directory,
 )
+from hvdazure.core.checkpoint.weights import exported_file
 
 
 @pytest.fixture(params=["local", "memory", pytest.param("blob", marks=pytest.mark.storage)])
@@ -506,7 +506,7 @@ def test_invalid_constructor_arguments_raise_value_error_naming_the_argument(
 
 
 def test_importing_the_checkpoint_module_loads_no_framework_and_not_fsspec() -> None:
-    probe = ("import json, sys\nimport hvdazure.core.checkpoint_store\n"
+    probe = ("import json, sys\nimport hvdazure.core.checkpoint.store\n"
              "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
              "{'torch', 'tensorflow', 'keras', 'horovod', 'azure', 'fsspec'})))")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

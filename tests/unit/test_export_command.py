@@ -1,7 +1,7 @@
 """`hvdazure export` and a script's `export` mode, up to the point where the ranks would start: which
-trainer class a script has (core/training_script.py: imported, its main block not run), the config the
+trainer class a script has (core/trainer_classes.py: imported, its main block not run), the config the
 model is built with (the checkpoint's, under --config/--set), and every refusal, each one line and before
-any work (core/script_export.py). The exports themselves, from real checkpoints of real training jobs:
+any work (core/script/export.py). The exports themselves, from real checkpoints of real training jobs:
 tests/distributed/test_predict.py."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from hvdazure.cli import main as cli_main
-from hvdazure.core.checkpoint_store import CheckpointError, CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointError, CheckpointManager
 from hvdazure.core.config import ConfigError, TrainConfig
-from hvdazure.core.model_export import ExportError
-from hvdazure.core.script_export import ExportRequest, export_checkpoint, export_request, read_example
+from hvdazure.core.script.export import ExportRequest, export_checkpoint, export_request, read_example
+from hvdazure.core.script.model_export import ExportError
 from hvdazure.core.trainer import Trainer
-from hvdazure.core.training_script import trainer_class_in
+from hvdazure.core.trainer_classes import trainer_class_in
 
 TRAINER = """
 import torch

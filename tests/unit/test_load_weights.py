@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvdazure.core.checkpoint_store import CheckpointError, CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointError, CheckpointManager
 from hvdazure.torch import load_weights
 from hvdazure.torch.checkpoint_content import MODEL_FILE, TorchCheckpointContent
 

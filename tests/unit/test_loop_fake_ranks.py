@@ -33,7 +33,7 @@ from fakes.fake_backend import (
 )
 
 from hvdazure.core.callbacks import Callback
-from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointManager
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.sample_plan import epoch_permutation
 from hvdazure.core.trainer import Trainer
@@ -888,7 +888,7 @@ def test_checkpoints_from_before_run_ids_resume_and_become_the_resumed_run_s(tmp
 @pytest.fixture
 def azure_ml_job(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     """`start(job)`: this process as a (new) process of Azure ML job `job`, as after a restart."""
-    import hvdazure.core.trainer_checkpoints as trainer_checkpoints
+    import hvdazure.core.checkpoint.trainer_checkpoints as trainer_checkpoints
 
     def start(job: str) -> None:
         monkeypatch.setenv("AZUREML_RUN_ID", job)

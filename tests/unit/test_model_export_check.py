@@ -1,11 +1,11 @@
-"""core/model_export.py: the check both bindings' exports pass before an artifact is put in place."""
+"""core/script/model_export.py: the check both bindings' exports pass before an artifact is put in place."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hvdazure.core.model_export import ExportError, check_outputs, put_in_place, written_beside
+from hvdazure.core.script.model_export import ExportError, check_outputs, put_in_place, written_beside
 
 
 def test_outputs_within_tolerance_pass_with_the_largest_difference():

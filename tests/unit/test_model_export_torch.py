@@ -9,7 +9,7 @@ import onnxruntime
 import pytest
 import torch
 
-from hvdazure.core.model_export import ExportError
+from hvdazure.core.script.model_export import ExportError
 from hvdazure.torch.model_export import export_model
 
 

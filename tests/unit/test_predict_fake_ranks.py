@@ -8,7 +8,7 @@ from fakes.fake_backend import FakeTrainer, LinearProblem, ThreadWorld
 
 from hvdazure import TrainConfig
 from hvdazure.core.backend import DataError
-from hvdazure.core.checkpoint_integrity import CheckpointError
+from hvdazure.core.checkpoint.integrity import CheckpointError
 from hvdazure.core.config import ConfigError
 from hvdazure.data.index import INDEX_NAME
 

@@ -13,11 +13,11 @@ import pytest
 from fakes.fake_backend import FakeTrainer, LinearProblem, ThreadWorld, initial_weights
 
 from hvdazure import TrainConfig
-from hvdazure.core.checkpoint_export import NotACheckpoint, exported_file, recorded_config
-from hvdazure.core.checkpoint_integrity import CheckpointError
+from hvdazure.core.checkpoint.integrity import CheckpointError
+from hvdazure.core.checkpoint.weights import NotACheckpoint, exported_file, recorded_config
 from hvdazure.core.config import ConfigError
-from hvdazure.core.script_export import ExportRequest, export_checkpoint
-from hvdazure.core.training_script import trainer_class_in
+from hvdazure.core.script.export import ExportRequest, export_checkpoint
+from hvdazure.core.trainer_classes import trainer_class_in
 
 PROBLEM = LinearProblem.make(num_samples=37, num_eval=23, dim=3, seed=4)
 UNSEEN = LinearProblem.make(num_samples=101, dim=3, seed=5)

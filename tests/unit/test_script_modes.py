@@ -1,4 +1,4 @@
-"""core/script_modes.py: the command line of a script run by Trainer.main(), and its output files."""
+"""core/script/modes.py: the command line of a script run by Trainer.main(), and its output files."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hvdazure.core.config import ConfigError
-from hvdazure.core.script_modes import ScriptCommand, parse_command, write_output
+from hvdazure.core.script.modes import ScriptCommand, parse_command, write_output
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

@@ -261,7 +261,7 @@ def test_only_empty_shards_make_an_empty_training_dataset() -> None:
 
 def test_an_order_describes_itself_in_the_manifest_with_the_keys_checkpoints_always_had() -> None:
     # checkpoints written before orders described themselves hold exactly these records: they still compare
-    from hvdazure.core.trainer_checkpoints import data_order_record
+    from hvdazure.core.checkpoint.trainer_checkpoints import data_order_record
 
     sharded = SamplePlan(15, 2, 1, 0, seed=3, order=ShardOrder((5, 0, 10), lanes=2, window=4))
     assert data_order_record(sharded, "abc")["order"] == {"seed": 3, "num_samples": 15, "lanes": 2,

@@ -20,7 +20,7 @@ import pytest
 from fakes.fake_backend import FakeTrainer, LinearProblem, ThreadWorld, initial_weights
 
 from hvdazure.core import training_loop as core_trainer
-from hvdazure.core.checkpoint_store import CheckpointError
+from hvdazure.core.checkpoint.store import CheckpointError
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.sample_plan import SampleOrder
 from hvdazure.data.shard_order import ShardOrder
@@ -268,7 +268,7 @@ def test_a_checkpoint_from_before_the_order_was_recorded_resumes_as_before(
 
 
 def test_the_manifest_records_the_order_and_the_data_fingerprint(checkpoint_dir: str) -> None:
-    from hvdazure.core.checkpoint_store import CheckpointManager
+    from hvdazure.core.checkpoint.store import CheckpointManager
     order = ShardOrder((10, 20, 30), lanes=2, window=5)
     first_run(checkpoint_dir, order)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hvdazure.core.backend import DataError
-from hvdazure.core.checkpoint_store import CheckpointError
+from hvdazure.core.checkpoint.store import CheckpointError
 from hvdazure.core.config import ConfigError
 
 

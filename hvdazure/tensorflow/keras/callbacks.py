@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 
 from hvdazure.core.agreement import Failure, rank0_decides
-from hvdazure.core.checkpoint_store import CheckpointError, CheckpointManager, new_run_id
+from hvdazure.core.checkpoint.store import CheckpointError, CheckpointManager, new_run_id
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.lr import LRSchedule
 from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights

@@ -15,7 +15,7 @@ from pathlib import Path
 from _report import report_rank
 
 from hvdazure import TrainConfig
-from hvdazure.core.checkpoint_store import CheckpointManager
+from hvdazure.core.checkpoint.store import CheckpointManager
 from hvdazure.core.config import ConfigError
 
 

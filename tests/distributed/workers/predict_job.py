@@ -29,7 +29,7 @@ import numpy as np
 from _report import report_rank
 
 from hvdazure import Callback, TrainConfig
-from hvdazure.core.checkpoint_store import CheckpointError
+from hvdazure.core.checkpoint.store import CheckpointError
 from hvdazure.core.config import ConfigError
 
 FRAMEWORK, MODE, CHECKPOINTS = sys.argv[1], sys.argv[2], sys.argv[3]

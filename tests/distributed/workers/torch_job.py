@@ -32,7 +32,7 @@ from squatter import squatting
 from torch.utils.data import Dataset
 
 from hvdazure import Callback, TrainConfig
-from hvdazure.core.checkpoint_store import CheckpointError
+from hvdazure.core.checkpoint.store import CheckpointError
 from hvdazure.torch import TorchTrainer
 
 

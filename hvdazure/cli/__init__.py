@@ -144,10 +144,10 @@ def _data_pack(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from hvdazure.cli.export_options import config_args, export_request
     from hvdazure.core.errors import UserError
-    from hvdazure.core.export_options import config_args, export_request
-    from hvdazure.core.script_export import export_checkpoint
-    from hvdazure.core.training_script import trainer_class_in
+    from hvdazure.core.script.export import export_checkpoint
+    from hvdazure.core.trainer_classes import trainer_class_in
 
     try:
         done = export_checkpoint(trainer_class_in(args.script, args.trainer), export_request(args),
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hvdazure.azure import jobs_options
     from hvdazure.azure import options as azure_options
     from hvdazure.bench import options as bench_options
-    from hvdazure.core import export_options
+    from hvdazure.cli import export_options
     from hvdazure.data import options as data_options
     from hvdazure.launch import options as launch_options
     from hvdazure.sweep import options as sweep_options
@@ -255,6 +255,3 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.func(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,8 +16,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from hvdazure.core.checkpoint_integrity import CheckpointError, storage_call
-from hvdazure.core.checkpoint_store import Checkpoint, CheckpointManager
+from hvdazure.core.checkpoint.integrity import CheckpointError, storage_call
+from hvdazure.core.checkpoint.store import Checkpoint, CheckpointManager
 from hvdazure.core.object_store import filesystem, redact
 
 

@@ -1,7 +1,7 @@
 """A training script's model, exported from a checkpoint: what `hvdazure export CHECKPOINT OUTPUT --script
 train.py` and `python train.py export --checkpoint C --output OUTPUT` (Trainer.main) share, one path for
 both. They differ only in how they get the trainer class (the CLI imports the script without running its
-training: core/training_script.py; main() is the class's own) and how the checkpoint is named.
+training: core/trainer_classes.py; main() is the class's own) and how the checkpoint is named.
 
 The policy, in plain words:
 
@@ -39,11 +39,11 @@ from typing import Any
 
 import numpy as np
 
-from hvdazure.core.checkpoint_export import recorded_config
+from hvdazure.core.checkpoint.trainer_checkpoints import checkpoint_location
+from hvdazure.core.checkpoint.weights import recorded_config
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.environments import detect_cluster, detect_environment
-from hvdazure.core.model_export import Exported, ExportError
-from hvdazure.core.trainer_checkpoints import checkpoint_location
+from hvdazure.core.script.model_export import Exported, ExportError
 from hvdazure.core.training_loop import loop_of
 
 FORMAT_BY_SUFFIX = {".onnx": "onnx", ".pt2": "exported_program", ".pt": "torchscript", ".keras": "keras",

@@ -41,15 +41,15 @@ A resume reads each file once, through the hash: on a local disk in place (then 
 other storage into a local temporary file, so rank 0 never holds a checkpoint's bytes in memory beside the
 tensors loaded from them (`local_files`).
 
-The hashes, the manifest's shape and the verifying reads are core/checkpoint_integrity.py's; loading
-weights from a checkpoint without the trainer (the bindings' `load_weights`) is core/checkpoint_export.py's.
+The hashes, the manifest's shape and the verifying reads are core/checkpoint/integrity.py's; loading
+weights from a checkpoint without the trainer (the bindings' `load_weights`) is core/checkpoint/weights.py's.
 
 A directory holds the checkpoints of one run. Every manifest records its run's id (`run_id`, made once
 per run and kept across resumes); a manager writing for a run (`run_id=`) never counts or deletes another
 run's checkpoints, and readers take `latest` and `best` within the run of the directory's newest checkpoint
 (the one `latest` names). Checkpoints written before run ids have none: they load as before, and count with
 any run (in a directory of them only, all of them are one run, as they always were). Refusing a new run in
-a directory that holds another's is the trainer's (core/trainer_checkpoints.py).
+a directory that holds another's is the trainer's (core/checkpoint/trainer_checkpoints.py).
 
 All storage goes through fsspec
 (imported on first use, so `import hvdazure` stays fast): local paths, file://, memory:// and abfs:// share
@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, BinaryIO, TypeVar
 
-from hvdazure.core.checkpoint_integrity import (
+from hvdazure.core.checkpoint.integrity import (
     FORMAT_BY_HASH,
     FORMAT_VERSION,
     HASHES,

@@ -1,5 +1,5 @@
 """What makes a checkpoint trustworthy: the hash of every file, the manifest that records them, and the
-reads that check both. Framework-agnostic; core/checkpoint_store.py writes and finds checkpoints with it.
+reads that check both. Framework-agnostic; core/checkpoint/store.py writes and finds checkpoints with it.
 
 Nothing trusts a checkpoint for existing: manifest.json records the hash and size of every file, and every
 reader checks them before it uses a byte. A file is hashed as it is written (`HashingWriter`), and read back
@@ -179,7 +179,7 @@ def _recorded_hash(record: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _is_pointer_directory(fs: Any, root: str) -> bool:
-    """Whether `root` holds a `latest` pointer: a directory of checkpoints (checkpoint_store.py's LATEST)."""
+    """Whether `root` holds a `latest` pointer: a directory of checkpoints (checkpoint/store.py's LATEST)."""
     try:
         return bool(fs.isfile(posixpath.join(root, "latest")))
     except Exception:  # storage that cannot answer: the plain message

@@ -1,5 +1,5 @@
-"""The options of `hvdazure export` (what runs it: core/script_export.py, with the trainer class
-core/training_script.py finds in the script).
+"""The options of `hvdazure export` (what runs it: core/script/export.py, with the trainer class
+core/trainer_classes.py finds in the script).
 
 argparse only: the CLI builds its parser from here, and `hvdazure --help` loads no framework.
 """
@@ -10,7 +10,7 @@ import argparse
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from hvdazure.core.script_export import ExportRequest
+    from hvdazure.core.script.export import ExportRequest
 
 P = TypeVar("P", bound=argparse.ArgumentParser)  # the CLI's parser class: its subcommands' parsers are one
 FORMATS = ("onnx", "torchscript", "exported_program", "keras", "saved_model")  # PyTorch's, then Keras's
@@ -64,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction[P]) -> P:
 
 def export_request(args: argparse.Namespace) -> ExportRequest:
     """What `hvdazure export`'s arguments ask for."""
-    from hvdazure.core.script_export import ExportRequest
+    from hvdazure.core.script.export import ExportRequest
 
     return ExportRequest(args.checkpoint, args.which, args.output, args.format, args.example, args.overwrite)
 

@@ -11,7 +11,7 @@ The mode is the first argument (default fit); `--checkpoint` and `--output` (and
 `--example`, `--overwrite`) are the mode's, everything else TrainConfig.from_cli's. The same under
 `hvdazure run -np N`, mpirun or Azure ML: every rank parses its own command line, and a bad one is one line
 and exit status 2 on every rank, before anything starts. Export runs in one process
-(core/script_export.py, which `hvdazure export` shares).
+(core/script/export.py, which `hvdazure export` shares).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A running Trainer's checkpoints: which named stateful pieces go into them, when they are written, and how a
-run resumes. The storage itself is core/checkpoint_store.py's.
+run resumes. The storage itself is core/checkpoint/store.py's.
 
 The trainer hands over `CheckpointPieces` (torchtitan's Stateful parts): its train state, the epoch's
 running means, the callbacks' states and the framework's extra state, each saved under its name in
@@ -7,7 +7,7 @@ trainer_state.json; the framework's model and optimizer files; this rank's RNG s
 every rank's); and the manifest's description of the run. What a resume means for the run (the data
 position at another world size, the RNG streams, the LR rescale) is the trainer's: it gets a `ResumePoint`.
 
-A checkpoint directory holds one run. Every checkpoint records its run's id (core/checkpoint_store.py);
+A checkpoint directory holds one run. Every checkpoint records its run's id (core/checkpoint/store.py);
 before the first step, rank 0 decides the run's id and whether the directory may be its (`start_run`): a
 fresh run gets a new id and is refused, on every rank and before anything is written, if the directory
 holds another run's checkpoints; a resumed run keeps the id of the checkpoint it resumed (at any world
@@ -39,8 +39,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from hvdazure.core.agreement import Failure, every_rank_tries, rank0_decides
 from hvdazure.core.backend import Collectives, FrameworkCheckpointContent
 from hvdazure.core.callbacks import Callback
-from hvdazure.core.checkpoint_export import refuse_a_file
-from hvdazure.core.checkpoint_store import (
+from hvdazure.core.checkpoint.store import (
     MANIFEST,
     RUN_ID,
     Checkpoint,
@@ -50,6 +49,7 @@ from hvdazure.core.checkpoint_store import (
     pointer_directory,
     same_directory,
 )
+from hvdazure.core.checkpoint.weights import refuse_a_file
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.environments import Environment
 from hvdazure.core.errors import exception_line

@@ -1,0 +1,2 @@
+"""Checkpoints: storage and integrity (framework-free), a running trainer's checkpoints, and weights read back
+for inference and export."""
