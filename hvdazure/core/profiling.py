@@ -28,6 +28,8 @@ from typing import Literal
 
 from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.rank_logging import logger
+from hvdazure.core.sample_plan import SamplePlan
+from hvdazure.core.state import TrainState
 from hvdazure.core.step_times import StepTimes
 
 PROFILE_ENV = "HVDAZURE_PROFILE_STEPS"  # set by `hvdazure run --profile` for every rank; over the config's
@@ -192,3 +194,20 @@ def profiled_steps(config: TrainConfig, profiler: Callable[[], StepProfiler | No
     if steps:
         on_rank0_for_all(lambda: check_writable(directory))
     return ProfiledSteps(made if rank == 0 else None, steps, directory, rank, times)
+
+
+def profile_this_fit(config: TrainConfig, state: TrainState, plan: SamplePlan,
+                     profiler: Callable[[], StepProfiler | None], rank: int,
+                     on_rank0_for_all: Callable[[Callable[[], None]], None],
+                     times: StepTimes) -> ProfiledSteps:
+    """What the fit() about to start records a trace of (`profiled_steps`), checked on every rank against
+    the steps it will train: those left of its epochs (from `state`, by `plan`'s steps per epoch), up to
+    max_steps."""
+    c, s = config, state
+    epochs_left = max(0, c.epochs - s.epoch - 1)  # after the one in progress
+    last = s.step + plan.steps_left(s.samples_in_epoch) + epochs_left * plan.steps_per_epoch
+    ends_because = f"epochs {c.epochs} of {plan.steps_per_epoch} steps at this world size"
+    if c.max_steps is not None and c.max_steps < last:
+        last, ends_because = c.max_steps, f"max_steps {c.max_steps}"
+    return profiled_steps(c, profiler, range(s.step + 1, last + 1), ends_because, rank, on_rank0_for_all,
+                          times)

@@ -1,6 +1,6 @@
 """How a run goes on: from a checkpoint (a resume: `continue_from`, once its pieces are loaded, reading back
 what `run_manifest` wrote), or from the last fit() of the same trainer, in memory (fit again: `LastFit`,
-`refuse_fit_again`). The loop
+`refuse_fit_again`, `fit_again`). The loop
 (core/training_loop.py) calls these; each rank computes the same answer from the same values, so a refusal
 is one ConfigError on every rank, before anything changes.
 """
@@ -15,6 +15,8 @@ from typing import Any
 from hvdazure._version import __version__
 from hvdazure.core.checkpoint.trainer_checkpoints import ResumePoint, refuse_changed_data
 from hvdazure.core.config import ConfigError, TrainConfig
+from hvdazure.core.rank_logging import logger
+from hvdazure.core.run_setup import RunSetup
 from hvdazure.core.sample_plan import SamplePlan
 from hvdazure.core.seeds import RankRandomState, resume_seed
 from hvdazure.core.state import TrainState
@@ -56,6 +58,23 @@ def refuse_fit_again(last: LastFit, config: TrainConfig, state: TrainState, chec
         raise ConfigError(f"config field {field!r}: this trainer has trained its {done} already; to "
                           f"train further, raise {field} before calling fit() again: trainer.config = "
                           f"trainer.config.replace({field}=...)")
+
+
+def fit_again(last: LastFit, config: TrainConfig, state: TrainState, setup: RunSetup) -> RunSetup:
+    """What a later fit() on the same trainer does before its first step; returns the run's setup for it.
+    The run goes on from where the `last` fit() left it, in memory (model, optimizer, RNG streams, data
+    position, callbacks, history and the checkpoints, under the same run id), to the config's `epochs` and
+    `max_steps`, with the LR schedule recomputed for them, as a resume from its last checkpoint would. A
+    ConfigError on every rank, before anything changes, where it cannot (`refuse_fit_again`)."""
+    c, s = config, state
+    refuse_fit_again(last, c, s, setup.checkpoints is not None)
+    s.should_stop, s.stop_requested, s.stop_reason = False, False, None  # as on a resume
+    setup = setup.rescheduled(c, s)
+    reopen_cut_epoch(s)
+    s.lr = setup.schedule.lr_at(setup.schedule_step(s))
+    until = f"epochs {c.epochs}" + (f", max_steps {c.max_steps}" if c.max_steps is not None else "")
+    logger.info(f"fit() again: the run goes on from epoch {s.epoch + 1}, step {s.step}, to {until}")
+    return setup
 
 
 def reopen_cut_epoch(state: TrainState) -> None:
