@@ -16,14 +16,14 @@ on first use:
 """
 
 _API = {
-    "JobSpec": "job_spec", "parse_input": "job_spec", "parse_output": "job_spec",
+    "JobSpec": "spec.job", "parse_input": "spec.job", "parse_output": "spec.job",
     "InputSpec": "resolved_job", "OutputSpec": "resolved_job", "ResolvedJob": "resolved_job",
     "EarlyTermination": "resolved_job",
     "WorkspaceRef": "workspace", "ClusterSpec": "compute",
     "SubmitError": "errors", "JobSpecError": "errors",
     "dry_run": "submission", "submit": "submission", "create_compute": "submission",
     "DryRunResult": "submission", "Submitted": "sdk",
-    "SweepSpec": "sweep_spec", "InJobSweepSpec": "sweep_spec",
+    "SweepSpec": "spec.sweep", "InJobSweepSpec": "spec.sweep",
 }
 
 

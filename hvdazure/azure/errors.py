@@ -6,7 +6,7 @@ Azure SDK exceptions can carry SAS URLs (`...?sv=...&sig=...`), bearer tokens or
 A storage key is recognised in a connection string (`AccountKey=...`, `SharedAccessSignature=...`) and
 alone (88 characters of base64: 64 bytes); the price of the second is that any other base64 of 64 bytes
 (a SHA-512 digest in base64) is taken for one. The same patterns say whether a value of a job is a
-credential (`credential_in`, applied to every field of a job by job_spec.check_credentials through
+credential (`credential_in`, applied to every field of a job by spec.job.check_credentials through
 credential_check.py), and `named_like_credential` whether a name says it holds one.
 """
 

@@ -11,13 +11,13 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from hvdazure.azure.sweep_spec import POLICIES, SAMPLERS, InJobSweepSpec, SweepSpec, early_termination
+from hvdazure.azure.spec.sweep import POLICIES, SAMPLERS, InJobSweepSpec, SweepSpec, early_termination
 from hvdazure.core.durations import DurationAction
 from hvdazure.sweep.options import add_optuna_arguments, add_search_arguments
 
 if TYPE_CHECKING:
     from hvdazure.azure.compute import ClusterSpec
-    from hvdazure.azure.job_spec import JobSpec
+    from hvdazure.azure.spec.job import JobSpec
     from hvdazure.azure.workspace import WorkspaceRef
 
 P = TypeVar("P", bound=argparse.ArgumentParser)  # the CLI's parser class: its subcommands' parsers are one
@@ -271,7 +271,7 @@ def in_job_sweep_spec(args: argparse.Namespace) -> InJobSweepSpec:
 def job_spec(args: argparse.Namespace) -> JobSpec:
     """Every `hvdazure submit`'s options, as the Python API takes them (its sweep's too); JobSpecError on a
     malformed --env, --tag, --input or --output."""
-    from hvdazure.azure import job_spec as spec
+    from hvdazure.azure.spec import job as spec
 
     return spec.JobSpec(
         script=args.script, compute=args.compute, nodes=args.nodes, script_args=args.script_args,

@@ -1,6 +1,6 @@
 """A job `hvdazure submit` validated offline (`ResolvedJob`), and its kind, decided once: what both SDKs'
-SDKs submit. Data only; no Azure SDK here, and no import of the modules that validate (job_spec.py,
-sweep_spec.py) or submit (v1/submit.py, v2/submit.py) it.
+SDKs submit. Data only; no Azure SDK here, and no import of the modules that validate (spec/job.py,
+spec/sweep.py) or submit (v1/submit.py, v2/submit.py) it.
 
 The kind says what the job's ranks run, and each SDK dispatches on it once:
 
@@ -93,7 +93,7 @@ class JobEnvironment:
 
 @dataclass(frozen=True)
 class QueueSettings:
-    """Where a job on serverless compute queues (job_settings.py): its job tier (spot or standard) and its
+    """Where a job on serverless compute queues (spec/settings.py): its job tier (spot or standard) and its
     priority within the tier (low, medium or high); None: Azure ML's default."""
 
     job_tier: str | None = None
@@ -106,7 +106,7 @@ class QueueSettings:
 
 @dataclass(frozen=True)
 class JobIdentity:
-    """The identity the job runs as (job_identity.py says what each reaches): the submitting user's, or a
+    """The identity the job runs as (spec/identity.py says what each reaches): the submitting user's, or a
     managed identity of the compute, user-assigned when `client_id` is given."""
 
     kind: str  # "user" or "managed"
@@ -304,7 +304,7 @@ JobKind = CommandJob | SweepJob | InJobSweep
 @dataclass(frozen=True)
 class ResolvedJob:
     """A job validated offline, every default filled in: what will be uploaded and submitted, in the terms of
-    both SDKs. Made by job_spec.resolve from a JobSpec."""
+    both SDKs. Made by spec.job.resolve from a JobSpec."""
 
     code_dir: Path
     script: str  # relative to code_dir, POSIX separators

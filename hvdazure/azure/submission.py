@@ -1,7 +1,7 @@
 """`hvdazure submit` as functions: a dry run that needs no Azure, and a submission with SDK v2 or v1.
 
 Order of a submission, cheapest checks first, nothing uploaded before the last step:
-1. the JobSpec is validated offline (job_spec.resolve), and the SDK the user chose is importable;
+1. the JobSpec is validated offline (spec.job.resolve), and the SDK the user chose is importable;
 2. the workspace is named and a credential obtains a token (one line if not);
 3. the job `--resume-from` names is looked up, and refused if it cannot be resumed (resume_from.py); then
    what the job names in the workspace (its name, data assets, a registered environment);
@@ -30,15 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdazure.azure import resume_from
 from hvdazure.azure.code_snapshot import is_ignored
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import JobSpecError, SubmitError, redacted_line
-from hvdazure.azure.job_spec import JobSpec, resolve
 from hvdazure.azure.resolved_job import ResolvedJob
 from hvdazure.azure.sdk import V1_END_OF_SUPPORT as V1_END_OF_SUPPORT  # warn_of_sdk's line, named here too
 from hvdazure.azure.sdk import AzureSdk, OfflineCheck, Submitted
-from hvdazure.azure.sweep_spec import InJobSweepSpec
+from hvdazure.azure.spec import resume_from
+from hvdazure.azure.spec.job import JobSpec, resolve
+from hvdazure.azure.spec.sweep import InJobSweepSpec
 from hvdazure.azure.workspace import WorkspaceRef
 
 SDKS = ("v2", "v1")

@@ -212,8 +212,8 @@ _LEFT_OVER_BY = "_hvdazure_left_over_by"  # set on the namespace: which parser l
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand, each defined in its package's options.py."""
-    from hvdazure.azure import jobs_options
     from hvdazure.azure import options as azure_options
+    from hvdazure.azure.jobs import options as jobs_options
     from hvdazure.bench import options as bench_options
     from hvdazure.cli import export_options
     from hvdazure.data import options as data_options

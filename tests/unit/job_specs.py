@@ -13,7 +13,7 @@ from typing import Any
 
 from fakes.azureml_jobs import FakeCredential
 
-from hvdazure.azure.job_spec import JobSpec
+from hvdazure.azure.spec.job import JobSpec
 
 IMAGE = "myacr.azurecr.io/hvdazure-gpu:0.1.0"
 

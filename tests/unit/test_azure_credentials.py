@@ -12,8 +12,8 @@ from job_specs import IMAGE, spec
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, credential_in, named_like_credential, redact
-from hvdazure.azure.job_spec import InputSpec, OutputSpec, resolve
-from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
+from hvdazure.azure.spec.job import InputSpec, OutputSpec, resolve
+from hvdazure.azure.spec.sweep import InJobSweepSpec, SweepSpec
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -22,7 +22,7 @@ from job_specs import IMAGE, rest_body
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.job_spec import InputSpec, OutputSpec, resolve
+from hvdazure.azure.spec.job import InputSpec, OutputSpec, resolve
 from hvdazure.azure.v2 import submit as submit_v2
 from hvdazure.cli import main
 

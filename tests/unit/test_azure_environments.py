@@ -17,7 +17,7 @@ from test_azure_submit_v2 import WS, fake, submit  # noqa: F401  (fixtures)
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.job_spec import resolve
+from hvdazure.azure.spec.job import resolve
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

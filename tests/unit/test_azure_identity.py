@@ -20,9 +20,9 @@ from test_azure_sweep import sweep
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError
-from hvdazure.azure.job_identity import parse_identity
-from hvdazure.azure.job_spec import resolve
 from hvdazure.azure.resolved_job import JobIdentity
+from hvdazure.azure.spec.identity import parse_identity
+from hvdazure.azure.spec.job import resolve
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
@@ -179,7 +179,7 @@ def test_inside_the_job_default_azure_credential_asks_azure_ml_for_the_user_assi
 def test_a_v1_in_job_sweep_runs_with_credential_passthrough(v1_project, service):  # noqa: F811
     """An in-job sweep is one ScriptRunConfig run (the sweep runs inside it), which credential passthrough
     covers as it covers a command job."""
-    from hvdazure.azure.sweep_spec import InJobSweepSpec
+    from hvdazure.azure.spec.sweep import InJobSweepSpec
 
     (v1_project / "space.yaml").write_text("lr: {type: choice, values: [0.1, 0.01]}\n")
     submit_v1(identity="user", sweep=InJobSweepSpec("space.yaml", "eval_loss", ranks_per_trial=4))

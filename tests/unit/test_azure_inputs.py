@@ -21,8 +21,8 @@ from test_azure_submit_v2 import (  # noqa: F401  (fixtures)
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, parse_input, parse_output, resolve
-from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
+from hvdazure.azure.spec.job import InputSpec, JobSpec, OutputSpec, parse_input, parse_output, resolve
+from hvdazure.azure.spec.sweep import InJobSweepSpec, SweepSpec
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"), PROJECT]

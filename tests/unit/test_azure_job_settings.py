@@ -1,4 +1,4 @@
-"""A job's own settings (hvdazure/azure/job_settings.py): `--name`, `--description`, `--max-duration`, the
+"""A job's own settings (hvdazure/azure/spec/settings.py): `--name`, `--description`, `--max-duration`, the
 queue settings of serverless compute (`--job-tier`, `--priority`) and registered outputs, for every kind of
 job (command job, Azure ML sweep job, in-job sweep) and both SDKs, offline: the dry run's file says each as
 it would be sent, the SDK loads it back (azure-ai-ml's load_job and REST body; azureml-core's run
@@ -20,7 +20,7 @@ from test_azure_sweep import in_job, sweep
 from hvdazure.azure import submission
 from hvdazure.azure.compute import ClusterSpec
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.job_spec import JobSpec, OutputSpec, resolve
+from hvdazure.azure.spec.job import JobSpec, OutputSpec, resolve
 from hvdazure.azure.v2 import submit as submit_v2
 from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main

@@ -13,7 +13,7 @@ from job_specs import IMAGE
 
 from hvdazure.azure import code_snapshot, vm_sizes
 from hvdazure.azure.errors import JobSpecError, SubmitError, redact, redacted_line
-from hvdazure.azure.job_spec import InputSpec, OutputSpec, parse_input, parse_output, resolve
+from hvdazure.azure.spec.job import InputSpec, OutputSpec, parse_input, parse_output, resolve
 from hvdazure.azure.workspace import WorkspaceRef
 
 pytestmark = pytest.mark.project(script="src/train.py")  # the `project` fixture (conftest.py)

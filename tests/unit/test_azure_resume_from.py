@@ -22,8 +22,8 @@ from test_azure_submit_v2 import fake as fake  # the fixture: the fake workspace
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobError, JobSpecError, SubmitError
-from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec
-from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
+from hvdazure.azure.spec.job import InputSpec, JobSpec, OutputSpec
+from hvdazure.azure.spec.sweep import InJobSweepSpec, SweepSpec
 from hvdazure.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),

@@ -22,7 +22,7 @@ from fakes.azureml_jobs import FAKE_TOKEN, FakeCredential  # azureml-core reads 
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.job_spec import InputSpec, JobSpec
+from hvdazure.azure.spec.job import InputSpec, JobSpec
 from hvdazure.azure.workspace import WorkspaceRef
 
 # azureml-core 1.61 uses APIs its dependencies deprecate (marshmallow fields, ruamel.yaml's loaders)

@@ -26,7 +26,7 @@ from fakes.azureml_jobs import transport_response
 from hvdazure.azure import submission
 from hvdazure.azure.compute import ClusterSpec
 from hvdazure.azure.errors import SubmitError
-from hvdazure.azure.job_spec import InputSpec, JobSpec, OutputSpec, resolve
+from hvdazure.azure.spec.job import InputSpec, JobSpec, OutputSpec, resolve
 from hvdazure.azure.v2 import submit as submit_v2
 from hvdazure.azure.workspace import WorkspaceRef
 from hvdazure.cli import main

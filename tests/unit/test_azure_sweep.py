@@ -21,10 +21,11 @@ from job_specs import IMAGE, rest_body
 from test_azure_submit_v2 import WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport
 from test_azure_submit_v2 import fake as fake  # the fixture: the fake workspace, its uploads recorded
 
-from hvdazure.azure import submission, sweep_spec
+from hvdazure.azure import submission
 from hvdazure.azure.compute import ClusterSpec
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.job_spec import OutputSpec, resolve
+from hvdazure.azure.spec import sweep as sweep_spec
+from hvdazure.azure.spec.job import OutputSpec, resolve
 from hvdazure.azure.v2 import submit as submit_v2
 from hvdazure.cli import main
 from hvdazure.core.config import TrainConfig

@@ -25,7 +25,7 @@ from test_azure_sweep import sweep
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
 from hvdazure.azure.hyperdrive_args import ENTRY_FILE, ENTRY_SOURCE, HyperDriveArgsError, translate
-from hvdazure.azure.job_spec import JobSpec, resolve
+from hvdazure.azure.spec.job import JobSpec, resolve
 from hvdazure.azure.v1 import sweep as sweep_v1
 from hvdazure.azure.workspace import WorkspaceRef
 
@@ -294,7 +294,7 @@ def test_a_trial_timeout_is_each_hyperdrive_trials_max_run_duration(project, tmp
 
 
 def test_a_v1_in_job_sweep_submits_a_run_whose_command_is_the_sweep(project, service):
-    from hvdazure.azure.sweep_spec import InJobSweepSpec
+    from hvdazure.azure.spec.sweep import InJobSweepSpec
 
     job = JobSpec(script="train.py", compute="gpu-cluster", nodes=2, image=IMAGE,
                   script_args=["--set", "epochs=3"],

@@ -88,7 +88,7 @@ def _options(parser: argparse.ArgumentParser, prog: str = "hvdazure"):
 
 def test_no_option_of_the_cli_takes_seconds_without_units():
     """A new option of seconds goes through the one parser too: as an action that stores seconds, or kept
-    as given for a job's checks (`hvdazure submit`'s two, read by azure/job_settings.check_duration)."""
+    as given for a job's checks (`hvdazure submit`'s two, read by azure/spec/settings.check_duration)."""
     checked_with_the_job = {"max_duration", "trial_timeout"}
     seconds_like = [(prog, action) for prog, action in _options(build_parser())
                     if any(word in f"{action.dest} {action.help or ''} {action.metavar or ''}".lower()

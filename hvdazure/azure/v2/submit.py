@@ -10,7 +10,7 @@ The dry run writes the same entity as YAML (`az ml job create -f` format, the co
 file) and checks it with the SDK's own offline validation: `load_job`'s schema, then the REST body
 (`_to_rest_object()`), which catches what the schema misses, such as a `${{inputs.x}}` the job lacks; and
 hvdazure compares the body with the job: layout, identity, inputs, and the job's own settings
-(job_settings.py: name, description, `limits.timeout`, `queue_settings`, no compute for serverless compute)
+(spec/settings.py: name, description, `limits.timeout`, `queue_settings`, no compute for serverless compute)
 and outputs (type, mode, registration).
 
 `V2Sdk` is the SubmitSdk (sdk.py) for `--sdk v2`, the default. The job's kind decides its form
@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure._version import __version__
-from hvdazure.azure import compute, data_inputs
+from hvdazure.azure import compute
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError, redacted_line
 from hvdazure.azure.resolved_job import CommandJob, InJobSweep, QueueSettings, ResolvedJob, SweepJob
 from hvdazure.azure.sdk import OfflineCheck, Submitted, compute_not_found, output_file
+from hvdazure.azure.spec import data_inputs
 from hvdazure.azure.v2.jobs import V2Jobs
 from hvdazure.azure.v2.sweep import SweepJobForm
 from hvdazure.azure.workspace import WorkspaceRef
@@ -129,7 +130,7 @@ def _check_identity(job: ResolvedJob, body: dict[str, Any], job_file: str) -> No
 
 
 def _check_settings(job: ResolvedJob, loaded: Any, body: dict[str, Any], job_file: str) -> None:
-    """The job's own settings (job_settings.py) and its outputs, as `load_job` reads them back and the REST
+    """The job's own settings (spec/settings.py) and its outputs, as `load_job` reads them back and the REST
     body carries them, are those asked for: compute (none for serverless compute), name, description,
     timeout, queue settings, each output's type, mode and registration."""
     from azure.ai.ml._utils.utils import from_iso_duration_format

@@ -24,7 +24,7 @@ from typing import Any
 from hvdazure.azure.errors import SubmitError
 from hvdazure.azure.job_checkpoints import CheckpointPlace, LastCheckpoint, checkpoint_place
 from hvdazure.azure.job_records import JobDetails
-from hvdazure.azure.resume_from import resume_command
+from hvdazure.azure.spec.resume_from import resume_command
 
 _PREEMPTED = re.compile(r"\bpre-?empt", re.I)
 

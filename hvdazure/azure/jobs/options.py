@@ -1,8 +1,8 @@
-"""The options of `hvdazure jobs list | show | stream | cancel | download`, and which function of jobs.py
-each calls with them.
+"""The options of `hvdazure jobs list | show | stream | cancel | download`, and which function of
+hvdazure.azure.jobs each calls with them.
 
-argparse only, and jobs.py on first use: the CLI builds its parser from here, and `hvdazure --help` loads
-no Azure SDK.
+argparse only, and the jobs' functions (jobs/__init__.py) on first use: the CLI builds its parser from here,
+and `hvdazure --help` loads no Azure SDK.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _count(text: str) -> int:
 
 def default_experiment() -> str:
     """`hvdazure submit`'s default experiment: the name of the code directory, here the current one."""
-    from hvdazure.azure.job_spec import _experiment_name
+    from hvdazure.azure.spec.job import _experiment_name
 
     return _experiment_name(Path.cwd())
 

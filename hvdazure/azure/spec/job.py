@@ -11,14 +11,14 @@ Azure is checked here, before anything is uploaded, each problem as one line nam
   arguments name declared ones;
 - no credential is put into the job in plain text, by any field (credential_check.py, first of all);
 - the script's `--config` / `--set` arguments are parsed by `TrainConfig`, with the same code the job runs;
-- the job's own settings, name, description, max duration and queue (job_settings.py), and serverless
+- the job's own settings, name, description, max duration and queue (spec/settings.py), and serverless
   compute's VM size;
 - `--resume-from NAME` (resume_from.py): a command job, no `--set resume=` of the script's own; its wiring
   (an input, `--set resume=auto --set resume_from=...`) is added to the job and checked as the user's own
   would be.
 
 The job runs `python SCRIPT ARGS` from the top of the code directory on every rank: Azure ML starts
-`mpirun` itself, with `nodes x processes_per_node` ranks. A sweep (`JobSpec.sweep`, see sweep_spec.py)
+`mpirun` itself, with `nodes x processes_per_node` ranks. A sweep (`JobSpec.sweep`, see spec/sweep.py)
 changes the job's kind (resolved_job.py), which says what the ranks run: each trial of an Azure ML sweep
 job is this command with the sampled values as `--set` arguments, and an in-job sweep runs
 `python -m hvdazure.sweep SCRIPT ...` on every rank.
@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdazure.azure import credential_check, data_inputs, job_settings, resume_from, sweep_spec, vm_sizes
+from hvdazure.azure import vm_sizes
 from hvdazure.azure.code_snapshot import CodeSnapshot, scan
 from hvdazure.azure.compute import check_compute_name
 from hvdazure.azure.errors import JobSpecError, check_count
-from hvdazure.azure.job_identity import with_identity
 from hvdazure.azure.resolved_job import (
     SERVERLESS,
     InputSpec,
@@ -48,7 +47,11 @@ from hvdazure.azure.resolved_job import (
     ResumeSource,
 )
 from hvdazure.azure.script_args import argument_names
-from hvdazure.azure.sweep_spec import InJobSweepSpec, SweepSpec
+from hvdazure.azure.spec import credential_check, data_inputs, resume_from
+from hvdazure.azure.spec import settings as job_settings
+from hvdazure.azure.spec import sweep as sweep_spec
+from hvdazure.azure.spec.identity import with_identity
+from hvdazure.azure.spec.sweep import InJobSweepSpec, SweepSpec
 from hvdazure.launch.command import MPI_YIELD_WHEN_IDLE
 
 if TYPE_CHECKING:
@@ -87,8 +90,8 @@ class JobSpec:
     docker_args: str | None = None  # extra `docker run` arguments, e.g. "--user root"
     vm_size: str | None = None  # the compute's VM size, when known before asking Azure
     sweep: SweepSpec | InJobSweepSpec | None = None  # hvdazure submit sweep | in-job-sweep
-    identity: str | None = None  # user, managed or managed:CLIENT_ID (job_identity.py); None: Azure ML's
-    # the job's own settings (job_settings.py)
+    identity: str | None = None  # user, managed or managed:CLIENT_ID (spec/identity.py); None: Azure ML's
+    # the job's own settings (spec/settings.py)
     name: str | None = None  # the job's name, its id in the workspace; None: Azure ML names it
     description: str | None = None
     max_duration: int | str | None = None  # 5400, "1h30m", at least 60 s: then Azure ML cancels the job

@@ -3,7 +3,7 @@ command and the script's arguments, tags, names, environment variables, inputs, 
 the image, the sweep's metric and search space) is checked with the one rule of errors.py, before any other
 check could echo it, and whichever SDK sends the job. A job that would carry one is refused in one line
 naming the field and the kind of credential, never the value. This module holds the refusals;
-job_spec.check_credentials walks a JobSpec's fields through them.
+spec.job.check_credentials walks a JobSpec's fields through them.
 
 A value is a credential when it holds a SAS signature, a bearer token, a JWT, a storage key or a password
 (errors.credential_in); a name, when it says so (errors.named_like_credential: HF_TOKEN, WANDB_API_KEY),

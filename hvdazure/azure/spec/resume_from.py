@@ -41,7 +41,6 @@ import posixpath
 import shlex
 from collections.abc import Sequence
 
-from hvdazure.azure import credential_check
 from hvdazure.azure.errors import JobError, JobSpecError
 from hvdazure.azure.job_checkpoints import (
     DEFAULT_IN_JOB,
@@ -53,6 +52,7 @@ from hvdazure.azure.job_records import JobDetails
 from hvdazure.azure.resolved_job import InputSpec, ResumeSource
 from hvdazure.azure.script_args import set_fields, without_fields
 from hvdazure.azure.sdk import JobsClient
+from hvdazure.azure.spec import credential_check
 
 RESUME_INPUT = "resume_from"  # the input the new job reads the checkpoints through
 ARTIFACTS_OUTPUT = "artifacts"  # Azure ML's name, in azureml://jobs/... URIs, for a job's own files

@@ -7,7 +7,7 @@ workspace and asks the credential for a token first, as a submission does (a mis
 any request). What hvdazure adds to the SDKs is here, once for both: a job that does not exist, one that has
 ended already, or a service that cannot be reached are one line each (JobError, a
 SubmitError: the CLI's exit status 2, as for submit); `show` names a preemption the service reports and the
-command that resumes the job (job_preemption.py); `download` puts nothing in place before it is complete and
+command that resumes the job (jobs/preempted.py); `download` puts nothing in place before it is complete and
 verifies every checkpoint it brought (job_download.py).
 """
 
@@ -24,8 +24,8 @@ from typing import Any, Protocol, TextIO
 from hvdazure.azure.errors import JobError, SubmitError, check_count, redact, redacted_line
 from hvdazure.azure.job_checkpoints import CheckpointPlace, LastCheckpoint, last_checkpoint, url_reader
 from hvdazure.azure.job_download import Downloaded
-from hvdazure.azure.job_preemption import Preemption, preemption
 from hvdazure.azure.job_records import JobDetails, JobSummary, table
+from hvdazure.azure.jobs.preempted import Preemption, preemption
 from hvdazure.azure.sdk import JobsClient
 from hvdazure.azure.workspace import WorkspaceRef
 

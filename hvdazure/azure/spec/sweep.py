@@ -16,7 +16,7 @@ What Azure ML would refuse only after the upload, or not at all, is refused here
 keys must be identifiers (`extra.hidden` becomes the key `extra_hidden`; two names that become one key are an
 error); grid sampling takes choice parameters only, Bayesian sampling choice, uniform and quniform and no
 early termination; counts, percentages and factors out of range; a trial timeout under a minute (as every
-duration: job_settings.py); an in-job sweep whose trials do not divide the job's ranks; a sweep job's output
+duration: spec/settings.py); an in-job sweep whose trials do not divide the job's ranks; a sweep job's output
 registered as an asset (each trial writes its own). A `--set FIELD=...` of the script's own that the search
 space overrides in every trial is a warning naming the field.
 """
@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdazure.azure import credential_check, script_args
+from hvdazure.azure import script_args
 from hvdazure.azure.errors import JobSpecError, check_count
-from hvdazure.azure.job_settings import check_duration
 from hvdazure.azure.resolved_job import (
     GOALS,
     EarlyTermination,
@@ -40,6 +39,8 @@ from hvdazure.azure.resolved_job import (
     SearchParameter,
     SweepJob,
 )
+from hvdazure.azure.spec import credential_check
+from hvdazure.azure.spec.settings import check_duration
 
 if TYPE_CHECKING:
     from hvdazure.core.config import TrainConfig
@@ -144,7 +145,7 @@ def _sweep_job(spec: SweepSpec, job: ResolvedJob, config: TrainConfig | None, cw
 
 
 def resolve_sweep(spec: SweepSpec, cwd: Path) -> SweepJob:
-    """Validate an Azure ML sweep (everything but the trial, which job_spec.resolve checks)."""
+    """Validate an Azure ML sweep (everything but the trial, which spec.job.resolve checks)."""
     space_file = cwd / spec.space
     if not space_file.is_file():
         raise JobSpecError(f"--space {spec.space}: search space file not found")
