@@ -4,6 +4,11 @@ Events, in order: on_train_start, then per epoch on_epoch_start, per optimizer s
 on_step_end, then on_eval_end (when an evaluation ran) and on_epoch_end, and finally on_train_end.
 A callback reads `trainer.state` (a TrainState) and `trainer.config`; decisions that affect every rank
 are made from reduced values (identical on all ranks) or through `state.request_stop`.
+
+The user's callbacks (`Callback`) are given the user's trainer. hvdazure's own (`BuiltinCallback`: the LR
+schedule, progress, early stopping, the loggers, periodic checkpoints, the preemption watcher) are given the
+run instead (core/run_protocol.py's `Run`, which the loop implements), so that what a subclass of the trainer
+overrides (`log`, `set_lr`, `save_checkpoint`, ...) never changes what they do.
 """
 
 from __future__ import annotations
@@ -12,41 +17,40 @@ import math
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.lr import LRSchedule, describe_lr
 from hvdazure.core.progress_display import TERMINAL_ENV, display_width, epoch_bar
-
-if TYPE_CHECKING:
-    from hvdazure.core.trainer import Trainer
+from hvdazure.core.run_protocol import Run
 
 
 class Callback:
-    """Override the events you need. `main_only` callbacks run on rank 0 only (loggers)."""
+    """Override the events you need; each is given `trainer`, your trainer (the Trainer subclass training).
+    `main_only` callbacks run on rank 0 only (loggers)."""
 
     main_only = False
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: Any) -> None:
         """Once, after Horovod has started, the state is broadcast and any checkpoint is resumed."""
 
-    def on_epoch_start(self, trainer: Trainer) -> None:
+    def on_epoch_start(self, trainer: Any) -> None:
         """At the start of every epoch (a resumed epoch included)."""
 
-    def on_step_begin(self, trainer: Trainer) -> None:
+    def on_step_begin(self, trainer: Any) -> None:
         """Before every optimizer step."""
 
-    def on_step_end(self, trainer: Trainer) -> None:
+    def on_step_end(self, trainer: Any) -> None:
         """After every optimizer step; `trainer.state.metrics_reduced` tells whether the interval's metrics
         were just reduced over the ranks (every `log_every` steps)."""
 
-    def on_eval_end(self, trainer: Trainer) -> None:
+    def on_eval_end(self, trainer: Any) -> None:
         """After an evaluation: `trainer.state.eval_metrics` holds its results, the same on every rank."""
 
-    def on_epoch_end(self, trainer: Trainer) -> None:
+    def on_epoch_end(self, trainer: Any) -> None:
         """At the end of every epoch, after its evaluation; `trainer.state.history[-1]` is its record."""
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, trainer: Any) -> None:
         """Once, when training ends, however it ends (the last epoch, `max_steps`, a stop)."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -57,21 +61,48 @@ class Callback:
         """Restore what `state_dict` returned, on resume."""
 
 
-class LRScheduleCallback(Callback):
-    """Sets the LR of every optimizer step from `trainer.schedule`: warmup, then the configured schedule."""
+class BuiltinCallback(Callback):
+    """hvdazure's own callbacks: each event is given the run (core/run_protocol.py's `Run`, the loop), not the
+    user's trainer, so that a trainer subclass's own `log`, `set_lr`, `save_checkpoint` or `finished` never
+    replaces what they call. The loop tells them apart from the user's by this class (TrainingLoop._emit)."""
+
+    def on_train_start(self, run: Run) -> None:
+        """Once, after Horovod has started, the state is broadcast and any checkpoint is resumed."""
+
+    def on_epoch_start(self, run: Run) -> None:
+        """At the start of every epoch (a resumed epoch included)."""
+
+    def on_step_begin(self, run: Run) -> None:
+        """Before every optimizer step."""
+
+    def on_step_end(self, run: Run) -> None:
+        """After every optimizer step."""
+
+    def on_eval_end(self, run: Run) -> None:
+        """After an evaluation."""
+
+    def on_epoch_end(self, run: Run) -> None:
+        """At the end of every epoch, after its evaluation."""
+
+    def on_train_end(self, run: Run) -> None:
+        """Once, when training ends, however it ends."""
+
+
+class LRScheduleCallback(BuiltinCallback):
+    """Sets the LR of every optimizer step from the run's schedule: warmup, then the configured schedule."""
 
     def __init__(self) -> None:
         self._applied: float | None = None
 
-    def on_step_begin(self, trainer: Trainer) -> None:
-        lr = trainer.schedule.lr_at(trainer.schedule_step)
+    def on_step_begin(self, run: Run) -> None:
+        lr = run.schedule.lr_at(run.schedule_step)
         if lr != self._applied:  # a constant LR is set once, not every step
-            trainer.set_lr(lr)
+            run.set_lr(lr)
             self._applied = lr
-        trainer.state.lr = lr
+        run.state.lr = lr
 
 
-class EarlyStopping(Callback):
+class EarlyStopping(BuiltinCallback):
     """Stops when `monitor` has not improved by `min_delta` for `patience` evaluations."""
 
     def __init__(self, monitor: str, mode: str = "min", patience: int = 3, min_delta: float = 0.0) -> None:
@@ -81,9 +112,9 @@ class EarlyStopping(Callback):
         self.best: float | None = None
         self.bad_evaluations = 0
 
-    def on_eval_end(self, trainer: Trainer) -> None:
-        metrics = {**{f"eval_{k}": v for k, v in trainer.state.eval_metrics.items()},
-                   **{f"train_{k}": v for k, v in trainer.state.train_metrics.items()}}
+    def on_eval_end(self, run: Run) -> None:
+        metrics = {**{f"eval_{k}": v for k, v in run.state.eval_metrics.items()},
+                   **{f"train_{k}": v for k, v in run.state.train_metrics.items()}}
         if self.monitor not in metrics:
             raise KeyError(f"early stopping monitors {self.monitor!r}, but the metrics are "
                            f"{', '.join(sorted(metrics))}")
@@ -94,8 +125,8 @@ class EarlyStopping(Callback):
         self.bad_evaluations += 1
         if self.bad_evaluations >= self.patience:
             evaluations = f"{self.patience} evaluation{'' if self.patience == 1 else 's'}"
-            trainer.state.request_stop(f"early stopping: {self.monitor} did not improve for {evaluations} "
-                                       f"({self._why_not_better(value)})")
+            run.state.request_stop(f"early stopping: {self.monitor} did not improve for {evaluations} "
+                                   f"({self._why_not_better(value)})")
 
     def _improved(self, value: float, by: float) -> bool:
         """Whether `value` is better than the best by more than `by`."""
@@ -136,23 +167,23 @@ def training_line(config: TrainConfig, world_size: int, steps_per_epoch: int, sc
             f"{describe_lr(config, world_size, schedule)}")
 
 
-def _max_steps_reached(trainer: Trainer) -> bool:
-    return trainer.config.max_steps is not None and trainer.state.step >= trainer.config.max_steps
+def _max_steps_reached(run: Run) -> bool:
+    return run.config.max_steps is not None and run.state.step >= run.config.max_steps
 
 
-def _ending_field(trainer: Trainer) -> str:
+def _ending_field(run: Run) -> str:
     """The config field that ended a run that has ended: max_steps or epochs."""
-    return "max_steps" if _max_steps_reached(trainer) else "epochs"
+    return "max_steps" if _max_steps_reached(run) else "epochs"
 
 
-def _ended_by(trainer: Trainer) -> str:
+def _ended_by(run: Run) -> str:
     """What a run that has ended has done: its max_steps, or its epochs."""
-    if _max_steps_reached(trainer):
-        return f"taken its {trainer.config.max_steps} steps (max_steps)"
-    return f"trained its {trainer.config.epochs} epochs"
+    if _max_steps_reached(run):
+        return f"taken its {run.config.max_steps} steps (max_steps)"
+    return f"trained its {run.config.epochs} epochs"
 
 
-class ProgressLogger(Callback):
+class ProgressLogger(BuiltinCallback):
     """Rank 0's progress: on a terminal (its own, or that of `hvdazure run`) a tqdm bar per epoch, redrawn in
     place and replaced by the epoch's line when it ends (core/progress_display.py); elsewhere (logs, pipes) a
     line per log interval."""
@@ -167,23 +198,22 @@ class ProgressLogger(Callback):
         self.bar: Any = None
         self._mark: tuple[float, int] = (0.0, 0)
 
-    def on_train_start(self, trainer: Trainer) -> None:
-        self._mark = (time.perf_counter(), trainer.state.samples_seen)
-        if trainer.finished:  # a resume of a run that has ended: say so, rather than end in silence
-            trainer.log(f"nothing to train: the run has {_ended_by(trainer)} already (step "
-                        f"{trainer.state.step}); raise {_ending_field(trainer)} to train further")
+    def on_train_start(self, run: Run) -> None:
+        self._mark = (time.perf_counter(), run.state.samples_seen)
+        if run.finished:  # a resume of a run that has ended: say so, rather than end in silence
+            run.log(f"nothing to train: the run has {_ended_by(run)} already (step "
+                    f"{run.state.step}); raise {_ending_field(run)} to train further")
             return
-        trainer.log(training_line(trainer.config, trainer.world_size, trainer.steps_per_epoch,
-                                  trainer.schedule))
+        run.log(training_line(run.config, run.world_size, run.steps_per_epoch, run.schedule))
 
-    def on_epoch_start(self, trainer: Trainer) -> None:
+    def on_epoch_start(self, run: Run) -> None:
         if self.use_bar:  # redrawn in place; closed, it leaves nothing: the epoch's line takes its place
-            self.bar = epoch_bar(sys.stderr, self._width, self._through_hvdazure_run, trainer.steps_per_epoch,
-                                 trainer.state.step_in_epoch,
-                                 f"epoch {trainer.state.epoch + 1}/{trainer.config.epochs}")
+            self.bar = epoch_bar(sys.stderr, self._width, self._through_hvdazure_run, run.steps_per_epoch,
+                                 run.state.step_in_epoch,
+                                 f"epoch {run.state.epoch + 1}/{run.config.epochs}")
 
-    def on_step_end(self, trainer: Trainer) -> None:
-        s = trainer.state
+    def on_step_end(self, run: Run) -> None:
+        s = run.state
         if self.bar is not None:
             self.bar.update(1)
         if not s.metrics_reduced:
@@ -192,25 +222,25 @@ class ProgressLogger(Callback):
         rate = (samples - self._mark[1]) / max(now - self._mark[0], 1e-9)
         self._mark = (now, samples)
         fields = {**s.train_metrics, "lr": s.lr, "samples/s": rate}
-        times = trainer.step_times
+        times = run.last_times
         if self.bar is not None:
             self.bar.set_postfix_str(format_metrics(fields))  # drawn now: a fast epoch still shows them
         else:
             shares = f" | {times.compact()}" if times is not None and times.steps else ""
-            trainer.log(f"epoch {s.epoch + 1} step {s.step_in_epoch}/{trainer.steps_per_epoch} "
-                        f"{format_metrics(fields)}{shares}")
+            run.log(f"epoch {s.epoch + 1} step {s.step_in_epoch}/{run.steps_per_epoch} "
+                    f"{format_metrics(fields)}{shares}")
 
-    def on_epoch_end(self, trainer: Trainer) -> None:
+    def on_epoch_end(self, run: Run) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        record, s = dict(trainer.state.history[-1]), trainer.state
+        record, s = dict(run.state.history[-1]), run.state
         ended = "done"
         if s.samples_in_epoch:  # the loop moves on to the next epoch only after a whole one
-            why = f"max_steps {trainer.config.max_steps}" if _max_steps_reached(trainer) else "stopped"
-            ended = f"cut short at step {s.step_in_epoch} of {trainer.steps_per_epoch} ({why})"
-        trainer.log(f"epoch {record.pop('epoch') + 1} {ended}: {format_metrics(record)}")
+            why = f"max_steps {run.config.max_steps}" if _max_steps_reached(run) else "stopped"
+            ended = f"cut short at step {s.step_in_epoch} of {run.steps_per_epoch} ({why})"
+        run.log(f"epoch {record.pop('epoch') + 1} {ended}: {format_metrics(record)}")
 
-    def on_train_end(self, trainer: Trainer) -> None:
-        if trainer.state.stop_reason:
-            trainer.log(f"stopped: {trainer.state.stop_reason}")
+    def on_train_end(self, run: Run) -> None:
+        if run.state.stop_reason:
+            run.log(f"stopped: {run.state.stop_reason}")

@@ -9,15 +9,15 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hvdazure.core.callbacks import Callback
+from hvdazure.core.callbacks import BuiltinCallback
 from hvdazure.core.rank_logging import logger
+from hvdazure.core.run_protocol import Run
 
 if TYPE_CHECKING:
     from hvdazure.core.tensorboard_events import EventFile
-    from hvdazure.core.trainer import Trainer
 
 
-class TensorBoardLogger(Callback):
+class TensorBoardLogger(BuiltinCallback):
     """Scalars under `<output_dir>/tensorboard`: train metrics per log interval, eval per evaluation."""
 
     main_only = True
@@ -26,28 +26,28 @@ class TensorBoardLogger(Callback):
     def __init__(self, log_dir: str | Path) -> None:
         self.log_dir = Path(log_dir)
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, run: Run) -> None:
         from hvdazure.core.tensorboard_events import EventFile  # tensorboard's protobufs: only when used
 
         self.writer = EventFile(self.log_dir)
 
-    def on_step_end(self, trainer: Trainer) -> None:
-        s = trainer.state
+    def on_step_end(self, run: Run) -> None:
+        s = run.state
         if s.metrics_reduced:
             for name, value in {**s.train_metrics, "lr": s.lr}.items():
                 self.writer.add_scalar(f"train/{name}", value, step=s.step)
-            for name, value in _time_scalars(trainer).items():
+            for name, value in _time_scalars(run).items():
                 group, _, rest = name.partition("_")  # gpu_memory_peak_gib_max: gpu/memory_peak_gib_max
                 tag = f"gpu/{rest}" if group == "gpu" else f"time/{name.removeprefix('time_')}"
                 self.writer.add_scalar(tag, value, step=s.step)
             self.writer.flush()
 
-    def on_eval_end(self, trainer: Trainer) -> None:
-        for name, value in trainer.state.eval_metrics.items():
-            self.writer.add_scalar(f"eval/{name}", value, step=trainer.state.step)
+    def on_eval_end(self, run: Run) -> None:
+        for name, value in run.state.eval_metrics.items():
+            self.writer.add_scalar(f"eval/{name}", value, step=run.state.step)
         self.writer.flush()
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, run: Run) -> None:
         self.writer.close()
 
 
@@ -56,7 +56,7 @@ def default_mlflow_uri(output_dir: str | Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}"
 
 
-class MLflowLogger(Callback):
+class MLflowLogger(BuiltinCallback):
     """One MLflow run per training: the config as params, metrics by optimizer step. With `parent_run_id`
     (a sweep's trials), a child run named `run_name` of that run: the same one again when the training is
     resumed. A later fit() of the same trainer logs into the run of its first."""
@@ -69,7 +69,7 @@ class MLflowLogger(Callback):
         self.parent_run_id, self.run_name = parent_run_id, run_name
         self.run: Any = None
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, run: Run) -> None:
         import mlflow
 
         if self.tracking_uri.startswith("sqlite:///"):
@@ -89,10 +89,10 @@ class MLflowLogger(Callback):
             # a tracking URI of the user's own: start_run() alone would look for the job's run in it
             own = mlflow.MlflowClient().create_run(experiment.experiment_id).info.run_id if job_run else None
             self.run = mlflow.start_run(run_id=own)
-        params = {k: v for k, v in trainer.config.to_dict().items() if k != "extra"}
-        params.update({f"extra.{k}": v for k, v in trainer.config.extra.items()})
-        params.update(world_size=trainer.world_size, global_batch_size=trainer.global_batch_size,
-                      scaled_lr=trainer.schedule.peak_lr)
+        params = {k: v for k, v in run.config.to_dict().items() if k != "extra"}
+        params.update({f"extra.{k}": v for k, v in run.config.extra.items()})
+        params.update(world_size=run.world_size, global_batch_size=run.global_batch_size,
+                      scaled_lr=run.schedule.peak_lr)
         # A job Azure ML runs again (after a preemption) logs into the same run, whose params cannot change
         logged = self.run.data.params
         changed = sorted(k for k, v in params.items() if k in logged and logged[k] != str(v))
@@ -113,28 +113,28 @@ class MLflowLogger(Callback):
         return str(client.create_run(experiment, run_name=name, tags={
             "mlflow.parentRunId": self.parent_run_id, "hvdazure.run_name": name}).info.run_id)
 
-    def on_step_end(self, trainer: Trainer) -> None:
+    def on_step_end(self, run: Run) -> None:
         import mlflow
 
-        s = trainer.state
+        s = run.state
         if s.metrics_reduced:
             metrics = {f"train_{k}": v for k, v in s.train_metrics.items()}
-            mlflow.log_metrics({**metrics, "lr": s.lr, **_time_scalars(trainer)}, step=s.step)
+            mlflow.log_metrics({**metrics, "lr": s.lr, **_time_scalars(run)}, step=s.step)
 
-    def on_eval_end(self, trainer: Trainer) -> None:
+    def on_eval_end(self, run: Run) -> None:
         import mlflow
 
-        s = trainer.state
+        s = run.state
         mlflow.log_metrics({f"eval_{k}": v for k, v in s.eval_metrics.items()}, step=s.step)
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, run: Run) -> None:
         import mlflow
 
         mlflow.end_run()
 
 
-def _time_scalars(trainer: Trainer) -> dict[str, float]:
+def _time_scalars(run: Run) -> dict[str, float]:
     """The last log interval's phase shares, samples/s and, on GPUs, the device's numbers
     (core/step_times.py); none when not timed."""
-    times = trainer.step_times
+    times = run.last_times
     return times.scalars() if times is not None and times.steps else {}

@@ -2,8 +2,9 @@
 (core/environments: `PreemptionNotices`, e.g. Azure Scheduled Events) and, on a notice that is due, make
 every rank save a checkpoint at the next step and exit 143.
 
-One watcher per node, on local rank 0, in a daemon thread: the notice is per VM. It calls
-`trainer.request_checkpoint_and_exit`, which travels in the per-step stop vote (no collective of its own).
+One watcher per node, on local rank 0, in a daemon thread: the notice is per VM. It calls the run's
+`request_checkpoint_and_exit` (core/run_protocol.py), which travels in the per-step stop vote (no collective
+of its own).
 It never stops training by itself failing: an unreachable source or a malformed answer is logged once and
 tried again at the next poll.
 """
@@ -12,37 +13,34 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
 
-from hvdazure.core.callbacks import Callback
+from hvdazure.core.callbacks import BuiltinCallback
 from hvdazure.core.environments import PreemptionNotices
 from hvdazure.core.rank_logging import logger
-
-if TYPE_CHECKING:
-    from hvdazure.core.trainer import Trainer
+from hvdazure.core.run_protocol import Run
 
 
-class PreemptionWatcher(Callback):
+class PreemptionWatcher(BuiltinCallback):
     """On local rank 0 of each node: polls `notices` and, on one that is due, asks every rank to checkpoint at
-    the next step and exit 143 (Trainer.request_checkpoint_and_exit)."""
+    the next step and exit 143 (Run.request_checkpoint_and_exit)."""
 
     def __init__(self, notices: PreemptionNotices) -> None:
         self.notices = notices
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def on_train_start(self, trainer: Trainer) -> None:
-        if trainer.local_rank != 0:
+    def on_train_start(self, run: Run) -> None:
+        if run.local_rank != 0:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, args=(trainer,), name="hvdazure-preemption-watch",
+        self._thread = threading.Thread(target=self._watch, args=(run,), name="hvdazure-preemption-watch",
                                         daemon=True)
         self._thread.start()
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, run: Run) -> None:
         self._stop.set()  # not joined: a request may be in flight; the daemon thread ends after it
 
-    def _watch(self, trainer: Trainer) -> None:
+    def _watch(self, run: Run) -> None:
         notices = self.notices
         answered = reported = False
         while not self._stop.is_set():
@@ -52,18 +50,18 @@ class PreemptionWatcher(Callback):
                     logger.info(f"watching {notices.watching()}")
                 answered = True
                 if notice is not None:
-                    _tell(trainer, f"{notice.reason} ({notice.detail}): every rank saves a checkpoint at the "
-                                   "next step, then exits")
-                    trainer.request_checkpoint_and_exit(notice.reason)
+                    _tell(run, f"{notice.reason} ({notice.detail}): every rank saves a checkpoint at the "
+                               "next step, then exits")
+                    run.request_checkpoint_and_exit(notice.reason)
                     return
             except Exception as exc:  # never let the watcher end training: say so once, try again
                 if not reported:
-                    _tell(trainer, f"{notices.where} unavailable ({exc}); trying again every "
-                                   f"{notices.poll_seconds:g} s")
+                    _tell(run, f"{notices.where} unavailable ({exc}); trying again every "
+                               f"{notices.poll_seconds:g} s")
                 reported = True
             self._stop.wait(notices.poll_seconds)
 
 
-def _tell(trainer: Trainer, message: str) -> None:
+def _tell(run: Run, message: str) -> None:
     # Ranks other than 0 log errors only; a node's watcher must still be heard in that node's log.
-    logger.log(logging.WARNING if trainer.rank == 0 else logging.ERROR, message)
+    logger.log(logging.WARNING if run.rank == 0 else logging.ERROR, message)

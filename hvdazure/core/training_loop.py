@@ -22,7 +22,7 @@ from typing import Any
 from hvdazure.core import run_context
 from hvdazure.core.agreement import Failure, rank0_decides
 from hvdazure.core.backend import Backend, Collectives, DataError, RankStep, refuse_adasum_without_mpi
-from hvdazure.core.callbacks import Callback
+from hvdazure.core.callbacks import BuiltinCallback, Callback
 from hvdazure.core.checkpoint.store import CheckpointError
 from hvdazure.core.checkpoint.trainer_checkpoints import (
     CallbackStates,
@@ -54,6 +54,7 @@ from hvdazure.core.resumption import (
     reopen_cut_epoch,
     run_manifest,
 )
+from hvdazure.core.run_protocol import Run
 from hvdazure.core.sample_plan import MicroBatch, SamplePlan
 from hvdazure.core.seeds import RankRandomState, rank_seed
 from hvdazure.core.state import TrainState
@@ -133,6 +134,10 @@ class TrainingLoop:
     def set_lr(self, lr: float) -> None:
         """Set the optimizer's learning rate (LRScheduleCallback does, every step the schedule changes it)."""
         self.backend.set_lr(lr)
+
+    def log(self, message: str) -> None:
+        """Log on rank 0 only (the built-in callbacks' lines; core/run_protocol.py's Run)."""
+        logger.info(message)
 
     def log_metrics(self, metrics: dict[str, Any]) -> None:
         """Metrics besides training_step's, reduced with them: weighted by this rank's samples of the step
@@ -410,8 +415,12 @@ class TrainingLoop:
                         [mb.loss_weight(self._ranks_averaged) for mb in micro_batches], self.state.step + 1)
 
     def _emit(self, event: str) -> None:
+        """`event` of every callback on this rank, in order: hvdazure's own (BuiltinCallback) are given the
+        run (this loop, as core/run_protocol.py's Run), so that what a subclass of the trainer overrides
+        never reaches them; the user's are given the user's trainer."""
+        run: Run = self
         for callback in self.callbacks:
-            getattr(callback, event)(self.trainer)
+            getattr(callback, event)(run if isinstance(callback, BuiltinCallback) else self.trainer)
 
     def gather_names(self, names: list[str]) -> list[list[str]]:
         return [json.loads(b) for b in self.collectives.allgather_bytes(json.dumps(names).encode())]

@@ -34,11 +34,11 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from copy import deepcopy
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from hvdazure.core.agreement import Failure, every_rank_tries, rank0_decides
 from hvdazure.core.backend import Collectives, FrameworkCheckpointContent
-from hvdazure.core.callbacks import Callback
+from hvdazure.core.callbacks import BuiltinCallback, Callback
 from hvdazure.core.checkpoint.store import (
     MANIFEST,
     RUN_ID,
@@ -56,10 +56,8 @@ from hvdazure.core.errors import exception_line
 from hvdazure.core.nonfinite import NonFiniteError
 from hvdazure.core.object_store import StorageError, redact
 from hvdazure.core.rank_logging import logger
+from hvdazure.core.run_protocol import Run
 from hvdazure.core.sample_plan import SamplePlan
-
-if TYPE_CHECKING:
-    from hvdazure.core.trainer import Trainer
 
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.json"
@@ -540,20 +538,20 @@ def _read_json(path: str) -> Any:
         return json.load(file)
 
 
-class CheckpointCallback(Callback):
+class CheckpointCallback(BuiltinCallback):
     """Saves every `every_steps` optimizer steps and/or every `every_epochs` epochs."""
 
     def __init__(self, checkpoints: TrainerCheckpoints, every_steps: int | None,
                  every_epochs: int | None) -> None:
         self.checkpoints, self.every_steps, self.every_epochs = checkpoints, every_steps, every_epochs
 
-    def on_step_end(self, trainer: Trainer) -> None:
-        if self.every_steps and trainer.state.step % self.every_steps == 0:
-            trainer.save_checkpoint("every_steps", wait=not trainer.config.checkpoint_async)
+    def on_step_end(self, run: Run) -> None:
+        if self.every_steps and run.state.step % self.every_steps == 0:
+            run.save_checkpoint("every_steps", wait=not run.config.checkpoint_async)
 
-    def on_epoch_end(self, trainer: Trainer) -> None:
-        completed = trainer.state.history[-1]["epoch"] + 1
-        already = self.checkpoints.last_saved_step == trainer.state.step  # e.g. by every_steps, this step
-        if self.every_epochs and completed % self.every_epochs == 0 and trainer.state.samples_in_epoch == 0 \
+    def on_epoch_end(self, run: Run) -> None:
+        completed = run.state.history[-1]["epoch"] + 1
+        already = self.checkpoints.last_saved_step == run.state.step  # e.g. by every_steps, this step
+        if self.every_epochs and completed % self.every_epochs == 0 and run.state.samples_in_epoch == 0 \
                 and not already:
-            trainer.save_checkpoint("every_epochs", wait=not trainer.config.checkpoint_async)
+            run.save_checkpoint("every_epochs", wait=not run.config.checkpoint_async)
