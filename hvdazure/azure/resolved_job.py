@@ -362,7 +362,7 @@ class ResolvedJob:
         return {VERSION_TAG: __version__, **self.tags}
 
     def summary(self, command: str | None = None) -> list[str]:
-        """What a person checks before spending GPU hours, one fact per line (no secrets: see job_spec).
+        """What a person checks before spending GPU hours, one fact per line (no secrets: see spec/job.py).
         `command`: what the SDK runs, where that is not `self.command` (an SDK v1 sweep's trial)."""
         environment = self.environment
         on = "serverless compute" if self.serverless else f"compute {self.compute}"

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 from hvdazure.azure.compute import ClusterSpec, ComputeInfo
 from hvdazure.azure.errors import SubmitError
-from hvdazure.azure.job_checkpoints import CheckpointPlace, Reader
-from hvdazure.azure.job_records import JobDetails, JobSummary
+from hvdazure.azure.records.checkpoints import CheckpointPlace, Reader
+from hvdazure.azure.records.job import JobDetails, JobSummary
 from hvdazure.azure.resolved_job import ResolvedJob
 from hvdazure.azure.workspace import WorkspaceRef
 
@@ -103,7 +103,7 @@ class JobsClient(Protocol):
 
     def download(self, job: JobDetails, output: str | None, destination: Path) -> None:
         """Download the job's files and named outputs (or only the output `output`) into `destination`, in
-        job_download.py's layout."""
+        records/download.py's layout."""
         ...
 
     def reader(self, job: JobDetails, place: CheckpointPlace) -> Reader | None:

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from hvdazure.azure.errors import JobError
-from hvdazure.azure.job_checkpoints import CheckpointPlace, checkpoint_place, last_checkpoint
-from hvdazure.azure.job_download import DAMAGED_SUFFIX, download, verify_checkpoints
-from hvdazure.azure.job_records import JobDetails, RunFacts, format_duration, run_facts
 from hvdazure.azure.jobs.preempted import preemption, reported_preemption, resume_command
+from hvdazure.azure.records.checkpoints import CheckpointPlace, checkpoint_place, last_checkpoint
+from hvdazure.azure.records.download import DAMAGED_SUFFIX, download, verify_checkpoints
+from hvdazure.azure.records.job import JobDetails, RunFacts, format_duration, run_facts
 from hvdazure.core.checkpoint.store import CheckpointManager
 
 

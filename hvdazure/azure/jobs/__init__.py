@@ -8,7 +8,7 @@ any request). What hvdazure adds to the SDKs is here, once for both: a job that 
 ended already, or a service that cannot be reached are one line each (JobError, a
 SubmitError: the CLI's exit status 2, as for submit); `show` names a preemption the service reports and the
 command that resumes the job (jobs/preempted.py); `download` puts nothing in place before it is complete and
-verifies every checkpoint it brought (job_download.py).
+verifies every checkpoint it brought (records/download.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from hvdazure.azure.errors import JobError, SubmitError, check_count, redact, redacted_line
-from hvdazure.azure.job_checkpoints import CheckpointPlace, LastCheckpoint, last_checkpoint, url_reader
-from hvdazure.azure.job_download import Downloaded
-from hvdazure.azure.job_records import JobDetails, JobSummary, table
 from hvdazure.azure.jobs.preempted import Preemption, preemption
+from hvdazure.azure.records.checkpoints import CheckpointPlace, LastCheckpoint, last_checkpoint, url_reader
+from hvdazure.azure.records.download import Downloaded
+from hvdazure.azure.records.job import JobDetails, JobSummary, table
 from hvdazure.azure.sdk import JobsClient
 from hvdazure.azure.workspace import WorkspaceRef
 
@@ -174,7 +174,7 @@ def download_job(jobs: JobsClient, name: str, output: str | None = None,
                  to: str | Path | None = None) -> Downloaded:
     """Download the job's files and named outputs (or only `output`) to `to` (default: ./NAME), verifying
     every checkpoint among them (Downloaded.failure names a damaged one)."""
-    from hvdazure.azure import job_download
+    from hvdazure.azure.records import download as job_download
 
     destination = Path(to) if to is not None else Path(name)
     with service_errors(jobs.workspace):

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hvdazure.azure.errors import SubmitError
-from hvdazure.azure.job_checkpoints import CheckpointPlace, LastCheckpoint, checkpoint_place
-from hvdazure.azure.job_records import JobDetails
+from hvdazure.azure.records.checkpoints import CheckpointPlace, LastCheckpoint, checkpoint_place
+from hvdazure.azure.records.job import JobDetails
 from hvdazure.azure.spec.resume_from import resume_command
 
 _PREEMPTED = re.compile(r"\bpre-?empt", re.I)

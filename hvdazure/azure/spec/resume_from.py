@@ -4,7 +4,7 @@ size). No Azure SDK here; the job is looked up through `hvdazure jobs`' own clie
 AzureSdk.jobs: SDK v2's, as SDK v1 refuses --resume-from offline).
 
 Where job NAME keeps its checkpoints is read from its command, as `hvdazure jobs` reads it
-(job_checkpoints.checkpoint_place: `--set checkpoint_dir=${{outputs.OUTPUT}}`, a URL, or by default its
+(records/checkpoints.checkpoint_place: `--set checkpoint_dir=${{outputs.OUTPUT}}`, a URL, or by default its
 ./outputs/checkpoints), and wired into the new job:
 
 - an output of job NAME, or its own files (./outputs, which Azure ML keeps as the job's output named
@@ -42,13 +42,13 @@ import shlex
 from collections.abc import Sequence
 
 from hvdazure.azure.errors import JobError, JobSpecError
-from hvdazure.azure.job_checkpoints import (
+from hvdazure.azure.records.checkpoints import (
     DEFAULT_IN_JOB,
     CheckpointPlace,
     checkpoint_place,
     command_checkpoint_place,
 )
-from hvdazure.azure.job_records import JobDetails
+from hvdazure.azure.records.job import JobDetails
 from hvdazure.azure.resolved_job import InputSpec, ResumeSource
 from hvdazure.azure.script_args import set_fields, without_fields
 from hvdazure.azure.sdk import JobsClient

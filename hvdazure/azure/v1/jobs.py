@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure.azure.errors import JobError
-from hvdazure.azure.job_checkpoints import CheckpointPlace, Reader
-from hvdazure.azure.job_download import ARTIFACTS
-from hvdazure.azure.job_records import JobDetails, JobSummary, iso_time, run_facts
+from hvdazure.azure.records.checkpoints import CheckpointPlace, Reader
+from hvdazure.azure.records.download import ARTIFACTS
+from hvdazure.azure.records.job import JobDetails, JobSummary, iso_time, run_facts
 from hvdazure.azure.workspace import WorkspaceRef
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from hvdazure.azure.errors import JobError
-from hvdazure.azure.job_checkpoints import CheckpointPlace, Reader
-from hvdazure.azure.job_records import JobDetails, JobSummary, RunFacts, iso_time, run_facts
+from hvdazure.azure.records.checkpoints import CheckpointPlace, Reader
+from hvdazure.azure.records.job import JobDetails, JobSummary, RunFacts, iso_time, run_facts
 from hvdazure.azure.workspace import WorkspaceRef
 
 # azure-ai-ml logs at INFO that it could not read a tenant id from the token (for the studio URL)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from hvdazure.azure.job_records import JobDetails
+from hvdazure.azure.records.job import JobDetails
 from hvdazure.azure.script_args import settings
 from hvdazure.core.checkpoint.integrity import MANIFEST
 from hvdazure.core.checkpoint.store import LATEST, is_checkpoint_name
