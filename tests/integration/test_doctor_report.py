@@ -10,7 +10,7 @@ import pytest
 
 # versions.env is parsed in one place, beside the test that checks every other copy of the pins against it
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_versions_agree import read_versions_env
+from version_pins import read_versions_env
 
 PINS = read_versions_env()
 

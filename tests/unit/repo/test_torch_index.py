@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "torch_index.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "torch_index.py"
 _spec = importlib.util.spec_from_file_location("torch_index", SCRIPT)
 torch_index = sys.modules["torch_index"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
 _spec.loader.exec_module(torch_index)

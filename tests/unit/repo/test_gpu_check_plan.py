@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "gpu_check.py"
 _spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
 gpu_check = sys.modules["gpu_check"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
 _spec.loader.exec_module(gpu_check)

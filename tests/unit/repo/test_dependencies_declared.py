@@ -8,9 +8,9 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from test_versions_agree import setup_py_arguments
+from version_pins import setup_py_arguments
 
-PACKAGE = Path(__file__).resolve().parents[2] / "hvdazure"
+PACKAGE = Path(__file__).resolve().parents[3] / "hvdazure"
 # Built from source by scripts/build_horovod.sh, not installable from PyPI as is (see setup.py).
 NOT_ON_PYPI = {"horovod"}
 

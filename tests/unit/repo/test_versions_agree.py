@@ -1,15 +1,14 @@
 """versions.env is the one place every pinned version lives: the Dockerfiles, the local setup script,
 requirements/ and setup.py must agree with it, so CI exercises the recipe the images are built from."""
 
-import ast
 import re
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from version_pins import ROOT, read_versions_env, requirement_pins, setup_py_arguments
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = {kind: ROOT / f"docker/{kind}/Dockerfile" for kind in ("cpu", "torch-gpu", "tf-gpu")}
 # The versions.env keys each image is built from: the CPU image has both frameworks and no CUDA; each GPU
 # image has one framework on the CUDA line its wheels bring.
@@ -32,15 +31,6 @@ REQUIREMENT_FILES = [ROOT / "requirements/base.txt", ROOT / "requirements/dev.tx
                      ROOT / "docker/requirements-image.txt"]
 
 
-def read_versions_env() -> dict[str, str]:
-    pins = {}
-    for line in (ROOT / "versions.env").read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, value = line.split("=", 1)
-            pins[key.strip()] = value.strip()
-    return pins
-
-
 def global_arg_defaults(dockerfile: Path) -> dict[str, str]:
     """`ARG NAME=default` lines before the first FROM, with ${NAME} references to earlier ones expanded."""
     args: dict[str, str] = {}
@@ -53,19 +43,6 @@ def global_arg_defaults(dockerfile: Path) -> dict[str, str]:
     return args
 
 
-def requirement_pins(path: Path) -> dict[str, str]:
-    """name -> pinned version, following `-r other.txt` includes."""
-    pins = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line.startswith("-r"):
-            pins |= requirement_pins(path.parent / line[2:].strip())
-        elif line:
-            requirement = Requirement(line)
-            (spec,) = requirement.specifier
-            pins[requirement.name.lower()] = spec.version
-    return pins
-
 
 def setup_py_requirements(group: str) -> list[Requirement]:
     """install_requires for "install", else that extra's requirements."""
@@ -73,19 +50,6 @@ def setup_py_requirements(group: str) -> list[Requirement]:
     specs = arguments["install_requires"] if group == "install" else arguments["extras_require"][group]
     return [Requirement(spec) for spec in specs]
 
-
-def setup_py_arguments() -> dict:
-    """The literal arguments of setup.py's setup(...) call, read without running it."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    call = next(node for node in ast.walk(tree)
-                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup")
-    arguments = {}
-    for keyword in call.keywords:
-        try:
-            arguments[keyword.arg] = ast.literal_eval(keyword.value)
-        except ValueError:
-            continue  # computed arguments (version, long_description) say nothing about pins
-    return arguments
 
 
 PINS = read_versions_env()

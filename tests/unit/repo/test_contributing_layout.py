@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONTRIBUTING = ROOT / "CONTRIBUTING.md"
 HEADING = "## How the code is laid out"
 CHECKED_WHOLE = "hvdazure"  # every module (but __init__.py) and every package, at every depth

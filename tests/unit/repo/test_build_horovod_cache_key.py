@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "build_horovod.sh"
 
 # What nvcc 13.0.88 (PyPI's nvidia-cuda-nvcc 13.0.88) and 12.9 print for the two questions the script asks.
