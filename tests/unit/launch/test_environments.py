@@ -15,8 +15,8 @@ import pytest
 from hvdazure.core.environments import ENVIRONMENTS, ClusterInfo, detect_cluster, detect_environment
 from hvdazure.core.environments.scheduled_events import SCHEDULED_EVENTS_URL, ScheduledEventsNotices
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = sorted((Path(__file__).parent / "fixtures" / "cluster_env").glob("*.json"))
+REPO_ROOT = Path(__file__).resolve().parents[3]
+FIXTURES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "cluster_env").glob("*.json"))
 
 OPEN_MPI_RANK_1_OF_2 = {
     "OMPI_COMM_WORLD_RANK": "1",

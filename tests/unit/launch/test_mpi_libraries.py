@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_versions_agree import requirement_pins
+from version_pins import requirement_pins
 
 from hvdazure import doctor
 from hvdazure.doctor import HorovodBuild
@@ -20,7 +20,7 @@ from hvdazure.launch.mpi_libraries import (
     mpi_libraries,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LDD = """\
 \tlinux-vdso.so.1 (0x00007ffd5a1f2000)
 \tlibmpi.so.40 => {libmpi} (0x00007f0ab26a2000)
