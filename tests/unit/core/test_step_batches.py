@@ -16,7 +16,7 @@ from distributed.sharded_data import write_regression_shards
 from hvdazure.core.sample_plan import SamplePlan
 from hvdazure.core.step_batches import EpochSteps, StepBatches, loaded_cells
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class CountedPlan(SamplePlan):
