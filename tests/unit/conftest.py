@@ -1,19 +1,25 @@
-"""Fixtures of the unit tests: `project`, the project folder every Azure submission test starts from, and
-`checkpoint_dir`, a fresh in-memory checkpoint folder.
+"""The unit tests, one folder per area of the package (CONTRIBUTING.md, "The tests"), each with a conftest.py
+holding the fixtures only that area uses; what several areas share is here, and the plain helpers several
+folders import (fake_cuda.py, version_pins.py) sit beside this file, which puts this folder on sys.path.
 
-A fixture here costs only the tests that ask for it by name (none is autouse), so the suite's time does not
-grow with what is shared here. Plain builders live in modules of their own (azure_project.py, job_specs.py,
-shard_files.py).
+The folders are not packages (pytest's default `prepend` import mode): a test file's name must be unique
+under tests/unit, and a folder is never named after an importable package (azure, torch, tensorflow).
+A fixture costs only the tests that ask for it by name (none is autouse), so the suite's time does not grow
+with what is shared. Fixture here: `project`, the project folder every Azure submission test starts from.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
+import sys
 from pathlib import Path
 
 import pytest
-from azure_project import make_project
+
+_UNIT = str(Path(__file__).resolve().parent)
+if _UNIT not in sys.path:
+    sys.path.insert(0, _UNIT)
+
+from azure_project import make_project  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,16 +39,3 @@ def project(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
     layout = dict(mark.kwargs) if mark is not None else {}
     under = layout.pop("under", None)
     return make_project(tmp_path / under if under else tmp_path, monkeypatch, **layout)
-
-
-@pytest.fixture
-def checkpoint_dir() -> Iterator[str]:
-    """A fresh memory:// folder for the trainer's checkpoints (fsspec's in-memory filesystem, shared by the
-    threads of a fake-rank job), removed after the test."""
-    import fsspec
-
-    url = f"memory://fake-ranks-{uuid.uuid4().hex}"
-    yield url
-    fs = fsspec.filesystem("memory")
-    if fs.exists(url):
-        fs.rm(url, recursive=True)
