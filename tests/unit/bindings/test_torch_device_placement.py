@@ -18,7 +18,7 @@ from fake_cuda import FakeCuda  # noqa: E402
 
 from hvdazure.torch.profiler import CudaStats  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
+UNIT = Path(__file__).resolve().parents[1]  # tests/unit, where fake_cuda.py is
 GIB = 2**30
 
 # TorchBackend.start on one rank, in a process of its own (Horovod started in the test process crashes it at
@@ -41,7 +41,7 @@ with pytest.MonkeyPatch.context() as patch:
 
 
 def _start(gpus: int, **env: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", START, str(gpus), str(HERE)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", START, str(gpus), str(UNIT)], capture_output=True, text=True,
                           timeout=120, env={**_environment(), **env})
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
