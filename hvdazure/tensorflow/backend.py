@@ -48,6 +48,7 @@ from hvdazure.tensorflow.gradients import (
     allreduce_options,
     dense_gradients,
     not_converted,
+    refuse_zero_stage,
 )
 from hvdazure.tensorflow.model_export import FORMATS
 from hvdazure.tensorflow.profiler import TensorFlowProfiler, gpu_stats
@@ -76,6 +77,7 @@ class TensorFlowBackend(Backend):
 
     def _start(self, comm: Any) -> TensorFlowCollectives:
         placement = start_horovod(comm)
+        refuse_zero_stage(self.config.zero_stage, "TensorFlowTrainer")  # before the data is read
         self._on_gpu = placement.on_gpu
         self.device_layout = placement.layout(hvd.size(), hvd.cross_size())
         self.collectives = TensorFlowCollectives()

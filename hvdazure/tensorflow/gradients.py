@@ -9,6 +9,8 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvdazure.core.config import ConfigError
+
 OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
 COMPRESSION = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
 
@@ -29,6 +31,16 @@ def allreduce_options(reduce_op: str = "average", compression: str = "none",
         options.update(prescale_factor=1.0 / gradient_predivide_factor,
                        postscale_factor=gradient_predivide_factor)
     return options
+
+
+def refuse_zero_stage(zero_stage: int, use: str) -> None:
+    """A ConfigError, before training, for `zero_stage` > 0: sharded optimizer state is built for PyTorch
+    only (hvdazure/torch/zero.py), and quietly keeping the whole state on every rank would hand a user who
+    asked for sharding the memory use they meant to avoid. `use`: what stage 0 is to be used with
+    (TensorFlowTrainer, model.fit)."""
+    if zero_stage:
+        raise ConfigError(f"config field 'zero_stage': {zero_stage!r}: sharded optimizer state is "
+                          f"PyTorch-only for now; use zero_stage: 0 with {use}")
 
 
 # AutoGraph would convert Horovod's Python functions on the first trace of every compiled step that calls

@@ -125,6 +125,13 @@ def test_a_save_failing_on_rank_0_is_the_same_checkpoint_error_on_every_rank_not
     assert reports[1]["failed_save"] == reports[0]["failed_save"]
 
 
+def test_zero_stage_is_refused_in_one_line_on_every_rank_before_fit(job):
+    # sharded optimizer state is PyTorch-only: was silently ignored, the whole state kept on every rank
+    message = ("config field 'zero_stage': 1: sharded optimizer state is PyTorch-only for now; use "
+               "zero_stage: 0 with model.fit")
+    assert [job[rank]["sharding_refused"] for rank in (0, 1)] == [["ConfigError", message]] * 2
+
+
 def test_digits_sample_reaches_95_percent_eval_accuracy_on_2_ranks(tmp_path):
     run = run_job(REPO / "samples" / "keras_fit_digits.py", out_dir=tmp_path, np=2, timeout=300)
 

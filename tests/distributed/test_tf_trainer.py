@@ -268,3 +268,17 @@ def _marked_steps(xplane: Path) -> list[int]:
                       if plane.event_metadata[event.metadata_id].name == "train"
                       for stat in event.stats if stat_names.get(stat.metadata_id) == "step_num"]
     return sorted(steps)
+
+
+def test_zero_stage_is_refused_in_one_line_on_every_rank_before_training(tmp_path):
+    # sharded optimizer state is PyTorch-only: was silently ignored, the whole state kept on every rank
+    job = run_job(JOB, "--set", "zero_stage=1", out_dir=tmp_path, controller="gloo", timeout=180)
+
+    assert job.returncode == 2, job.output  # the bad-input status: every rank is let to say it
+    for rank in (0, 1):
+        errors = [line for line in lines_of(job.stderr, rank) if line.startswith("hvdazure: error:")]
+        assert len(errors) == 1, job.stderr
+        assert errors[0].endswith("config field 'zero_stage': 1: sharded optimizer state is PyTorch-only for "
+                                  "now; use zero_stage: 0 with TensorFlowTrainer"), errors[0]
+    assert "Traceback" not in job.output
+    assert not list(tmp_path.glob("pid-*")) and not job.reports  # training never started

@@ -20,6 +20,7 @@ from hvdazure.core.config import ConfigError, TrainConfig
 from hvdazure.core.lr import LRSchedule
 from hvdazure.tensorflow.checkpoint_content import KerasCheckpointContent, broadcast_variables, model_weights
 from hvdazure.tensorflow.collectives import TensorFlowCollectives
+from hvdazure.tensorflow.gradients import refuse_zero_stage
 from hvdazure.tensorflow.keras.training import DataParallelStep
 
 
@@ -100,13 +101,15 @@ class LearningRateSchedule(keras.callbacks.Callback):
     """Sets the optimizer's LR before every step from the core's schedule for `config`: `lr` scaled for
     the global batch (`lr_scaling`, `base_batch_size`), warmup (`warmup_epochs` or `warmup_steps`), then
     `schedule` (constant, cosine to `min_lr`, or step), counted in optimizer steps. `steps_per_epoch` is
-    fit's (shard_for_fit's). Give the optimizer a number as learning_rate, not a schedule."""
+    fit's (shard_for_fit's). Give the optimizer a number as learning_rate, not a schedule. `config`'s
+    `grad_accum_steps` must be 1 and its `zero_stage` 0 (sharded optimizer state is PyTorch-only)."""
 
     def __init__(self, config: TrainConfig, steps_per_epoch: int) -> None:
         super().__init__()
         if config.grad_accum_steps != 1:
             raise ConfigError(f"config field 'grad_accum_steps': {config.grad_accum_steps!r} is not "
                               "supported with model.fit (one batch per optimizer step)")
+        refuse_zero_stage(config.zero_stage, "model.fit")
         self.schedule = LRSchedule.from_config(config, hvd.size(), steps_per_epoch)
         self._epoch = 0
 

@@ -7,9 +7,11 @@ starts from its own random weights (BroadcastInitialState must replace them) and
 weights after the broadcast and after fit, its metrics' local state variables before MetricAverage sums
 them (train and validation, per epoch), fit's history, the LR of every step, and its checkpoint directory
 (ckpt-rank<r>: only rank 0's may exist). Then one more epoch with a Checkpoint that rank 0 cannot write:
-each rank reports the exception it got (type and message).
+each rank reports the exception it got (type and message); and the one a LearningRateSchedule for
+zero_stage 1 raises.
 """
 
+import dataclasses
 import os
 
 import horovod.tensorflow as hvd
@@ -95,11 +97,20 @@ def main() -> None:
     except Exception as exc:
         failed_save = [type(exc).__name__, str(exc)]
 
+    # sharded optimizer state is PyTorch-only: LearningRateSchedule (where model.fit meets the config)
+    # refuses zero_stage 1 on every rank before fit starts
+    try:
+        hk.LearningRateSchedule(dataclasses.replace(config, zero_stage=1), train.steps_per_epoch)
+        sharding_refused = None
+    except Exception as exc:
+        sharding_refused = [type(exc).__name__, str(exc)]
+
     report_rank(hvd.rank(), {
         "predictions_shape": list(predictions.shape),
         "predictions_as_alone": predictions.tobytes() == alone.tobytes(),
         "x": x.tolist(), "y": y.tolist(), "steps_per_epoch": train.steps_per_epoch,
         "initial_weights": recorder.initial, "final_weights": final_weights, "failed_save": failed_save,
+        "sharding_refused": sharding_refused,
         "local_train_states": local.train, "local_val_states": local.val, "history": history.history,
         "lrs": recorder.lrs, "checkpoint_dir": checkpoints,
     })
