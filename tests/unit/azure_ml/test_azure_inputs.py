@@ -2,20 +2,19 @@
 into a wrong path or refuse only after the upload is one line naming the value, offline. In a real submission
 every `azureml:` data asset is looked up in the workspace before the environment is registered or the code
 uploaded, a URL goes through unchanged and a local path is uploaded, for every kind of job (the fake
-workspace of test_azure_submit_v2.py records every request, blob uploads included)."""
+workspace of sdk_v2_fakes.py records every request, blob uploads included)."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
-from test_azure_submit_v2 import (  # noqa: F401  (fixtures)
+from sdk_v2_fakes import (
     IMAGE,
     PROJECT,
     WORKSPACE,
     FakeCredential,
     FakeWorkspace,
     RecordingTransport,
-    fake,
     submit,
 )
 
@@ -118,7 +117,7 @@ def test_the_dry_run_refuses_each_in_one_line_naming_it(project, capsys, value):
 
 
 # --- a real submission: each data asset looked up before anything is uploaded -----------------------------
-def _uploads_or_registrations(fake: FakeWorkspace) -> list[str]:  # noqa: F811
+def _uploads_or_registrations(fake: FakeWorkspace) -> list[str]:
     return [p for m, p, _ in fake.calls if p.startswith(("blob:", "/codes/")) or
             (m == "PUT" and "/environments/" in p)]
 
@@ -127,7 +126,7 @@ def _uploads_or_registrations(fake: FakeWorkspace) -> list[str]:  # noqa: F811
     ("azureml:faces@latest", "--input data: data asset azureml:faces@latest not found in the workspace"),
     ("azureml:digits:7", "--input data: data asset azureml:digits:7 not found in the workspace"),
 ])
-def test_a_missing_data_asset_stops_the_submission_before_any_upload(project, fake, value, message):  # noqa: F811
+def test_a_missing_data_asset_stops_the_submission_before_any_upload(project, fake, value, message):
     with pytest.raises(SubmitError) as error:
         submit(fake, inputs=[InputSpec("data", value)], script_args=["--set", "extra.data=${{inputs.data}}"])
 
@@ -136,7 +135,7 @@ def test_a_missing_data_asset_stops_the_submission_before_any_upload(project, fa
     assert not [p for _, p, _ in fake.calls if p.startswith("/jobs/")]
 
 
-def test_data_assets_are_looked_up_before_the_environment_and_the_code(project, fake):  # noqa: F811
+def test_data_assets_are_looked_up_before_the_environment_and_the_code(project, fake):
     submit(fake, inputs=[InputSpec("data", "azureml:digits@latest"), InputSpec("pinned", "azureml:digits:3")],
            script_args=["--set", "extra.data=${{inputs.data}}", "--set", "extra.pinned=${{inputs.pinned}}"])
 
@@ -166,7 +165,7 @@ def test_the_dry_run_says_which_references_the_submission_looks_up_first(project
     ({"image": None, "environment": "azureml:team-env:4"},
      "environment azureml:team-env:4 not found in the workspace"),
 ])
-def test_a_missing_reference_stops_the_submission_before_a_cluster_is_created(project, fake, overrides,  # noqa: F811
+def test_a_missing_reference_stops_the_submission_before_a_cluster_is_created(project, fake, overrides,
                                                                                message):
     from hvdazure.azure import submission
     from hvdazure.azure.compute import ClusterSpec
@@ -200,7 +199,7 @@ def local_data(project):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_submission_passes_a_url_through_and_uploads_a_local_folder(project, fake, local_data, kind):  # noqa: F811
+def test_a_submission_passes_a_url_through_and_uploads_a_local_folder(project, fake, local_data, kind):
     submit(fake, inputs=[InputSpec("raw", URL), InputSpec("local", "../localdata")], script_args=ARGS,
            sweep=KINDS[kind])
 

@@ -2,7 +2,7 @@
 
 Offline, the dry run's file loaded back by azure-ai-ml (the input that reads the job's checkpoints, the
 script's `--set resume=auto --set resume_from=...`) and every refusal that needs no workspace. Up to
-HTTP, with the fake workspace of test_azure_submit_v2 (ARM, discovery, Run History; blob uploads recorded):
+HTTP, with the fake workspace of sdk_v2_fakes.py (ARM, discovery, Run History; blob uploads recorded):
 the job is looked up first, the job PUT carries the wiring, and a job that cannot be resumed is refused
 before anything is uploaded. The jobs looked up are the fixture's (tests/unit/fixtures/azure/README.md) or
 ones these tests submitted to the fake; none ran anywhere, and nothing here shows that Azure ML mounts
@@ -17,8 +17,7 @@ from functools import partial
 import job_specs
 import pytest
 from job_specs import IMAGE, rest_body
-from test_azure_submit_v2 import WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport, fixture
-from test_azure_submit_v2 import fake as fake  # the fixture: the fake workspace, its uploads recorded
+from sdk_v2_fakes import WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport, fixture
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobError, JobSpecError, SubmitError

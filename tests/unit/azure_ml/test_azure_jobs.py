@@ -367,8 +367,8 @@ def test_nothing_printed_holds_the_token(cli, service, capsys):
 
 # --- what submit records for show to read -------------------------------------------------------------------
 def test_submit_tags_the_job_with_the_hvdazure_version_show_reads(tmp_path, monkeypatch):
-    from test_azure_submit_v2 import BLOB_HOST, FakeWorkspace
-    from test_azure_submit_v2 import submit as submit_v2_job
+    from sdk_v2_fakes import BLOB_HOST, FakeWorkspace
+    from sdk_v2_fakes import submit as submit_v2_job
 
     make_project(tmp_path / "s", monkeypatch)
     workspace = FakeWorkspace()

@@ -1,7 +1,7 @@
 """`--identity user|managed|managed:CLIENT_ID`: the identity a job runs as, in what each SDK sends (SDK v2's
 `identity`, SDK v1's credential passthrough), shown by the dry run and checked offline; and, inside the
 job, the managed identity DefaultAzureCredential (the data and checkpoint layer's, through adlfs) takes.
-The fake services of test_azure_submit_v2.py / test_azure_submit_v1.py record every request."""
+The fake services of sdk_v2_fakes.py / sdk_v1_fakes.py record every request."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ import requests
 import responses
 import yaml
 from azure_project import make_project
-from job_specs import IMAGE, spec, submit_v1
-from test_azure_submit_v1 import service  # noqa: F401  (fixture)
-from test_azure_submit_v2 import fake, submit  # noqa: F401  (fixtures)
-from test_azure_sweep import sweep
+from job_specs import IMAGE, spec, submit_v1, sweep
+from sdk_v2_fakes import submit
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError
@@ -107,7 +105,7 @@ def test_a_sweep_job_runs_as_the_identity(project, tmp_path):
     assert result.body["identity"] == {"identityType": "UserIdentity"}
 
 
-def test_v2_submission_puts_the_job_with_its_identity(project, fake):  # noqa: F811
+def test_v2_submission_puts_the_job_with_its_identity(project, fake):
     submit(fake, identity=f"managed:{CLIENT_ID}")
 
     body = fake.job_put()
@@ -125,7 +123,7 @@ def test_cli_takes_identity_for_submit_and_sweep_and_prints_it(project, capsys, 
 
 
 # --- SDK v1 -----------------------------------------------------------------------------------------------
-def test_v1_user_identity_is_credential_passthrough(v1_project, service):  # noqa: F811
+def test_v1_user_identity_is_credential_passthrough(v1_project, service):
     submit_v1(identity="user")
 
     assert service.snapshot_run()["Configuration"]["credentialPassthrough"] is True
@@ -138,7 +136,7 @@ def test_v1_dry_run_writes_credential_passthrough(project, tmp_path):
 
 
 @pytest.mark.parametrize("text", ["managed", f"managed:{CLIENT_ID}"])
-def test_v1_refuses_a_managed_identity_in_one_line_before_any_request(v1_project, service, text):  # noqa: F811
+def test_v1_refuses_a_managed_identity_in_one_line_before_any_request(v1_project, service, text):
     with pytest.raises(JobSpecError) as error:
         submit_v1(identity=text)
 
@@ -176,7 +174,7 @@ def test_inside_the_job_default_azure_credential_asks_azure_ml_for_the_user_assi
     assert request.headers["secret"] == "fake-msi-secret"
 
 
-def test_a_v1_in_job_sweep_runs_with_credential_passthrough(v1_project, service):  # noqa: F811
+def test_a_v1_in_job_sweep_runs_with_credential_passthrough(v1_project, service):
     """An in-job sweep is one ScriptRunConfig run (the sweep runs inside it), which credential passthrough
     covers as it covers a command job."""
     from hvdazure.azure.spec.sweep import InJobSweepSpec

@@ -14,8 +14,7 @@ import json
 import job_specs
 import pytest
 import yaml
-from job_specs import IMAGE, rest_body
-from test_azure_sweep import in_job, sweep
+from job_specs import IMAGE, in_job, rest_body, sweep
 
 from hvdazure.azure import submission
 from hvdazure.azure.compute import ClusterSpec

@@ -2,7 +2,7 @@
 
 The HyperDriveConfig is built from the same resolved SweepJob as SDK v2's sweep job and serialised as its
 service is sent it; a dry run loads it back; a submission goes through the `responses` recorder of
-test_azure_submit_v1.py (plus the HyperDrive service) up to the POST that starts the run. Also here: the
+sdk_v1_fakes.py (plus the HyperDrive service) up to the POST that starts the run. Also here: the
 trial's entry file, which turns HyperDrive's `--KEY VALUE` arguments into the script's `--set`, run for real
 in a subprocess. No test here reaches Azure, and none shows that a HyperDrive run ran there.
 """
@@ -18,9 +18,9 @@ import sys
 import job_specs
 import pytest
 import yaml
-from job_specs import IMAGE
-from test_azure_submit_v1 import FakeCredential, FakeService, serving
-from test_azure_sweep import sweep
+from fakes.azureml_jobs import FakeCredential
+from job_specs import IMAGE, sweep
+from sdk_v1_fakes import FakeService, serving
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
@@ -178,7 +178,7 @@ def test_the_entry_file_is_there_for_the_snapshot_only_and_one_of_the_user_stays
 
 # --- submitted up to HTTP ---------------------------------------------------------------------------------
 class HyperDriveService(FakeService):
-    """test_azure_submit_v1's services, and HyperDrive's: its `runs` POST (a multipart form whose `config`
+    """sdk_v1_fakes.py's services, and HyperDrive's: its `runs` POST (a multipart form whose `config`
     part is the CreateExperimentDto as JSON) starts the sweep and names the parent run; `hdruns/RUN_ID`
     does so under the custom run id RUN_ID."""
 

@@ -333,7 +333,7 @@ def test_help_of_the_azure_commands_loads_no_azure_module(argv):
 
 
 def test_the_python_api_sample_dry_runs_the_digits_job(tmp_path):
-    sample = Path(__file__).resolve().parents[2] / "samples" / "azure_submit.py"
+    sample = Path(__file__).resolve().parents[3] / "samples" / "azure_submit.py"
     proc = subprocess.run([sys.executable, str(sample)], cwd=tmp_path, capture_output=True, text=True)
 
     assert proc.returncode == 0, proc.stderr

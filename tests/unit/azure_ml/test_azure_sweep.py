@@ -2,7 +2,7 @@
 running `python -m hvdazure.sweep`), checked offline: the YAML loads with azure-ai-ml's `load_job` and turns
 into the REST body the service would receive; bad spaces and options fail in one line before anything is
 written, and options that do not go with the job asked for are refused by the CLI's parser; a submission
-goes through the recording transport of test_azure_submit_v2.py up to the job PUT. No test here reaches
+goes through the recording transport of sdk_v2_fakes.py up to the job PUT. No test here reaches
 Azure, and none shows that a sweep ran there.
 """
 
@@ -17,14 +17,12 @@ from functools import partial
 import job_specs
 import pytest
 import yaml
-from job_specs import IMAGE, rest_body
-from test_azure_submit_v2 import WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport
-from test_azure_submit_v2 import fake as fake  # the fixture: the fake workspace, its uploads recorded
+from job_specs import IMAGE, in_job, rest_body, sweep
+from sdk_v2_fakes import WORKSPACE, FakeCredential, FakeWorkspace, RecordingTransport
 
 from hvdazure.azure import submission
 from hvdazure.azure.compute import ClusterSpec
 from hvdazure.azure.errors import JobSpecError, SubmitError
-from hvdazure.azure.spec import sweep as sweep_spec
 from hvdazure.azure.spec.job import OutputSpec, resolve
 from hvdazure.azure.v2 import submit as submit_v2
 from hvdazure.cli import main
@@ -40,17 +38,6 @@ extra.hidden: {type: choice, values: [32, 64, 128]}
 
 
 pytestmark.append(pytest.mark.project(files={"space.yaml": SPACE}))
-
-
-POLICY_OPTIONS = ("early_termination", "evaluation_interval", "delay_evaluation", "slack_factor",
-                  "truncation_percentage")
-
-
-def sweep(**options) -> sweep_spec.SweepSpec:
-    """An Azure ML sweep as `hvdazure submit sweep`'s options give it (the policy's flat, as on the CLI)."""
-    policy = sweep_spec.early_termination(*(options.pop(name, None) for name in POLICY_OPTIONS))
-    return sweep_spec.SweepSpec(**{"space": "space.yaml", "metric": "eval_loss", "early_termination": policy,
-                                   **options})
 
 
 spec = partial(job_specs.spec, script_args=["--set", "epochs=3"], sweep=sweep())
@@ -277,10 +264,6 @@ def test_an_output_with_a_fixed_uri_is_shared_by_every_trial_and_said_so(project
 
 
 # --- in-job sweep -----------------------------------------------------------------------------------------
-def in_job(**overrides) -> sweep_spec.InJobSweepSpec:
-    return sweep_spec.InJobSweepSpec(**{"space": "space.yaml", "metric": "eval_loss", **overrides})
-
-
 def test_an_in_job_sweep_is_one_mpi_job_whose_ranks_run_the_sweep_entry_point(project, tmp_path):
     job = spec(sweep=in_job(trials=24, ranks_per_trial=4, pruner="median", seed=3))
     result = submission.dry_run(job, tmp_path / "job.yml")

@@ -1,7 +1,7 @@
 """The job's environment as each SDK sends it, offline: what the dry run prints and writes is what the
 submission sends (SDK v1 included), and registry environments (`azureml://registries/...`, the form of
 Azure ML's curated ones) are referenced by SDK v2 as they are and refused by SDK v1 in one line. The fake
-services of test_azure_submit_v2.py and test_azure_submit_v1.py record every request."""
+services of sdk_v2_fakes.py and sdk_v1_fakes.py record every request."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import job_specs
 import pytest
 import yaml
 from job_specs import IMAGE, submit_v1
-from test_azure_submit_v1 import FakeService, serving
-from test_azure_submit_v2 import WS, fake, submit  # noqa: F401  (fixtures)
+from sdk_v1_fakes import FakeService, serving
+from sdk_v2_fakes import submit
 
 from hvdazure.azure import submission
 from hvdazure.azure.errors import JobSpecError, SubmitError
@@ -116,7 +116,7 @@ def test_v2_references_a_registry_environment_as_azure_ml_writes_it(project, tmp
     assert f"environment: {reference}" in result.report()
 
 
-def test_v2_submits_a_registry_environment_without_looking_in_the_workspace(project, fake):  # noqa: F811
+def test_v2_submits_a_registry_environment_without_looking_in_the_workspace(project, fake):
     submit(fake, image=None, environment=REGISTRY_LATEST)
 
     assert not [p for _, p, _ in fake.calls if "/environments/" in p]
