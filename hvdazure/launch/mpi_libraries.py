@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-# requirements/base.txt's pin, for the fix we suggest; tests/unit/test_mpi_libraries.py keeps the two equal.
+# requirements/base.txt's pin, for the fix we suggest; tests/unit/launch/test_mpi_libraries.py keeps the two
+# equal.
 MPI4PY_VERSION = "4.1.2"
 # Horovod's extension modules that are linked to libmpi when it was built with MPI, by package subfolder.
 HOROVOD_EXTENSIONS = {"torch": "mpi_lib_v2", "tensorflow": "mpi_lib"}

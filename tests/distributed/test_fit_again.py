@@ -1,5 +1,5 @@
 """fit() called again on the same trainer goes on with the same run, on both real bindings (one process,
-1 rank: the loop's logic is proven on simulated ranks in tests/unit/test_loop_fake_ranks.py)."""
+1 rank: the loop's logic is proven on simulated ranks in tests/unit/loop/test_loop_fake_ranks.py)."""
 
 import os
 import subprocess

@@ -2,8 +2,9 @@
 
 The trainings run together: one 2-rank job (and one 1-rank job for the single-process references, and one
 under MPI) runs every training below in turn (harness.run_trainings), and each test reads the trainings it
-needs. The loop's logic across many world sizes is proven on fake ranks (tests/unit/test_loop_fake_ranks.py);
-this file proves that the PyTorch binding on Horovod does what the loop asks.
+needs. The loop's logic across many world sizes is proven on fake ranks
+(tests/unit/loop/test_loop_fake_ranks.py); this file proves that the PyTorch binding on Horovod does what
+the loop asks.
 """
 
 import math
