@@ -43,10 +43,22 @@ class InferenceRun(Protocol):
     trainer: Any  # the user's trainer: its predict_dataset() and test_dataset() hooks
     config: TrainConfig
     backend: Backend
-    collectives: Collectives  # once the ranks started
-    environment: Environment  # once the ranks started
-    rank: int
-    world_size: int
+
+    @property
+    def collectives(self) -> Collectives:
+        """The backend's collectives over all ranks (once the ranks started)."""
+
+    @property
+    def environment(self) -> Environment:
+        """The environment that started this process (once the ranks started)."""
+
+    @property
+    def rank(self) -> int:
+        """This rank's place in the job."""
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
 
     @property
     def fit_started(self) -> bool:

@@ -7,11 +7,13 @@ holds may have state of their own (the clock runs, the meters fill, the RNG stre
 they are does not change.
 
 `start_ranks` is the first part, alone: predict()/test() before any fit() start the ranks and need no more.
+`SetupFacts` (a base of the loop) shows what derives from the two records: rank, world size, schedule, ...
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 from hvdazure.core import run_context
 from hvdazure.core.backend import Backend, Collectives, refuse_adasum_without_mpi
 from hvdazure.core.callbacks import Callback
-from hvdazure.core.checkpoint.trainer_checkpoints import TrainerCheckpoints, data_order_record
+from hvdazure.core.checkpoint.trainer_checkpoints import TrainerCheckpoints
 from hvdazure.core.config import TrainConfig
 from hvdazure.core.environments import Environment, detect_environment
 from hvdazure.core.lr import LRSchedule
@@ -31,7 +33,7 @@ from hvdazure.core.sample_plan import SamplePlan
 from hvdazure.core.seeds import RankRandomState
 from hvdazure.core.state import TrainState
 from hvdazure.core.step_batches import StepBatches
-from hvdazure.core.step_times import StepTimes
+from hvdazure.core.step_times import RunFacts, StepTimes
 
 
 @dataclass(frozen=True)
@@ -67,16 +69,14 @@ def start_ranks(backend: Backend, comm: Any, config: Callable[[], TrainConfig],
     return ranks
 
 
-def plan_data(backend: Backend, config: TrainConfig, ranks: StartedRanks
-              ) -> tuple[SamplePlan, dict[str, Any], LRSchedule]:
-    """Load the datasets; this rank's sample plan, the record of what its order depends on (a checkpoint's
-    manifest keeps it) and the LR schedule for this world size (not yet ended at max_steps)."""
+def plan_data(backend: Backend, config: TrainConfig, ranks: StartedRanks) -> tuple[SamplePlan, LRSchedule]:
+    """Load the datasets; this rank's sample plan and the LR schedule for this world size (not yet ended at
+    max_steps)."""
     order = backend.load_datasets()
     check_global_batch(config, ranks.world_size, order.num_samples)
     plan = SamplePlan(order.num_samples, config.batch_size, ranks.world_size, ranks.rank,
                       config.grad_accum_steps, config.seed, order=order)
-    schedule = LRSchedule.from_config(config, ranks.world_size, plan.steps_per_epoch)
-    return plan, data_order_record(plan, backend.data_fingerprint()), schedule
+    return plan, LRSchedule.from_config(config, ranks.world_size, plan.steps_per_epoch)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class RunSetup:
 
     ranks: StartedRanks
     sample_plan: SamplePlan  # which samples this rank trains on, step by step
-    data_order: dict[str, Any]  # what the plan's order depends on (data_order_record)
+    data_order: dict[str, Any]  # what the plan's order depends on (a checkpoint's manifest keeps it)
     schedule: LRSchedule
     rng: RankRandomState  # this rank's RNG streams, seeded for it
     step_batches: StepBatches  # the step's batches, read from the backend's epoch stream
@@ -113,3 +113,95 @@ class RunSetup:
         """This setup with the schedule recomputed for `config`'s epochs and max_steps (another fit())."""
         schedule = LRSchedule.from_config(config, self.ranks.world_size, self.sample_plan.steps_per_epoch)
         return dataclasses.replace(self, schedule=schedule).ending_at_max_steps(config.max_steps, state)
+
+
+class SetupFacts:
+    """The run's facts as the loop shows them (to the trainer's read-only properties, the built-in callbacks
+    by core/run_protocol.py's Run, and inference), read from the records `start_ranks` and prepare() make:
+    a base of core/training_loop.py's TrainingLoop, which sets `_ranks` and `_setup`."""
+
+    config: TrainConfig
+    state: TrainState
+    _ranks: StartedRanks | None  # start_ranks(): by fit(), or by a predict()/test() before it
+    _setup: RunSetup | None  # prepare(): what the run set up before its first step
+
+    def run_facts(self) -> RunFacts:
+        """What the step-time table's advice depends on (core/step_times.py)."""
+        c = self.config
+        return RunFacts(controller=self.collectives.controller,
+                        nodes=self.environment.describe(os.environ).num_nodes,
+                        grad_allreduce=c.grad_allreduce, checkpoint_async=c.checkpoint_async)
+
+    @property
+    def setup(self) -> RunSetup:
+        """What fit() set up before its first step (`prepare`); an AttributeError before then."""
+        if self._setup is None:
+            raise AttributeError("the run's setup is made by fit(), before its first step: not yet")
+        return self._setup
+
+    @property
+    def ranks(self) -> StartedRanks:
+        """This process among the started ranks; an AttributeError before fit(), predict() or test()."""
+        if self._ranks is None:
+            raise AttributeError("the ranks are started by fit(), predict() or test(): not yet")
+        return self._ranks
+
+    @property
+    def rank(self) -> int:
+        """This rank's place in the job (0 before the ranks start)."""
+        return self._ranks.rank if self._ranks is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks (1 before they start)."""
+        return self._ranks.world_size if self._ranks is not None else 1
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's place on its node (0 before the ranks start)."""
+        return self._ranks.local_rank if self._ranks is not None else 0
+
+    @property
+    def collectives(self) -> Collectives:
+        """The backend's collectives over all ranks."""
+        return self.ranks.collectives
+
+    @property
+    def environment(self) -> Environment:
+        """The environment that started this process."""
+        return self.ranks.environment
+
+    @property
+    def schedule(self) -> LRSchedule:
+        """The LR schedule, scaled for the global batch and ended at max_steps."""
+        return self.setup.schedule
+
+    @property
+    def callbacks(self) -> list[Callback]:
+        """The defaults then the user's, on this rank (none before fit() sets them up)."""
+        return list(self._setup.callbacks) if self._setup is not None else []
+
+    @property
+    def checkpoints(self) -> TrainerCheckpoints | None:
+        """The run's checkpoints; None while checkpointing is off (and before fit())."""
+        return self._setup.checkpoints if self._setup is not None else None
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0, the rank that logs, reports and writes checkpoints."""
+        return self.rank == 0
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step across all ranks: `batch_size` x world size x `grad_accum_steps`."""
+        return self.config.global_batch_size(self.world_size)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in an epoch at this world size (the last one may be short)."""
+        return self.setup.sample_plan.steps_per_epoch
+
+    @property
+    def schedule_step(self) -> int:
+        """The optimizer step the LR schedule is at: by epochs and steps of the current world size."""
+        return self.setup.schedule_step(self.state)

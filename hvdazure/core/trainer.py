@@ -79,12 +79,12 @@ class Trainer:
     @property
     def sample_plan(self) -> SamplePlan:
         """Which samples this rank trains on, step by step (once `fit()` has started)."""
-        return self.__loop.sample_plan
+        return self.__loop.setup.sample_plan
 
     @property
     def shard_plan(self) -> SamplePlan:
         """The former name of `sample_plan` ("shard" now means a file of a ShardedDataset only)."""
-        return self.__loop.sample_plan
+        return self.__loop.setup.sample_plan
 
     @property
     def schedule(self) -> LRSchedule:
@@ -119,7 +119,7 @@ class Trainer:
     @property
     def micro_batch(self) -> MicroBatch | None:
         """The micro-batch being trained on (its sample indices and loss weight), for training_step."""
-        return self.__loop.micro_batch
+        return self.__loop.backend.micro_batch
 
     @property
     def step_times(self) -> Breakdown | None:
@@ -178,7 +178,7 @@ class Trainer:
         `checkpoint`. `output`: a new directory or URL (e.g.
         abfs://) to write the predictions to as a ShardedDataset instead, for more than memory holds (each
         rank its part, the index last); the ShardedDataset is returned. Every rank must call it."""
-        return self.__loop.predict(dataset, checkpoint, output)
+        return self.__loop.inference.predict(dataset, checkpoint, output)
 
     @classmethod
     def main(cls, argv: Sequence[str] | None = None, **defaults: Any) -> Any:
@@ -234,5 +234,5 @@ class Trainer:
         """validation_step's metrics over every sample of `dataset` (default: test_dataset(), by default
         eval_dataset()), each the exact mean over all samples on all ranks, identical on every rank, as
         fit()'s evaluations compute them. `checkpoint` as for `predict`. Every rank must call it."""
-        return self.__loop.test(dataset, checkpoint)
+        return self.__loop.inference.test(dataset, checkpoint)
 
