@@ -99,6 +99,11 @@ class FrameworkCheckpointContent(ABC):
         files. Without, the writers read the live state: the caller trains no further until they are done
         (a blocking save needs no copy, in time or memory)."""
 
+    def collect(self) -> None:
+        """Called on every rank together before rank 0 takes a checkpoint's files: state spread over the
+        ranks (a sharded optimizer's) is brought to rank 0 here, a slice at a time. Nothing by default."""
+        return None
+
     @abstractmethod
     def load_files(self, paths: dict[str, str]) -> None:
         """Load the tensor files of a checkpoint into model and optimizer, on rank 0. `paths` maps each file

@@ -90,6 +90,17 @@ class TrainConfig:
     DistributedOptimizer); `after_backward`: all in one grouped allreduce after the step's backward passes;
     `auto`: overlap on GPUs (and for Adasum), after backward on CPUs, whose cores the exchange would compete
     for (`hvdazure bench peers` measures both). TensorFlow always allreduces after backward."""
+    zero_stage: int = 0
+    """Shard the optimizer over the ranks (PyTorch), as ZeRO does: `0` keeps the whole optimizer state on
+    every rank; `1` gives each rank the state of its 1/N slice of the parameters (Adam's two moments: from 8
+    to 8/N bytes per fp32 parameter), the updated slices allgathered into every rank's full weights; `2` also
+    reduce-scatters the gradients into the slices and frees the full ones after the exchange. Exact at any
+    world size; checkpoints resume at any world size and stage. Gradients are exchanged after backward."""
+    zero_bucket_mb: float = 32.0
+    """With `zero_stage`: the size of the gradient buckets, in MiB: each is reduce-scattered (stage 2: as soon
+    as backward has produced it) and allgathered as one, and each rank owns 1/N of every bucket. Larger
+    buckets mean fewer collectives; smaller ones start earlier during backward and hold less memory in
+    flight."""
     grad_clip_norm: float | None = None
     """Clip the global gradient norm to this value after the allreduce; null: no clipping."""
     on_nan_loss: Literal["stop", "skip"] = "stop"
@@ -482,6 +493,15 @@ def _check_values(c: TrainConfig) -> None:
     if c.reduce_op == "adasum" and c.gradient_predivide_factor != 1.0:
         raise ConfigError(f"config field 'gradient_predivide_factor': {c.gradient_predivide_factor!r} "
                           "must be 1.0 with reduce_op 'adasum'")
+    require(c.zero_stage in (0, 1, 2), "zero_stage", "must be 0, 1 or 2")
+    require(c.zero_bucket_mb > 0, "zero_bucket_mb", "must be positive")
+    if c.zero_stage and c.reduce_op == "adasum":
+        raise ConfigError(f"config field 'zero_stage': {c.zero_stage!r} cannot be used with reduce_op "
+                          "'adasum' (Adasum combines whole gradients during backward; a slice has no whole "
+                          "gradient)")
+    if c.zero_stage and c.grad_allreduce == "overlap":
+        raise ConfigError(f"config field 'grad_allreduce': 'overlap' cannot be used with zero_stage "
+                          f"{c.zero_stage!r} (sharding exchanges the gradients after backward); use 'auto'")
     if c.reduce_op == "adasum" and c.grad_allreduce == "after_backward":
         raise ConfigError("config field 'grad_allreduce': 'after_backward' cannot be used with reduce_op "
                           "'adasum' (Horovod's Adasum combines each gradient during backward); use 'auto'")

@@ -49,6 +49,7 @@ from hvdazure.torch.gradients import COMPRESSION, OPS, GradientsAfterBackward, o
 from hvdazure.torch.model_export import FORMATS
 from hvdazure.torch.profiler import CudaStats, TorchProfiler
 from hvdazure.torch.sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm, has_sync_batchnorm
+from hvdazure.torch.zero import ShardedOptimizer
 
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -107,7 +108,8 @@ class TorchBackend(Backend):
 
     def build(self, peak_lr: float) -> TorchCheckpointContent:
         c = self.config
-        self._in_backward = overlaps_backward(c.grad_allreduce, c.reduce_op, self.device)
+        self._in_backward = (overlaps_backward(c.grad_allreduce, c.reduce_op, self.device)
+                             and not c.zero_stage)
         _refuse_a_loss_scaler_with_adasum(c)
         torch.manual_seed(c.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
         self.model = self.user.build_model()
@@ -124,12 +126,20 @@ class TorchBackend(Backend):
         optimizer = self.user.build_optimizer(self.uncompiled.parameters(), peak_lr)
         # Per-group LR multipliers the user set survive warmup/schedule updates.
         self._lr_factors = [group["lr"] / peak_lr for group in optimizer.param_groups]
-        if self._in_backward:
+        self.sharded: ShardedOptimizer | None = None
+        self._allreduce_gradients: Callable[[], None]
+        if c.zero_stage:  # the user's optimizer, stepping this rank's slice (torch/zero.py)
+            self.optimizer = optimizer
+            self.sharded = ShardedOptimizer(optimizer, c.zero_stage, c.reduce_op, c.compression,
+                                            c.gradient_predivide_factor, self.device,
+                                            int(c.zero_bucket_mb * 2**20))
+            self._allreduce_gradients = self.sharded.exchange
+        elif self._in_backward:
             self.optimizer = hvd.DistributedOptimizer(
                 optimizer, named_parameters=self.uncompiled.named_parameters(),
                 compression=COMPRESSION[c.compression], backward_passes_per_step=c.grad_accum_steps,
                 op=OPS[c.reduce_op], gradient_predivide_factor=c.gradient_predivide_factor)
-            self._allreduce_gradients: Callable[[], None] = self.optimizer.synchronize
+            self._allreduce_gradients = self.optimizer.synchronize
         else:
             self.optimizer = optimizer
             self._allreduce_gradients = GradientsAfterBackward(
@@ -141,10 +151,14 @@ class TorchBackend(Backend):
                        torch.amp.GradScaler(self.device.type) if c.precision == "fp16" else None)
         self._trained = [p for p in self.uncompiled.parameters() if p.requires_grad]
         self._nonfinite = _NonFiniteRecord(self.device)
-        return TorchCheckpointContent(self.uncompiled, self.optimizer, self.scaler, self.device)
+        return TorchCheckpointContent(self.uncompiled, self.optimizer, self.scaler, self.device, self.sharded)
 
     def broadcast_model_and_optimizer(self) -> None:
-        if hvd.broadcast_object(bool(self.optimizer.state), root_rank=0, name="hvdazure.has_state"):
+        if self.sharded is not None and self.sharded.scatter():  # a checkpoint's state, a slice to each rank
+            hvd.broadcast_parameters(self.uncompiled.state_dict(), root_rank=0)
+            return
+        if self.sharded is None and hvd.broadcast_object(bool(self.optimizer.state), root_rank=0,
+                                                         name="hvdazure.has_state"):
             # Horovod's broadcast_optimizer_state initialises an empty state with a zero-gradient step, which
             # can move parameters (weight decay): the parameter broadcast after it puts them back.
             hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
@@ -177,7 +191,8 @@ class TorchBackend(Backend):
         if not self.model.training:  # after an evaluation (a recursive call; not needed every step)
             self.model.train()
         times = self.clock
-        for micro_batch, batch, weight in step:  # each batch's wait is timed as it is taken (data)
+        last = len(step.micro_batches) - 1
+        for i, (micro_batch, batch, weight) in enumerate(step):  # each batch's wait is timed as it is taken
             since = times.now()
             if batch is None:
                 if not self._forward_empty:
@@ -189,6 +204,8 @@ class TorchBackend(Backend):
             with self._autocast():
                 loss, metrics = _loss_and_metrics(self.user.training_step(self.model, batch))
             scaled = loss if weight == 1.0 else loss * weight  # exactly 1.0 for a full step, no accumulation
+            if self.sharded is not None:  # stage 2 reduce-scatters during the step's last backward
+                self.sharded.arm(last_backward=i == last)
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             if not micro_batch.is_empty:  # an empty batch's mean loss is NaN, and counts for nothing
                 detached = loss.detach()
@@ -219,12 +236,19 @@ class TorchBackend(Backend):
         # rank, whose scalers then skip the same step and lower the same scale alike
         self._allreduce_gradients()
         since = times.add("exchange", since)
+        sharded = self.sharded
+        if sharded is not None:  # a slice's NaN or inf, known to every rank (whose scalers then skip alike)
+            probe = sharded.global_probe(nonfinite_probe(sharded.shard_gradients()))
+            if self.scaler is not None and not math.isfinite(float(probe)):
+                sharded.poison()
         if self.scaler is not None:
             self.scaler.unscale_(opt)
-        # NaN or inf if any gradient is (a loss scaler skips such a step: then it is counted)
-        probe = nonfinite_probe([p.grad for p in self._trained if p.grad is not None])
+        if sharded is None:  # NaN or inf if any gradient is (a loss scaler skips such a step: then counted)
+            probe = nonfinite_probe([p.grad for p in self._trained if p.grad is not None])
         self._nonfinite.gradients(number, probe, skipped=self.scaler is not None)
-        if clip is not None:
+        if clip is not None and sharded is not None:
+            sharded.clip_(clip)
+        elif clip is not None:
             torch.nn.utils.clip_grad_norm_(self.uncompiled.parameters(), clip)
         # Horovod's DistributedOptimizer would synchronize again in step(); Adasum's step is its allreduce
         synchronized = self._in_backward and self.config.reduce_op != "adasum"
@@ -235,6 +259,12 @@ class TorchBackend(Backend):
                 opt.step()
         if self.scaler is not None:
             self.scaler.update(new_scale=1.0 if self._scale_of_one else None)
+        if sharded is not None:
+            since = times.add("optimizer", since)
+            sharded.zero_grad()  # first: the gradients' memory is free for the allgather's
+            sharded.gather_weights()  # every rank's updated slice into every rank's parameters
+            times.add("exchange", since)
+            return
         opt.zero_grad()
         times.add("optimizer", since)
 

@@ -19,6 +19,8 @@ from typing import Any, BinaryIO
 import torch
 
 from hvdazure.core.backend import FrameworkCheckpointContent
+from hvdazure.core.optimizer_shards import STATE_FILE, StateFile
+from hvdazure.torch.zero import DictSource, FileSource, ShardedOptimizer
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -27,8 +29,10 @@ _COMPILED = "_orig_mod"  # the attribute torch.compile's wrapper (OptimizedModul
 
 class TorchCheckpointContent(FrameworkCheckpointContent):
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 scaler: torch.amp.GradScaler | None, device: torch.device) -> None:
+                 scaler: torch.amp.GradScaler | None, device: torch.device,
+                 sharded: ShardedOptimizer | None = None) -> None:
         self.model, self.optimizer, self.scaler, self.device = model, optimizer, scaler, device
+        self.sharded = sharded  # with zero_stage: the optimizer state is a slice per rank (torch/zero.py)
         self._staging = StagingBuffers()
 
     def nonfinite_weight(self) -> str | None:
@@ -38,7 +42,17 @@ class TorchCheckpointContent(FrameworkCheckpointContent):
             return None
         return next(name for name, t in state.items() if not bool(torch.isfinite(t).all()))
 
+    def collect(self) -> None:
+        if self.sharded is not None:
+            self.sharded.collect()
+
     def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:
+        if self.sharded is not None:  # the state file `collect` streamed to rank 0: a copy by nature
+            weights = model_state(self.model)
+            if copy:
+                weights = self._staging.copy(weights)
+            return {MODEL_FILE: lambda file: save_without_zip_crc(weights, file),
+                    STATE_FILE: self.sharded.spool_writer()}
         weights, optimizer_state = model_state(self.model), self.optimizer.state_dict()
         if copy:  # training goes on while a background thread writes: write a copy taken now
             weights, optimizer_state = self._staging.copy((weights, optimizer_state))
@@ -51,8 +65,18 @@ class TorchCheckpointContent(FrameworkCheckpointContent):
         # memory. The optimizer's is read: Optimizer.load_state_dict keeps the tensors it is given, which
         # must not stay mapped to a file in a checkpoint directory that retention may delete.
         load_model_state(self.model, load_mapped(paths[MODEL_FILE], self.device))
-        self.optimizer.load_state_dict(torch.load(paths[OPTIMIZER_FILE], map_location=self.device,
-                                                  weights_only=True))
+        if self.sharded is not None:  # read lazily (memory-mapped) and scattered a slice at a time
+            self.sharded.hold_for_scatter(
+                FileSource(StateFile(paths[STATE_FILE])) if STATE_FILE in paths else
+                DictSource(torch.load(paths[OPTIMIZER_FILE], map_location="cpu", mmap=True,
+                                      weights_only=True), self.sharded.numels))
+        elif STATE_FILE in paths:  # written with zero_stage 1 or 2: whole, as this run keeps it
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            self.optimizer.load_state_dict(FileSource(StateFile(paths[STATE_FILE])).full_state_dict(
+                {i: p.numel() for i, p in enumerate(params)}, {i: p.shape for i, p in enumerate(params)}))
+        else:
+            self.optimizer.load_state_dict(torch.load(paths[OPTIMIZER_FILE], map_location=self.device,
+                                                      weights_only=True))
 
     def state_dict(self) -> dict[str, Any]:
         return {"grad_scaler": self.scaler.state_dict() if self.scaler is not None else None}

@@ -283,6 +283,7 @@ class TrainerCheckpoints:
         waited for until the checkpoint is durable and `latest` names it (the deletion of older ones by
         retention goes on in the background). Returns the name once written."""
         self.finish_pending()
+        self.pieces.framework.collect()  # a sharded optimizer's slices, streamed to rank 0
         mine = json.dumps(self.pieces.rng.state_dict()).encode()
         rngs = [json.loads(b) for b in self.collectives.allgather_bytes(mine)]
         if self.is_main:

@@ -116,6 +116,17 @@ def test_adasum_with_gradient_predivision_names_the_value() -> None:
     assert "2.0" in _error(reduce_op="adasum", gradient_predivide_factor=2.0)
 
 
+def test_zero_stage_is_0_1_or_2_and_refuses_what_sharding_cannot_do_naming_the_value() -> None:
+    assert TrainConfig(zero_stage=2, compression="fp16").zero_stage == 2
+    assert _error(zero_stage=3) == "config field 'zero_stage': 3 must be 0, 1 or 2"
+    assert "'zero_stage': True is not an integer" in _error(zero_stage=True)
+    assert _error(zero_stage=1, reduce_op="adasum").startswith(
+        "config field 'zero_stage': 1 cannot be used with reduce_op 'adasum'")
+    assert _error(zero_stage=2, grad_allreduce="overlap").startswith(
+        "config field 'grad_allreduce': 'overlap' cannot be used with zero_stage 2")
+    assert _error(zero_bucket_mb=0) == "config field 'zero_bucket_mb': 0.0 must be positive"
+
+
 def test_resume_from_goes_with_resume_auto_only() -> None:
     assert TrainConfig(resume="auto", resume_from="abfs://c/job-1/latest").resume_from == "abfs://c/job-1/latest"
     for resume in (None, "runs/a/step-00000004"):

@@ -1,0 +1,606 @@
+"""Sharded optimizer state and gradients (`zero_stage` 1 and 2) on horovod.torch's collectives.
+
+The user's optimizer is kept (it is `trainer.optimizer`) but steps this rank's slice only: its param groups
+hold one flat tensor per dtype, this rank's contiguous 1/N of the group's trained parameters laid end to end
+(core/optimizer_shards.py splits them), so its state holds the slice's moments and nothing more. A step:
+the gradients are exchanged (stage 1: allreduced as at stage 0, then this rank's slice taken; stage 2:
+reduce-scattered straight into the slice, and the full gradients freed), the slice is stepped, and the
+updated slices are allgathered into every rank's parameters, which stay whole (predict, export, SyncBN and
+the checkpoint's weights see the full model). The model's parameters are the truth: the slice is copied from
+them before each step, so that a checkpoint load or a user's change of a weight is never overwritten.
+
+Checkpoints hold the state canonically (core/optimizer_shards.py's state file), streamed to rank 0 one rank's
+slice at a time (rank 0 never holds the whole state) and scattered the same way on resume, so a run resumes
+on any number of ranks and at any stage, including stage 0's `optimizer.pt` read into slices and back.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import math
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Protocol
+
+import horovod
+import horovod.torch as hvd
+import torch
+
+from hvdazure.core.config import ConfigError
+from hvdazure.core.optimizer_shards import (
+    Entry,
+    FlatPartition,
+    StateFile,
+    StateFileWriter,
+    entry_name,
+    layout,
+)
+from hvdazure.core.rank_logging import logger
+from hvdazure.torch.gradients import COMPRESSION, OPS, GradientsAfterBackward
+
+# torch.optim's optimizers whose state and update are per element: a slice steps as the whole tensor would
+ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "Rprop",
+               "ASGD")
+# ... and those that couple a tensor's elements (or its sparse rows): a slice cannot step on its own
+COUPLED = {"LBFGS": "it runs a line search over all parameters as one vector",
+           "Adafactor": "its factored second moments are per row and column of each matrix",
+           "Muon": "it orthogonalizes each matrix's update as a whole",
+           "SparseAdam": "it takes sparse gradients"}
+DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+          torch.bool: "BOOL"}
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
+
+
+NEEDED = ("grouped_reducescatter", "reducescatter_async", "allgather_async", "alltoall")  # Horovod 0.27+
+
+
+def refuse_without_collectives(available: Sequence[str], version: str) -> None:
+    """A ConfigError when the Horovod built here lacks a collective sharding needs (`available`: the names
+    horovod.torch has): reduce-scatter came in 0.25, its grouped form and scaling factors in 0.27."""
+    if missing := [name for name in NEEDED if name not in available]:
+        raise ConfigError(f"config field 'zero_stage': this Horovod ({version}) has no {missing[0]}, which "
+                          "sharding needs: build Horovod 0.28.1 (scripts/build_horovod.sh), or use "
+                          "zero_stage: 0")
+
+
+def refuse_coupled(optimizer: torch.optim.Optimizer) -> None:
+    """A ConfigError naming an optimizer whose update couples a tensor's elements; a warning (rank 0) for
+    one hvdazure does not know (its state must be per element for the slices to step exactly)."""
+    names = [cls.__name__ for cls in type(optimizer).__mro__]
+    for name in names:
+        if name in COUPLED:
+            raise ConfigError(f"config field 'zero_stage': {type(optimizer).__name__} cannot step a slice of "
+                              f"the parameters ({COUPLED[name]}); use zero_stage: 0 with it")
+        if name in ELEMENTWISE:
+            return
+    if hvd.rank() == 0:
+        logger.warning(f"zero_stage: {type(optimizer).__name__} is not one of torch.optim's per-element "
+                       "optimizers: its slices step exactly only if its state and update are per element")
+
+
+@dataclass
+class _Flat:
+    """One group's trained parameters of one dtype, and this rank's slice of them."""
+
+    params: list[torch.nn.Parameter]
+    partition: FlatPartition
+    shard: torch.Tensor  # this rank's slice of the weights, as the user's optimizer steps it
+    pieces: list[tuple[torch.Tensor, torch.Tensor]]  # (a run of a parameter's elements, its place in shard)
+
+
+class StateSource(Protocol):
+    """Optimizer state in canonical form (per parameter, as torch's state_dict numbers them), to be cut into
+    slices: a stage 0 `optimizer.pt` (or a state dict in memory), or a sharded checkpoint's state file."""
+
+    param_groups: list[dict[str, Any]]
+
+    def state_names(self, index: int) -> dict[str, tuple[str, bool]]:
+        """The state names of tensor `index`: (dtype name, per element?)."""
+
+    def elements(self, index: int, name: str, start: int, length: int) -> torch.Tensor:
+        """A 1-D run of a per-element state's values (on the CPU)."""
+
+    def scalar(self, index: int, name: str) -> torch.Tensor:
+        """A state value that is not per element (e.g. Adam's step)."""
+
+
+class DictSource:
+    """A torch optimizer state dict (memory-mapped from `optimizer.pt`, or in memory) as a StateSource."""
+
+    def __init__(self, state: Mapping[str, Any], numels: Mapping[int, int]) -> None:
+        self.state, self.numels = state["state"], numels
+        self.param_groups = [dict(g) for g in state["param_groups"]]
+
+    def state_names(self, index: int) -> dict[str, tuple[str, bool]]:
+        found = {}
+        for name, value in self.state.get(index, {}).items():
+            if isinstance(value, torch.Tensor):
+                found[name] = (DTYPES[value.dtype], value.numel() == self.numels[index] and value.dim() > 0)
+        return found
+
+    def elements(self, index: int, name: str, start: int, length: int) -> torch.Tensor:
+        return self.state[index][name].reshape(-1)[start:start + length]
+
+    def scalar(self, index: int, name: str) -> torch.Tensor:
+        return self.state[index][name]
+
+
+class FileSource:
+    """A sharded checkpoint's state file as a StateSource (memory-mapped: a slice reads its pages only)."""
+
+    def __init__(self, file: StateFile) -> None:
+        self.file = file
+        self.param_groups = file.metadata["param_groups"]
+        self._names: dict[int, dict[str, tuple[str, bool]]] = {}
+        for index, name in file.names():
+            entry = file.entries[entry_name(index, name)]
+            self._names.setdefault(index, {})[name] = (entry.dtype, bool(file.metadata["per_element"].get(
+                f"{index}.{name}", False)))
+
+    def state_names(self, index: int) -> dict[str, tuple[str, bool]]:
+        return self._names.get(index, {})
+
+    def elements(self, index: int, name: str, start: int, length: int) -> torch.Tensor:
+        entry = self.file.entries[entry_name(index, name)]
+        return torch.frombuffer(self.file.read(entry_name(index, name), start, length),
+                                dtype=TORCH_DTYPES[entry.dtype]) if length else \
+            torch.empty(0, dtype=TORCH_DTYPES[entry.dtype])
+
+    def scalar(self, index: int, name: str) -> torch.Tensor:
+        entry = self.file.entries[entry_name(index, name)]
+        return torch.frombuffer(bytearray(self.file.read(entry_name(index, name))),
+                                dtype=TORCH_DTYPES[entry.dtype]).reshape(entry.shape).clone()
+
+    def full_state_dict(self, numels: Mapping[int, int], shapes: Mapping[int, torch.Size]) -> dict[str, Any]:
+        """The whole state as torch's state dict (for a run without sharding: every rank holds it all)."""
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for index, names in self._names.items():
+            for name, (_, per_element) in names.items():
+                state.setdefault(index, {})[name] = (
+                    self.elements(index, name, 0, numels[index]).clone().reshape(shapes[index])
+                    if per_element else self.scalar(index, name))
+        return {"state": state, "param_groups": [dict(g) for g in self.param_groups]}
+
+
+class ShardedOptimizer:
+    """The user's optimizer made to step this rank's slice (see the module's docstring). `optimizer` is
+    rewritten in place: its param groups' parameters become this rank's slices, one per bucket (a run of
+    the group's trained parameters of one dtype, up to `bucket_bytes`, split evenly over the ranks: the
+    parameters one reduce-scatter and one allgather carry)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, stage: int, reduce_op: str, compression: str,
+                 gradient_predivide_factor: float, device: torch.device, bucket_bytes: int) -> None:
+        refuse_without_collectives(dir(hvd), horovod.__version__)
+        refuse_coupled(optimizer)
+        self.optimizer, self.stage, self.device = optimizer, stage, device
+        self.rank, self.world = hvd.rank(), hvd.size()
+        self.op, self.compression = OPS[reduce_op], COMPRESSION[compression]
+        self.scale: dict[str, float] = {}
+        if reduce_op == "average" and gradient_predivide_factor != 1.0:
+            self.scale = {"prescale_factor": 1.0 / gradient_predivide_factor,
+                          "postscale_factor": gradient_predivide_factor}
+        before = optimizer.state_dict()  # canonical numbering; state some optimizers set up in __init__
+        self.params: list[torch.nn.Parameter] = [p for g in optimizer.param_groups for p in g["params"]]
+        self.group_sizes = [len(g["params"]) for g in optimizer.param_groups]
+        self.numels = {i: p.numel() for i, p in enumerate(self.params)}
+        self.shapes = {i: p.shape for i, p in enumerate(self.params)}
+        self.flats: list[list[_Flat]] = []  # per group, its buckets
+        index = 0
+        for group in optimizer.param_groups:
+            by_dtype: dict[torch.dtype, list[tuple[int, torch.nn.Parameter]]] = {}
+            for p in group["params"]:
+                if p.requires_grad:
+                    by_dtype.setdefault(p.dtype, []).append((index, p))
+                index += 1
+            self.flats.append([self._flat(bucket) for members in by_dtype.values()
+                               for bucket in _buckets(members, bucket_bytes)])
+        self.all_flats = [flat for flats in self.flats for flat in flats]
+        self._gradients = GradientsAfterBackward(
+            [p for p in self.params if p.requires_grad], reduce_op, compression, gradient_predivide_factor) \
+            if stage == 1 else None
+        optimizer.state.clear()
+        for group, flats in zip(optimizer.param_groups, self.flats, strict=True):
+            group["params"] = [flat.shard for flat in flats]
+        self._pending: StateSource | None = None
+        self._spool: str | None = None
+        atexit.register(self._drop_spool)
+        # stage 2: each bucket is reduce-scattered as soon as backward has produced its last gradient of the
+        # step's last micro-batch, and its full gradients freed then (`arm` says which backward is the last)
+        self._armed = False
+        self._ready = [0] * len(self.all_flats)
+        self._in_flight: dict[int, tuple[Any, Any]] = {}  # bucket -> (Horovod handle, compression context)
+        self._slices: dict[int, torch.Tensor] = {}  # bucket -> this rank's reduced slice
+        if stage == 2 and self.world > 1:
+            for k, flat in enumerate(self.all_flats):
+                for p in flat.params:
+                    p.register_post_accumulate_grad_hook(functools.partial(self._produced, k))
+        if before["state"]:  # set up by the optimizer's constructor (Adagrad's sums): cut into the slice
+            source = DictSource(before, self.numels)
+            plan = self._plan(source)
+            self._install(plan, self._slice_bytes(source, plan, self.rank))
+
+    def _flat(self, members: list[tuple[int, torch.nn.Parameter]]) -> _Flat:
+        params = [p for _, p in members]
+        partition = FlatPartition(tuple(i for i, _ in members), tuple(p.numel() for p in params), self.world,
+                                  params[0].element_size())
+        shard = torch.zeros(partition.shard_size, dtype=params[0].dtype, device=self.device)
+        by_index = dict(members)
+        pieces = [(by_index[piece.index].detach().view(-1)[piece.start:piece.start + piece.length],
+                   shard[piece.at:piece.at + piece.length]) for piece in partition.pieces(self.rank)]
+        return _Flat(params, partition, shard, pieces)
+
+    def partitions(self) -> list[FlatPartition]:
+        return [flat.partition for flat in self.all_flats]
+
+    def state_bytes(self) -> int:
+        """The bytes of optimizer state this rank holds."""
+        return sum(v.numel() * v.element_size() for s in self.optimizer.state.values() for v in s.values()
+                   if isinstance(v, torch.Tensor))
+
+    # --- a step --------------------------------------------------------------------------------------------
+    def arm(self, last_backward: bool) -> None:
+        """Before each micro-batch's backward: whether it is the step's last (stage 2 then reduce-scatters
+        each bucket as soon as its gradients are complete)."""
+        self._armed = last_backward
+
+    def _produced(self, k: int, param: torch.Tensor) -> None:
+        """A parameter's gradient is complete for this backward (its post-accumulate-grad hook)."""
+        if not self._armed or k in self._in_flight or k in self._slices:
+            return
+        self._ready[k] += 1
+        if self._ready[k] == len(self.all_flats[k].params):
+            self._launch(k)
+            self._collect_finished()
+
+    def _launch(self, k: int) -> None:
+        """Start bucket k's reduce-scatter, and free its full gradients."""
+        flat = self.all_flats[k]
+        buffer, context = self.compression.compress(self._flat_gradients(flat))
+        handle = hvd.reducescatter_async(buffer, name=f"hvdazure.zero.gradients.{k}", op=self.op,
+                                         **self.scale)
+        self._in_flight[k] = (handle, context)
+        for p in flat.params:
+            p.grad = None
+
+    def _collect_finished(self) -> None:
+        """Take the slices of the reduce-scatters already done (their full-size buffers go with them)."""
+        for k in [k for k, (handle, _) in self._in_flight.items() if hvd.poll(handle)]:
+            self._finish(k)
+
+    def _finish(self, k: int) -> None:
+        handle, context = self._in_flight.pop(k)
+        self._slices[k] = self.compression.decompress(hvd.synchronize(handle), context)
+
+    def exchange(self) -> None:
+        """The step's gradients, averaged over ranks, into this rank's slices (`shard.grad`), and the slices'
+        weights from the model's parameters. Stage 1 keeps the full (averaged) gradients, as stage 0 does;
+        stage 2 has freed them (during backward, or here for a bucket backward did not complete)."""
+        flats = self.all_flats
+        with torch.no_grad():
+            for flat in flats:
+                for param_run, shard_run in flat.pieces:
+                    shard_run.copy_(param_run)
+        if self._gradients is not None:  # stage 1: allreduced whole, as at stage 0; then the slice taken
+            self._gradients()
+            for flat in flats:
+                grad = torch.zeros_like(flat.shard)
+                by_index = dict(zip(flat.partition.indices, flat.params, strict=True))
+                for piece in flat.partition.pieces(self.rank):
+                    param_grad = by_index[piece.index].grad
+                    if param_grad is not None:
+                        grad[piece.at:piece.at + piece.length] = \
+                            param_grad.reshape(-1)[piece.start:piece.start + piece.length]
+                flat.shard.grad = grad
+            return
+        if self.world == 1:
+            for flat in flats:
+                flat.shard.grad = self._flat_gradients(flat)
+                for p in flat.params:
+                    p.grad = None
+            return
+        for k in range(len(flats)):  # a bucket some of whose parameters got no gradient this step
+            if k not in self._in_flight and k not in self._slices:
+                self._launch(k)
+        for k in list(self._in_flight):
+            self._finish(k)
+        for k, flat in enumerate(flats):
+            flat.shard.grad = self._slices.pop(k)
+        self._ready = [0] * len(flats)
+        self._armed = False
+
+    def _flat_gradients(self, flat: _Flat) -> torch.Tensor:
+        """The bucket's gradients end to end, zeros where a parameter has none, padded to the split."""
+        parts = [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype,
+                                                                           device=self.device)
+                 for p in flat.params]
+        padding = flat.partition.padded - flat.partition.total
+        if padding:
+            parts.append(torch.zeros(padding, dtype=flat.shard.dtype, device=self.device))
+        return torch.cat(parts)
+
+    def shard_gradients(self) -> list[torch.Tensor]:
+        return [flat.shard.grad for flat in self.all_flats if flat.shard.grad is not None]
+
+    def global_probe(self, probe: torch.Tensor | float) -> torch.Tensor:
+        """`probe` (NaN or inf when this slice's gradients are) summed over ranks: the same on every rank."""
+        value = torch.as_tensor(probe, dtype=torch.float64, device=self.device).reshape(1)
+        return hvd.allreduce(value, op=hvd.Sum, name="hvdazure.zero.probe")[0] if self.world > 1 else value[0]
+
+    def poison(self) -> None:
+        """Mark this rank's slice non-finite (one element), so that every rank's loss scaler skips the step
+        one rank's slice overflowed in."""
+        for grad in self.shard_gradients():
+            grad.view(-1)[:1].fill_(math.nan)
+            break
+
+    def clip_(self, max_norm: float) -> None:
+        """torch.nn.utils.clip_grad_norm_ over all ranks' slices: the global norm from the slices' sums of
+        squares (one scalar allreduce); padding is zero and counts for nothing."""
+        grads = self.shard_gradients()
+        squares = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for g in grads:
+            squares += g.detach().double().pow(2).sum()
+        if self.world > 1:
+            squares = hvd.allreduce(squares, op=hvd.Sum, name="hvdazure.zero.norm")
+        coefficient = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coefficient.to(g.dtype))
+
+    def gather_weights(self) -> None:
+        """Every rank's updated slice into every rank's parameters: one allgather a bucket, all started at
+        once (Horovod fuses them), each copied into the parameters and dropped as it is taken."""
+        flats = self.all_flats
+        if self.world == 1:
+            gathered: list[Any] = [flat.shard.detach() for flat in flats]
+        else:
+            gathered = [hvd.allgather_async(flat.shard.detach(), name=f"hvdazure.zero.weights.{k}")
+                        for k, flat in enumerate(flats)]
+        with torch.no_grad():
+            for flat, whole in zip(flats, gathered, strict=True):
+                whole = whole if isinstance(whole, torch.Tensor) else hvd.synchronize(whole)
+                for p, start in zip(flat.params, flat.partition.offsets(), strict=True):
+                    p.view(-1).copy_(whole[start:start + p.numel()])
+                del whole
+
+    def zero_grad(self) -> None:
+        for flat in self.all_flats:
+            flat.shard.grad = None
+            for p in flat.params:
+                p.grad = None
+
+    # --- checkpoints ---------------------------------------------------------------------------------------
+    def hold_for_scatter(self, source: StateSource) -> None:
+        """Rank 0: a checkpoint's optimizer state, read (memory-mapped), to be scattered by `scatter`."""
+        self._pending = source
+
+    def scatter(self) -> bool:
+        """Every rank together: rank 0's pending checkpoint state, cut into each rank's slice and sent to it
+        one rank at a time. False (and nothing done) when rank 0 holds none."""
+        pending = hvd.broadcast_object(self._pending is not None and self.rank == 0, root_rank=0,
+                                       name="hvdazure.zero.pending")
+        if not pending:
+            return False
+        source = self._pending if self.rank == 0 else None
+        plan = hvd.broadcast_object(self._plan(source) if source is not None else None, root_rank=0,
+                                    name="hvdazure.zero.plan")
+        for rank in range(self.world):
+            data = self._slice_bytes(source, plan, rank) if source is not None else None
+            mine = _rank0_sends(data, rank, self.rank, self.world)
+            if rank == self.rank:
+                self._install(plan, mine)
+        self._pending = None
+        return True
+
+    def _plan(self, source: StateSource) -> dict[str, Any]:
+        """What every rank needs to know before its slice arrives, read from a canonical source: per flat,
+        its per-element state names and dtypes and its scalars (one value for all its tensors: Adam's step),
+        and the groups' settings."""
+        flats = []
+        for flat in self.all_flats:
+            names: dict[str, str] = {}
+            scalars: dict[str, list[Any]] = {}
+            for index in flat.partition.indices:
+                here = source.state_names(index)
+                if not here:
+                    continue
+                per_element = {n: d for n, (d, each) in here.items() if each}
+                if names and per_element != names:
+                    raise ValueError(f"optimizer state of parameter {index} has {sorted(per_element)}, its "
+                                     f"neighbours {sorted(names)}: it cannot be split into one slice")
+                names = per_element
+                for n, (dtype, each) in here.items():
+                    if not each:
+                        scalars.setdefault(n, [source.scalar(index, n).tolist(), dtype])
+            flats.append({"names": dict(sorted(names.items())), "scalars": scalars})
+        return {"flats": flats, "param_groups": _settings(source.param_groups)}
+
+    def _save_plan(self) -> dict[str, Any]:
+        """The plan of this rank's own slices (names, dtypes, scalars), as `_plan` reads it from a source."""
+        flats = []
+        for flat in self.all_flats:
+            state = self.optimizer.state.get(flat.shard, {})
+            names, scalars = {}, {}
+            for name, value in sorted(state.items()):
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if value.dim() == 1 and value.numel() == flat.partition.shard_size:
+                    names[name] = DTYPES[value.dtype]
+                else:
+                    scalars[name] = [value.tolist(), DTYPES[value.dtype]]
+            flats.append({"names": names, "scalars": scalars})
+        return {"flats": flats, "param_groups": _settings(self.optimizer.param_groups)}
+
+    def _slice_bytes(self, source: StateSource, plan: dict[str, Any], rank: int) -> torch.Tensor:
+        """Rank `rank`'s slice of every per-element state, from the source, as one run of bytes."""
+        parts = []
+        for flat, described in zip(self.all_flats, plan["flats"], strict=True):
+            for name, dtype in described["names"].items():
+                values = torch.zeros(flat.partition.shard_size, dtype=TORCH_DTYPES[dtype])
+                for piece in flat.partition.pieces(rank):
+                    values[piece.at:piece.at + piece.length] = source.elements(piece.index, name, piece.start,
+                                                                               piece.length)
+                parts.append(values.view(torch.uint8))
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+    def _install(self, plan: dict[str, Any], data: torch.Tensor) -> None:
+        """This rank's slice of the state into the user's optimizer (through its load_state_dict: it casts
+        and places each value as the optimizer expects)."""
+        state: dict[int, dict[str, Any]] = {}
+        at = 0
+        for shard_index, (flat, described) in enumerate(zip(self.all_flats, plan["flats"], strict=True)):
+            entry: dict[str, Any] = {}
+            for name, dtype in described["names"].items():
+                size = flat.partition.shard_size * TORCH_DTYPES[dtype].itemsize
+                entry[name] = data[at:at + size].view(TORCH_DTYPES[dtype]).clone().to(self.device)
+                at += size
+            for name, (value, dtype) in described["scalars"].items():
+                entry[name] = torch.tensor(value, dtype=TORCH_DTYPES[dtype])
+            if entry:
+                state[shard_index] = entry
+        groups, at = [], 0
+        for settings, flats in zip(plan["param_groups"], self.flats, strict=True):
+            groups.append({**settings, "params": list(range(at, at + len(flats)))})
+            at += len(flats)
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+    def collect(self) -> str:
+        """Every rank together: the state, streamed to rank 0 one rank's slice at a time into a local state
+        file (the spool; the previous one is deleted). Returns its path on rank 0, "" elsewhere."""
+        self._drop_spool()
+        plan = self._save_plan()  # the same names and dtypes on every rank; rank 0's scalars are written
+        writer = None
+        if self.rank == 0:
+            handle, path = tempfile.mkstemp(prefix="hvdazure-optimizer-", suffix=".safetensors")
+            self._spool = path
+            file = os.fdopen(handle, "w+b")
+            writer = StateFileWriter(file, self._entries(plan), self._metadata(plan))
+        try:
+            for rank in range(self.world):
+                received = _to_rank0(self._own_bytes(plan) if rank == self.rank else None, rank, self.rank,
+                                     self.world)
+                if writer is not None:
+                    self._write_slice(writer, plan, rank, received)
+        finally:
+            if writer is not None:
+                writer.file.close()
+        return self._spool or ""
+
+    def _own_bytes(self, plan: dict[str, Any]) -> torch.Tensor:
+        parts = []
+        for flat, described in zip(self.all_flats, plan["flats"], strict=True):
+            state = self.optimizer.state.get(flat.shard, {})
+            for name in described["names"]:
+                parts.append(state[name].detach().to("cpu").reshape(-1).view(torch.uint8))
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+
+    def _entries(self, plan: dict[str, Any]) -> dict[str, Entry]:
+        tensors: dict[str, tuple[str, Sequence[int]]] = {}
+        for flat, described in zip(self.all_flats, plan["flats"], strict=True):
+            for index in flat.partition.indices:
+                for name, dtype in described["names"].items():
+                    tensors[entry_name(index, name)] = (dtype, list(self.shapes[index]))
+                for name, (value, dtype) in described["scalars"].items():
+                    tensors[entry_name(index, name)] = (dtype, list(torch.tensor(value).shape))
+        return layout(tensors)
+
+    def _metadata(self, plan: dict[str, Any]) -> dict[str, Any]:
+        per_element = {f"{index}.{name}": True for flat, described in zip(self.all_flats, plan["flats"],
+                                                                          strict=True)
+                       for index in flat.partition.indices for name in described["names"]}
+        groups, at = [], 0
+        for settings, size in zip(plan["param_groups"], self.group_sizes, strict=True):
+            groups.append({**settings, "params": list(range(at, at + size))})
+            at += size
+        return {"param_groups": groups, "per_element": per_element, "zero_stage": self.stage,
+                "partition": [p.record() for p in self.partitions()]}
+
+    def _write_slice(self, writer: StateFileWriter, plan: dict[str, Any], rank: int,
+                     data: torch.Tensor) -> None:
+        at = 0
+        for flat, described in zip(self.all_flats, plan["flats"], strict=True):
+            for name, dtype in described["names"].items():
+                itemsize = TORCH_DTYPES[dtype].itemsize
+                values = data[at:at + flat.partition.shard_size * itemsize]
+                at += flat.partition.shard_size * itemsize
+                for piece in flat.partition.pieces(rank):
+                    run = values[piece.at * itemsize:(piece.at + piece.length) * itemsize]
+                    writer.write(entry_name(piece.index, name), piece.start, run.numpy().tobytes())
+            if rank == 0:
+                for name, (value, dtype) in described["scalars"].items():
+                    data_bytes = torch.tensor(value, dtype=TORCH_DTYPES[dtype]).reshape(-1).view(torch.uint8)
+                    for index in flat.partition.indices:
+                        writer.write(entry_name(index, name), 0, data_bytes.numpy().tobytes())
+
+    def spool_writer(self) -> Callable[[BinaryIO], None]:
+        """A checkpoint writer copying the spool `collect` wrote (rank 0)."""
+        path = self._spool
+        if path is None:
+            raise RuntimeError("the optimizer state is sharded over the ranks: it is written by all ranks "
+                               "together, not by rank 0 alone")
+
+        def write(file: BinaryIO) -> None:
+            with open(path, "rb") as spool:
+                while chunk := spool.read(1 << 24):
+                    file.write(chunk)
+        return write
+
+    def _drop_spool(self) -> None:
+        if self._spool is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._spool)
+            self._spool = None
+
+
+def _buckets(members: list[tuple[int, torch.nn.Parameter]],
+             bucket_bytes: int) -> list[list[tuple[int, torch.nn.Parameter]]]:
+    """Consecutive runs of parameters of up to `bucket_bytes` (a larger parameter is a bucket of its own)."""
+    buckets: list[list[tuple[int, torch.nn.Parameter]]] = [[]]
+    size = 0
+    for index, p in members:
+        if buckets[-1] and size + p.numel() * p.element_size() > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append((index, p))
+        size += p.numel() * p.element_size()
+    return [b for b in buckets if b]
+
+
+def _settings(param_groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A state dict's group settings without their parameters, JSON-ready (tensors as numbers)."""
+    return [{k: (v.item() if isinstance(v, torch.Tensor) else list(v) if isinstance(v, tuple) else v)
+             for k, v in group.items() if k != "params"} for group in param_groups]
+
+
+def _rank0_sends(data: torch.Tensor | None, to: int, rank: int, world: int) -> torch.Tensor:
+    """Rank 0's `data` delivered to rank `to` alone (an alltoall in which only rank 0 sends, to one rank)."""
+    if to == 0 or world == 1:
+        return data if rank == 0 and data is not None else torch.empty(0, dtype=torch.uint8)
+    tensor = data if rank == 0 and data is not None else torch.empty(0, dtype=torch.uint8)
+    splits = torch.zeros(world, dtype=torch.int32)
+    if rank == 0:
+        splits[to] = tensor.numel()
+    received = hvd.alltoall(tensor, splits=splits, name=f"hvdazure.zero.scatter.{to}")
+    return received[0] if isinstance(received, tuple) else received
+
+
+def _to_rank0(data: torch.Tensor | None, sender: int, rank: int, world: int) -> torch.Tensor:
+    """Rank `sender`'s `data` delivered to rank 0 alone (an alltoall in which one rank sends, to rank 0)."""
+    if sender == 0 or world == 1:
+        return data if rank == 0 and data is not None else torch.empty(0, dtype=torch.uint8)
+    tensor = data if rank == sender and data is not None else torch.empty(0, dtype=torch.uint8)
+    splits = torch.zeros(world, dtype=torch.int32)
+    if rank == sender:
+        splits[0] = tensor.numel()
+    received = hvd.alltoall(tensor, splits=splits, name=f"hvdazure.zero.gather.{sender}")
+    return received[0] if isinstance(received, tuple) else received
+
+
+def read_state_file(path: str) -> FileSource:
+    return FileSource(StateFile(path))
+
+
