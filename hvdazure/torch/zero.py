@@ -147,9 +147,11 @@ class FileSource:
 
     def elements(self, index: int, name: str, start: int, length: int) -> torch.Tensor:
         entry = self.file.entries[entry_name(index, name)]
-        return torch.frombuffer(self.file.read(entry_name(index, name), start, length),
-                                dtype=TORCH_DTYPES[entry.dtype]) if length else \
-            torch.empty(0, dtype=TORCH_DTYPES[entry.dtype])
+        if not length:
+            return torch.empty(0, dtype=TORCH_DTYPES[entry.dtype])
+        # copied out of the read-only map (a tensor over it would be writable in torch's eyes: it warns)
+        return torch.frombuffer(bytearray(self.file.read(entry_name(index, name), start, length)),
+                                dtype=TORCH_DTYPES[entry.dtype])
 
     def scalar(self, index: int, name: str) -> torch.Tensor:
         entry = self.file.entries[entry_name(index, name)]

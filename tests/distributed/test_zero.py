@@ -95,20 +95,47 @@ def test_resume_across_world_sizes_and_stages_and_a_lost_slice_is_seen(tmp_path_
         got = launch(tmp_path_factory, f"chain-{epochs}", np, "mpi" if np == 3 else "gloo",
                      {"run": [SHAPES[np], f"epochs={epochs}", f"zero_stage={stage}", *saved]})["run"]
         assert len(got[0]["history"]) == epochs
+        assert not got[0]["warnings"], got[0]["warnings"]  # e.g. torch's about a read-only buffer
     whole = launch(tmp_path_factory, "whole", 1, "gloo",
                    {"run": [SHAPES[1], "epochs=4", "grad_accum_steps=2", "extra.optimizer=adamw"]})["run"]
     assert max_difference(got[0]["params"], whole[0]["params"]) < 1e-10
 
-    # The same 2 ranks at stage 2, resumed after its first epoch: bit-identical; and with its state lost, not
-    first = tmp_path_factory.mktemp("first-epoch")
+    # The same 2 ranks at stage 2, resumed after its first epoch (saved in the background, checkpoint_async's
+    # default): bit-identical; and with its state lost, not. Last, every rank raises in step 3, a step after
+    # the epoch's checkpoint: rank 0 alone cannot save the sharded state, and says so (no checkpoint of step 3
+    # holding step 2's optimizer state beside step 3's weights).
+    first, failed = tmp_path_factory.mktemp("first-epoch"), tmp_path_factory.mktemp("failed")
     same = [SHAPES[2], "zero_stage=2", "grad_accum_steps=2", "extra.optimizer=adamw"]
-    got = launch(tmp_path_factory, "same", 2, "gloo", {
-        "whole": [*same, "epochs=2"],
-        "first": [*same, "epochs=1", f"checkpoint_dir={first}", "checkpoint_every_epochs=1"],
-        "resumed": [*same, "epochs=2", f"resume={first}/latest"],
-        "lost": [*same, "epochs=2", f"resume={first}/latest", "extra.drop_state_after_resume=2"]})
+    tmp = tmp_path_factory.mktemp("same")
+    runs = {"whole": [*same, "epochs=2", "step_times=true"],
+            "first": [*same, "epochs=1", f"checkpoint_dir={first}", "checkpoint_every_epochs=1"],
+            "resumed": [*same, "epochs=2", f"resume={first}/latest"],
+            "lost": [*same, "epochs=2", f"resume={first}/latest", "extra.drop_state_after_resume=2"],
+            "failed": [*same, "epochs=2", f"checkpoint_dir={failed}", "checkpoint_every_epochs=1",
+                       "extra.raise_at_step=3"]}
+    for run in runs:
+        (tmp / run).mkdir()
+    job = run_job(JOB, *runs_file(tmp, runs), out_dir=tmp, np=2, controller="gloo", timeout=300)
+    assert job.returncode == 0, job.output
+    got = {run: {rank: json.loads((tmp / run / f"rank-{rank}.json").read_text()) for rank in (0, 1)}
+           for run in runs}
     assert got["resumed"][0]["params_sha256"] == got["whole"][0]["params_sha256"]
     assert max_difference(got["lost"][0]["params"], got["whole"][0]["params"]) > 1e-6
+    # the step-time breakdown names the allgather apart from the exchange (a reduce-scatter at stage 2)
+    assert {"exchange", "gather"} <= set(got["whole"][0]["step_times"]["shares"])
+
+    # the manifest records the partition the state was written from
+    layout = json.loads((first / "step-00000002" / "manifest.json").read_text())["optimizer_layout"]
+    assert (layout["zero_stage"], layout["ranks"]) == (2, 2)
+    # the default bucket size: one bucket per group (the weights 0-2; the biases 4-5, the frozen 3 left out)
+    assert [bucket["indices"] for bucket in layout["buckets"]] == [[0, 1, 2], [4, 5]]
+    assert all(bucket["world"] == 2 and bucket["shard_size"] * 2 >= sum(bucket["numels"])
+               for bucket in layout["buckets"])
+
+    assert [report["error"] for report in got["failed"].values()] == ["a planned error at step 3"] * 2
+    assert sorted(p.name for p in failed.glob("step-*")) == ["step-00000002"], job.output
+    assert ("could not save a checkpoint after the error: the optimizer state is sharded over the ranks "
+            "(zero_stage 2): only all ranks together can save it") in job.output
 
 
 def test_an_optimizer_that_couples_elements_is_refused_in_one_line_on_every_rank(tmp_path_factory):

@@ -7,11 +7,13 @@ Configured through TrainConfig's CLI (`--set zero_stage=2 --set extra.optimizer=
 in one launch with `--runs RUNS.json` (workers/_report.py). extra: optimizer (sgd, momentum, adamw, adagrad,
 lbfgs), n_train, step_twice_rank (that rank steps its optimizer twice per step: a defect the tests must see),
 drop_state_after_resume (clears the optimizer's state before the step that begins at that step count:
-the other defect they must see, a resume losing its slices' state).
+the other defect they must see, a resume losing its slices' state), raise_at_step (every rank raises at the
+end of that step: rank 0 then saves alone, which sharded state does not allow; the error is reported).
 Each rank reports its final parameters, its optimizer's state (names, shapes, bytes) and the history.
 """
 
 import hashlib
+import warnings
 
 import numpy as np
 import torch
@@ -44,6 +46,8 @@ class Defects(Callback):
             trainer.optimizer.state.clear()
 
     def on_step_end(self, trainer) -> None:
+        if trainer.state.step == trainer.config.extra.get("raise_at_step"):
+            raise RuntimeError(f"a planned error at step {trainer.state.step}")
         if trainer.rank == trainer.config.extra.get("step_twice_rank"):
             for group in trainer.optimizer.param_groups:  # the gradients are gone: step with the last ones
                 for p in group["params"]:
@@ -92,7 +96,15 @@ class Mlp(TorchTrainer):
 def train_and_report(argv: list[str] | None = None) -> None:
     config = TrainConfig.from_cli(argv, log_every=1, progress_bar=False)
     trainer = Mlp(config)
-    history = trainer.fit()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            history = trainer.fit()
+        except RuntimeError as exc:  # extra.raise_at_step's
+            if not config.extra.get("raise_at_step"):
+                raise
+            report_rank(trainer.rank, {"error": str(exc)})
+            return
     params = [p.detach() for p in trainer.model.parameters()]
     state = trainer.optimizer.state
     report_rank(trainer.rank, {
@@ -103,6 +115,7 @@ def train_and_report(argv: list[str] | None = None) -> None:
         "state_bytes": sum(v.numel() * v.element_size() for s in state.values() for v in s.values()
                            if isinstance(v, torch.Tensor)),
         "history": history,
+        "warnings": [str(w.message) for w in caught],
         "step_times": step_times(trainer),
     })
 
