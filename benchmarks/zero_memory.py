@@ -39,6 +39,16 @@ GOAL_SLACK = 0.02  # the issue's goal: state per rank <= 1/N + 2% of the unshard
 MB = 1e6
 
 
+def code_version() -> str:
+    """The commit measured, and hvdazure's files that differ from it (others work in the same tree)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout
+
+    changed = [line[3:] for line in git("status", "--porcelain", "--", "hvdazure").splitlines()]
+    head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    return head + (f" with uncommitted {', '.join(changed)}" if changed else "")
+
+
 def proc_status_bytes(field: str) -> int:
     """A memory figure of this process from /proc/self/status (VmRSS, VmHWM), in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -166,13 +176,16 @@ def drive(world_sizes: list[int], stages: list[int], steps: int, timeout: int) -
     rows = [summarize(ranks, unsharded) for _, ranks in sorted(by_job.items())]
     import torch
 
+    from hvdazure import TrainConfig
+
     print(table(rows))
     write_result(RESULT, {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": f"PYTHONPATH=. .venv/bin/python benchmarks/zero_memory.py --ranks "
                    f"{' '.join(map(str, world_sizes))} --stages {' '.join(map(str, stages))} --steps {steps}",
         "model": f"{LAYERS} x Linear({WIDTH}, {WIDTH}), float32, AdamW, batch {BATCH} a rank, CPU",
-        "torch": torch.__version__, "controller": "mpi", "unsharded_state_bytes": unsharded,
+        "torch": torch.__version__, "controller": "mpi", "code": code_version(),
+        "zero_bucket_mb": TrainConfig().zero_bucket_mb, "unsharded_state_bytes": unsharded,
         "load_average": os.getloadavg(), "rows": rows})
 
 

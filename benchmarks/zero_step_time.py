@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import spread, write_result
+from zero_memory import code_version
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STAGES = (0, 1, 2)
@@ -121,7 +122,8 @@ def main() -> None:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": f"PYTHONPATH=. hvdazure run -np {hvd.size()} --{controller} benchmarks/zero_step_time.py "
                    f"--model {args.model} --rounds {args.rounds} --steps {args.steps}",
-        "torch": torch.__version__, "world_size": hvd.size(), "controller": controller, "model": args.model,
+        "torch": torch.__version__, "code": code_version(), "world_size": hvd.size(),
+        "controller": controller, "model": args.model,
         "threads_per_rank": torch.get_num_threads(), "load_average": os.getloadavg(),
         "ms_per_step": {str(stage): spread(values, 1e3) for stage, values in seconds.items()},
         "ratio_to_stage0": {str(stage): ratio_summary(seconds[stage], seconds[0]) for stage in STAGES[1:]},
