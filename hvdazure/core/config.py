@@ -94,8 +94,9 @@ class TrainConfig:
     """Shard the optimizer over the ranks (PyTorch), as ZeRO does: `0` keeps the whole optimizer state on
     every rank; `1` gives each rank the state of its 1/N slice of the parameters (Adam's two moments: from 8
     to 8/N bytes per fp32 parameter), the updated slices allgathered into every rank's full weights; `2` also
-    reduce-scatters the gradients into the slices and frees the full ones after the exchange. Exact at any
-    world size; checkpoints resume at any world size and stage. Gradients are exchanged after backward."""
+    reduce-scatters the gradients into the slices, bucket by bucket as the step's last backward produces
+    them, and frees the full ones. Exact at any world size; checkpoints resume at any world size and stage.
+    Not Horovod's DistributedOptimizer: stage 1 allreduces after backward. PyTorch only."""
     zero_bucket_mb: float = 32.0
     """With `zero_stage`: the size of the gradient buckets, in MiB: each is reduce-scattered (stage 2: as soon
     as backward has produced it) and allgathered as one, and each rank owns 1/N of every bucket. Larger
@@ -501,7 +502,8 @@ def _check_values(c: TrainConfig) -> None:
                           "gradient)")
     if c.zero_stage and c.grad_allreduce == "overlap":
         raise ConfigError(f"config field 'grad_allreduce': 'overlap' cannot be used with zero_stage "
-                          f"{c.zero_stage!r} (sharding exchanges the gradients after backward); use 'auto'")
+                          f"{c.zero_stage!r} (sharding exchanges the gradients its own way: stage 1 after "
+                          "backward, stage 2 bucket by bucket during it); use 'auto'")
     if c.reduce_op == "adasum" and c.grad_allreduce == "after_backward":
         raise ConfigError("config field 'grad_allreduce': 'after_backward' cannot be used with reduce_op "
                           "'adasum' (Horovod's Adasum combines each gradient during backward); use 'auto'")

@@ -17,6 +17,7 @@ and read here by hand as a memory map of which each rank's slice is a few byte r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import mmap
@@ -166,17 +167,36 @@ class StateFile:
             size = os.fstat(file.fileno()).st_size
             self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         data = memoryview(self._map) if self._map is not None else memoryview(b"")
-        if len(data) < 8:
-            raise ValueError(f"{path}: not an optimizer state file (too short)")
-        (length,) = struct.unpack("<Q", data[:8])
-        header = json.loads(bytes(data[8:8 + length]))
-        meta = header.pop("__metadata__", {})
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{path}: not an optimizer state file of this hvdazure ({meta.get('format')!r})")
+        try:
+            header = self._header(path, data)
+        except BaseException:
+            data.release()
+            self.close()
+            raise
+        meta = header.pop("__metadata__")
         self.metadata = {k: json.loads(v) for k, v in meta.items() if k != "format"}
         self.entries = {name: Entry(e["dtype"], tuple(e["shape"]), *e["data_offsets"])
                         for name, e in header.items()}
-        self._data = data[8 + length:]
+        self._data = data[8 + struct.unpack("<Q", data[:8])[0]:]
+        data.release()
+
+    @staticmethod
+    def _header(path: str, data: memoryview) -> dict[str, Any]:
+        """The JSON header, or a ValueError naming the file when it is not a state file of this format."""
+        if len(data) < 8:
+            raise ValueError(f"{path}: not an optimizer state file (too short)")
+        (length,) = struct.unpack("<Q", data[:8])
+        try:
+            header = json.loads(bytes(data[8:8 + length])) if 8 + length <= len(data) else None
+        except ValueError:  # not UTF-8, or not JSON
+            header = None
+        meta = header.get("__metadata__") if isinstance(header, dict) else None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{path}: not an optimizer state file (no safetensors header with hvdazure's "
+                             "metadata)")
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path}: not an optimizer state file of this hvdazure ({meta.get('format')!r})")
+        return header
 
     def read(self, name: str, first_element: int = 0, count: int | None = None) -> memoryview:
         """Elements [first_element, first_element + count) of entry `name` (all by default), as bytes."""
@@ -192,6 +212,9 @@ class StateFile:
             yield int(index), key
 
     def close(self) -> None:
-        self._data.release()
+        """Unmap the file (once no tensor made over its bytes is left: until then the map stays)."""
+        if getattr(self, "_data", None) is not None:
+            self._data.release()
         if self._map is not None:
-            self._map.close()
+            with contextlib.suppress(BufferError):
+                self._map.close()

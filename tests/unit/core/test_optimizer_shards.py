@@ -273,8 +273,6 @@ def test_an_empty_or_truncated_file_is_refused_in_one_line_naming_it(tmp_path):
         assert str(refused.value) == f"{path}: not an optimizer state file (too short)"
 
 
-@pytest.mark.xfail(strict=True, reason="StateFile parses the 8 bytes of another format as a header length "
-                   "and raises json's or utf-8's error, which names neither the file nor what it is")
 @pytest.mark.parametrize("content", [b"PK\x03\x04" + bytes(range(200)),  # torch.save's zip (optimizer.pt)
                                      b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ",
                                      b"\x04\x00\x00\x00\x00\x00\x00\x00[1] "],  # TypeError: not a ValueError
