@@ -104,6 +104,12 @@ class FrameworkCheckpointContent(ABC):
         ranks (a sharded optimizer's) is brought to rank 0 here, a slice at a time. Nothing by default."""
         return None
 
+    def manifest_record(self) -> dict[str, Any]:
+        """What a checkpoint's manifest says of how the optimizer's state is laid out over the ranks (a
+        sharded optimizer's partition: its stage, ranks and buckets), JSON-ready; empty (nothing recorded)
+        when every rank holds all of it."""
+        return {}
+
     @abstractmethod
     def load_files(self, paths: dict[str, str]) -> None:
         """Load the tensor files of a checkpoint into model and optimizer, on rank 0. `paths` maps each file

@@ -130,7 +130,8 @@ class SetupFacts:
         c = self.config
         return RunFacts(controller=self.collectives.controller,
                         nodes=self.environment.describe(os.environ).num_nodes,
-                        grad_allreduce=c.grad_allreduce, checkpoint_async=c.checkpoint_async)
+                        grad_allreduce=c.grad_allreduce, checkpoint_async=c.checkpoint_async,
+                        zero_stage=c.zero_stage)
 
     @property
     def setup(self) -> RunSetup:

@@ -8,10 +8,12 @@ Gloo" on MPI). The table also shows after the fit's first log interval when that
 Phases are timed with the host's clock at their edges (a few `perf_counter` calls per step): the loop times
 the data wait (the step's batches taken from the loader), evaluation and checkpoint stalls; the backend its
 step's phases: `compute` (forward and backward), `exchange` (waiting for the gradients' allreduce, what is
-left of it after the overlap with backward) and `optimizer` (the update), or `step` for TensorFlow's one
-compiled function holding all three. `other` is the rest of the wall time: callbacks, logging, the metric
-reduction. The first step of each fit() is `startup` (the loader's workers starting, compilation, the first
-allocations): reported in seconds, kept out of the shares so that it does not read as a slow loader.
+left of it after the overlap with backward; with `zero_stage` 2 the reduce-scatter's) and `optimizer` (the
+update), or `step` for TensorFlow's one compiled function holding all three; with `zero_stage` also
+`gather` (the allgather of the updated slices into every rank's weights, after the update). `other` is the
+rest of the wall time: callbacks, logging, the metric reduction. The first step of each fit() is `startup`
+(the loader's workers starting, compilation, the first allocations): reported in seconds, kept out of the
+shares so that it does not read as a slow loader.
 
 On an accelerator, each rank's row also carries the device's peak memory in the interval (allocated by
 tensors, and reserved by the framework's caching allocator: what the device really gave, what an
@@ -32,10 +34,16 @@ from dataclasses import dataclass, field
 from hvdazure.core.rank_logging import logger
 
 # The phases a rank times, in the order of the reduced row; "other" and "startup" are derived.
-PHASES = ("data", "compute", "exchange", "optimizer", "step", "checkpoint", "eval")
+PHASES = ("data", "compute", "exchange", "optimizer", "step", "checkpoint", "eval", "gather")
+_SHOWN = ("data", "compute", "exchange", "optimizer", "gather", "step", "checkpoint", "eval")  # table order
 _LABELS = {"data": "data wait", "compute": "forward+backward", "exchange": "allreduce wait",
-           "optimizer": "optimizer", "step": "compiled step", "checkpoint": "checkpoint stall",
-           "eval": "evaluation", "other": "other"}
+           "optimizer": "optimizer", "gather": "allgather wait", "step": "compiled step",
+           "checkpoint": "checkpoint stall", "eval": "evaluation", "other": "other"}
+
+
+def _label(phase: str, facts: RunFacts) -> str:
+    """A phase's name in the table and the advice: `exchange` is a reduce-scatter with zero_stage 2."""
+    return "reduce-scatter wait" if phase == "exchange" and facts.zero_stage == 2 else _LABELS[phase]
 # the device's columns, after the phases: bytes, bytes, percent; NaN: unknown
 DEVICE = ("peak_bytes", "reserved_bytes", "utilization")
 ROW_LENGTH = 4 + len(PHASES) + len(DEVICE)  # wall, startup, steps, samples, each phase's seconds, device
@@ -255,7 +263,7 @@ class Breakdown:
         timed = self.timed
         if timed <= 0.0:
             return {}
-        shares = {p: s / timed for p, s in self.seconds.items() if s > 0.0 or p == "data"}
+        shares = {p: self.seconds[p] / timed for p in _SHOWN if self.seconds[p] > 0.0 or p == "data"}
         shares["other"] = max(0.0, 1.0 - sum(shares.values()))
         return shares
 
@@ -279,16 +287,16 @@ class Breakdown:
         """Seconds per step and shares, start-up apart, and advice where a phase stands out, for a run
         that `facts` describe (None: advice that holds for any run)."""
         shares, steps = self.shares(), max(self.steps, 1)
+        facts = dataclasses.replace(facts or RunFacts(), accelerator=bool(self.device.spreads()))
         lines = [f"{title}: {self.steps} steps in {self.timed:.3g} s on {self.ranks} rank(s) "
                  f"(mean over ranks), {self.samples_per_second:.4g} samples/s",
                  f"  {'phase':<18}{'ms/step':>10}{'share':>8}"]
         for phase, share in shares.items():
             seconds = self.seconds.get(phase, share * self.timed)
-            lines.append(f"  {_LABELS[phase]:<18}{1000 * seconds / steps:>10.3g}{100 * share:>7.1f}%")
+            lines.append(f"  {_label(phase, facts):<18}{1000 * seconds / steps:>10.3g}{100 * share:>7.1f}%")
         if self.startup:
             lines.append(f"  {'first step':<18}{1000 * self.startup:>10.3g}   (start-up, not in the shares)")
         lines.extend(self.device.table_lines())
-        facts = dataclasses.replace(facts or RunFacts(), accelerator=bool(self.device.spreads()))
         lines.extend(f"  {line}" for line in advice(shares, facts))
         return "\n".join(lines)
 
@@ -304,14 +312,16 @@ class Breakdown:
 @dataclass(frozen=True)
 class RunFacts:
     """What the advice depends on besides the shares: the controller Horovod runs on ("gloo", "mpi", or
-    "none": unknown), the machines the ranks are on, the config's `grad_allreduce` and `checkpoint_async`,
-    and whether the ranks have accelerators (the table knows it from the device columns)."""
+    "none": unknown), the machines the ranks are on, the config's `grad_allreduce`, `checkpoint_async` and
+    `zero_stage` (which names the exchange), and whether the ranks have accelerators (the table knows it from
+    the device columns)."""
 
     controller: str = "none"
     nodes: int = 1
     grad_allreduce: str = "auto"
     checkpoint_async: bool = True
     accelerator: bool = False
+    zero_stage: int = 0
 
 
 # A loader that starves the model costs every step from the first one on, and its fix (workers, read-ahead)
@@ -350,7 +360,7 @@ def advice(shares: dict[str, float], facts: RunFacts | None = None) -> list[str]
     """One line per phase above its usual threshold, the largest first; none for a healthy breakdown. Only
     remedies that apply to the run (`facts`; None: those that apply to any run)."""
     facts = facts or RunFacts()
-    found = [(shares[p], f"{_LABELS[p]} {100 * shares[p]:.0f}%: {_remedies(p, facts)} (see 'Why is my "
+    found = [(shares[p], f"{_label(p, facts)} {100 * shares[p]:.0f}%: {_remedies(p, facts)} (see 'Why is my "
                          "training slow?')") for p, threshold in _THRESHOLDS.items()
              if shares.get(p, 0.0) > threshold]
     return [line for _, line in sorted(found, reverse=True)]

@@ -263,7 +263,7 @@ class TorchBackend(Backend):
             since = times.add("optimizer", since)
             sharded.zero_grad()  # first: the gradients' memory is free for the allgather's
             sharded.gather_weights()  # every rank's updated slice into every rank's parameters
-            times.add("exchange", since)
+            times.add("gather", since)
             return
         opt.zero_grad()
         times.add("optimizer", since)

@@ -46,6 +46,9 @@ class TorchCheckpointContent(FrameworkCheckpointContent):
         if self.sharded is not None:
             self.sharded.collect()
 
+    def manifest_record(self) -> dict[str, Any]:
+        return {} if self.sharded is None else self.sharded.layout_record()
+
     def save_files(self, copy: bool) -> dict[str, Callable[[BinaryIO], None]]:
         if self.sharded is not None:  # the state file `collect` streamed to rank 0: a copy by nature
             weights = model_state(self.model)

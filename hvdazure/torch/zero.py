@@ -16,12 +16,12 @@ on any number of ranks and at any stage, including stage 0's `optimizer.pt` read
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import math
 import os
 import tempfile
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
@@ -210,7 +210,11 @@ class ShardedOptimizer:
             group["params"] = [flat.shard for flat in flats]
         self._pending: StateSource | None = None
         self._spool: str | None = None
-        atexit.register(self._drop_spool)
+        self._spool_current = False  # the spool holds the state as it is now (no step, no load since)
+        # the spool is deleted with this object, or at exit: not an atexit hook holding it (and its model's
+        # optimizer state) alive until the process ends, as a sweep's trials follow one another in one process
+        self._spool_paths: list[str] = []
+        weakref.finalize(self, _unlink, self._spool_paths)
         # stage 2: each bucket is reduce-scattered as soon as backward has produced its last gradient of the
         # step's last micro-batch, and its full gradients freed then (`arm` says which backward is the last)
         self._armed = False
@@ -238,6 +242,12 @@ class ShardedOptimizer:
 
     def partitions(self) -> list[FlatPartition]:
         return [flat.partition for flat in self.all_flats]
+
+    def layout_record(self) -> dict[str, Any]:
+        """The checkpoint manifest's record of the partition: the stage, the ranks, and per bucket its
+        parameters (canonical indices), their sizes and each rank's shard size (FlatPartition.record)."""
+        return {"zero_stage": self.stage, "ranks": self.world,
+                "buckets": [partition.record() for partition in self.partitions()]}
 
     def state_bytes(self) -> int:
         """The bytes of optimizer state this rank holds."""
@@ -283,6 +293,7 @@ class ShardedOptimizer:
         weights from the model's parameters. Stage 1 keeps the full (averaged) gradients, as stage 0 does;
         stage 2 has freed them (during backward, or here for a bucket backward did not complete)."""
         flats = self.all_flats
+        self._spool_current = False  # this step changes the state the last checkpoint's spool holds
         with torch.no_grad():
             for flat in flats:
                 for param_run, shard_run in flat.pieces:
@@ -464,6 +475,7 @@ class ShardedOptimizer:
                 entry[name] = torch.tensor(value, dtype=TORCH_DTYPES[dtype])
             if entry:
                 state[shard_index] = entry
+        self._spool_current = False
         groups, at = [], 0
         for settings, flats in zip(plan["param_groups"], self.flats, strict=True):
             groups.append({**settings, "params": list(range(at, at + len(flats)))})
@@ -479,6 +491,7 @@ class ShardedOptimizer:
         if self.rank == 0:
             handle, path = tempfile.mkstemp(prefix="hvdazure-optimizer-", suffix=".safetensors")
             self._spool = path
+            self._spool_paths.append(path)
             file = os.fdopen(handle, "w+b")
             writer = StateFileWriter(file, self._entries(plan), self._metadata(plan))
         try:
@@ -490,6 +503,7 @@ class ShardedOptimizer:
         finally:
             if writer is not None:
                 writer.file.close()
+        self._spool_current = self._spool is not None
         return self._spool or ""
 
     def _own_bytes(self, plan: dict[str, Any]) -> torch.Tensor:
@@ -539,11 +553,14 @@ class ShardedOptimizer:
                         writer.write(entry_name(index, name), 0, data_bytes.numpy().tobytes())
 
     def spool_writer(self) -> Callable[[BinaryIO], None]:
-        """A checkpoint writer copying the spool `collect` wrote (rank 0)."""
+        """A checkpoint writer copying the spool `collect` wrote (rank 0), which must hold the state as it is
+        now: after a step since (rank 0 saving alone after an error) it is an older step's, and nothing is
+        written rather than that state beside newer weights."""
         path = self._spool
-        if path is None:
-            raise RuntimeError("the optimizer state is sharded over the ranks: it is written by all ranks "
-                               "together, not by rank 0 alone")
+        if path is None or not self._spool_current:
+            raise RuntimeError(f"the optimizer state is sharded over the ranks (zero_stage {self.stage}): "
+                               "only all ranks together can save it, not rank 0 alone after an error: no "
+                               "checkpoint of this step written (resume from the newest checkpoint)")
 
         def write(file: BinaryIO) -> None:
             with open(path, "rb") as spool:
@@ -552,10 +569,16 @@ class ShardedOptimizer:
         return write
 
     def _drop_spool(self) -> None:
-        if self._spool is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._spool)
-            self._spool = None
+        _unlink(self._spool_paths)
+        self._spool = None
+
+
+def _unlink(paths: list[str]) -> None:
+    """Delete the files `paths` names (those already gone too), and forget them."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    paths.clear()
 
 
 def _buckets(members: list[tuple[int, torch.nn.Parameter]],

@@ -34,7 +34,11 @@ OVERFLOW = (*TRAINING, "epochs=1", "precision=fp16", "extra.overflow_rank=1",
 EXCHANGES = {"overflow_overlap": ("grad_allreduce=overlap",),
              "overflow_after_backward": ("grad_allreduce=after_backward",),
              "overflow_overlap_fp16": ("grad_allreduce=overlap", "compression=fp16"),
-             "overflow_after_backward_fp16": ("grad_allreduce=after_backward", "compression=fp16")}
+             "overflow_after_backward_fp16": ("grad_allreduce=after_backward", "compression=fp16"),
+             # sharded: the overflow lands in every rank's slice through the exchange, and the slices' probe
+             # (one scalar allreduce) tells every rank's scaler, which skip alike
+             "overflow_zero_stage_1": ("zero_stage=1",),
+             "overflow_zero_stage_2": ("zero_stage=2", "zero_bucket_mb=0.000001")}
 TIMEOUT = 400  # generous: six trainings in one job on a shared machine (about 30 s idle)
 
 

@@ -371,7 +371,10 @@ class TrainerCheckpoints:
         state = {name: piece.state_dict() for name, piece in self.pieces.stateful.items()}
         files = {**self.pieces.framework.save_files(copy), STATE_FILE: _json_writer(deepcopy(state)),
                  RNG_FILE: _json_writer(rngs)}
-        return files, deepcopy(self.pieces.manifest(reason))
+        manifest = deepcopy(self.pieces.manifest(reason))
+        if layout := self.pieces.framework.manifest_record():  # a sharded optimizer's partition
+            manifest["optimizer_layout"] = deepcopy(layout)
+        return files, manifest
 
     def _write(self, step: int, files: dict[str, Callable[[BinaryIO], None]], manifest: dict[str, Any],
                reason: str) -> None:

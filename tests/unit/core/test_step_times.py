@@ -170,3 +170,19 @@ def test_on_cpus_nothing_of_the_device_is_shown_anywhere():
     b.add_rows([_row(1.0, 0.0, 1.0, 8.0, 0.5, 0.5)] * 2)
     assert "gpu" not in b.compact() and "gpu" not in b.table("t")
     assert not [name for name in b.scalars() if name.startswith("gpu")]
+
+
+def test_with_sharding_the_table_names_the_reduce_scatter_and_the_allgather_apart():
+    """zero_stage: the allgather of the updated slices is its own phase, shown after the update; at stage 2
+    the exchange is a reduce-scatter, and the table and its advice say so (stage 0 and 1: an allreduce)."""
+    from hvdazure.core.step_times import RunFacts
+
+    b = Breakdown()
+    b.add_rows([_row(10.0, 0.0, 5.0, 80.0, 0.5, 4.0, 4.0, 0.5, *[0.0] * (len(PHASES) - 5), 1.0)])
+    assert list(b.shares())[:5] == ["data", "compute", "exchange", "optimizer", "gather"]
+    stage_2 = b.table("t", RunFacts(zero_stage=2)).splitlines()
+    assert [line.split()[0] for line in stage_2[2:7]] == ["data", "forward+backward", "reduce-scatter",
+                                                         "optimizer", "allgather"]
+    assert any(line.strip().startswith("reduce-scatter wait 40%: the gradient exchange") for line in stage_2)
+    assert "allreduce wait" in b.table("t", RunFacts(zero_stage=1))
+    assert "allreduce wait" not in b.table("t", RunFacts(zero_stage=2))

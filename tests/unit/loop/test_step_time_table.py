@@ -49,7 +49,8 @@ def test_checkpoint_async_is_suggested_only_when_it_is_off():
 
 
 def test_the_table_knows_from_its_device_columns_whether_the_ranks_have_accelerators():
-    row = [2.0, 0.0, 10.0, 80.0, 0.0, 0.2, 1.6, 0.1, 0.0, 0.0, 0.0]  # wall, startup, steps, samples, phases
+    row = [2.0, 0.0, 10.0, 80.0, 0.0, 0.2, 1.6, 0.1, *[0.0] * (len(PHASES) - 4)]  # wall, startup, steps,
+    # samples, phases
     on_cpu, on_gpu = Breakdown(), Breakdown()
     on_cpu.add_rows([[*row, float("nan"), float("nan"), float("nan")]])
     on_gpu.add_rows([[*row, 2.0**30, 2.0**30, 90.0]])
