@@ -13,7 +13,10 @@ sharded). Reported (a table, and benchmarks/results/zero_memory.json), per (N, s
 over the ranks: state bytes, state / the unsharded state (stage 0's) against the issue's goal 1/N + 2%,
 the peak, the training's rise over the baseline, the gradients kept (full at stages 0 and 1, the slice at
 stage 2) and the rest of the rise: what the exchange's buffers (fusion buffer, flat copies, allgathered
-weights) and the step's transients cost. Memory, not time: no repeats needed (the figures are bytes).
+weights) and the step's transients cost; and, for the sharded stages, the rise at the peak of each phase
+of the step (forward+backward, the gradients' exchange, the optimizer, the weights' allgather:
+ShardedOptimizer.exchange and gather_weights wrapped, the high-water mark read and reset around them).
+Memory, not time: no repeats needed (the figures are bytes).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ WIDTH, LAYERS = 3162, 10  # 10 x (3162 x 3162 + 3162) = 100.0 M parameters
 BATCH = 4
 GOAL_SLACK = 0.02  # the issue's goal: state per rank <= 1/N + 2% of the unsharded state
 MB = 1e6
+PHASES = ("forward+backward", "exchange", "optimizer", "allgather")  # of a sharded step, in order
 
 
 def code_version() -> str:
@@ -71,15 +75,39 @@ def rank_run(stage: int, steps: int, out_dir: str) -> None:
     from hvdazure.torch import TorchTrainer
 
     class MemoryProbe(Callback):
+        """The baseline after setup, the training's peak, and (sharded) the peak of each phase of the step:
+        the high-water mark read and reset where ShardedOptimizer's exchange and gather_weights begin and
+        end, the highest seen kept."""
+
         def __init__(self) -> None:
-            self.facts: dict[str, Any] = {}
+            self.facts: dict[str, Any] = {"phase_peaks": {}}
+            self.peak = 0
+
+        def mark(self, phase_ended: str | None) -> None:
+            high = proc_status_bytes("VmHWM")
+            self.peak = max(self.peak, high)
+            if phase_ended is not None:
+                peaks = self.facts["phase_peaks"]
+                peaks[phase_ended] = max(peaks.get(phase_ended, 0), high - self.facts["baseline_rss"])
+            reset_peak()
 
         def on_train_start(self, trainer: Any) -> None:
             self.facts["baseline_rss"] = proc_status_bytes("VmRSS")
             reset_peak()
 
+        def on_step_begin(self, trainer: Any) -> None:
+            self.mark(None)
+
+        def around(self, method: Any, before: str, after: str) -> Any:
+            def measured(sharded: Any) -> None:
+                self.mark(before)
+                method(sharded)
+                self.mark(after)
+            return measured
+
         def on_train_end(self, trainer: Any) -> None:
-            self.facts["peak_rss"] = proc_status_bytes("VmHWM")
+            self.mark(None)
+            self.facts["peak_rss"] = self.peak
             self.facts["end_rss"] = proc_status_bytes("VmRSS")
             self.facts["state_bytes"] = sum(
                 v.numel() * v.element_size() for s in trainer.optimizer.state.values() for v in s.values()
@@ -104,6 +132,11 @@ def rank_run(stage: int, steps: int, out_dir: str) -> None:
             return net(batch[0]).pow(2).mean()
 
     probe = MemoryProbe()
+    from hvdazure.torch import zero  # the step's phases, measured apart (a benchmark's patch)
+
+    sharded = zero.ShardedOptimizer
+    sharded.exchange = probe.around(sharded.exchange, *PHASES[:2])  # type: ignore[method-assign]
+    sharded.gather_weights = probe.around(sharded.gather_weights, *PHASES[2:])  # type: ignore[method-assign]
     trainer = Stack(TrainConfig(epochs=1, batch_size=BATCH, lr=1e-4, progress_bar=False, zero_stage=stage),
                     callbacks=[probe])
     trainer.fit()
@@ -129,6 +162,8 @@ def summarize(ranks: list[dict[str, Any]], unsharded_state: int) -> dict[str, An
             "peak_rss": max(r["peak_rss"] for r in ranks),
             "baseline_rss": max(r["baseline_rss"] for r in ranks),
             "training_rise": rise, "grads_kept_bytes": grads_kept, "rest_bytes": rise - state - grads_kept,
+            "phase_peaks": {phase: max(r["phase_peaks"][phase] for r in ranks) for phase in PHASES
+                            if all(phase in r["phase_peaks"] for r in ranks)},
             "ranks": ranks}
 
 
@@ -143,6 +178,18 @@ def table(rows: list[dict[str, Any]]) -> str:
                      f"{r['state_ratio']:.3f} | {r['goal']:.3f} ({verdict}) | {r['peak_rss'] / MB:.0f} | "
                      f"{r['training_rise'] / MB:.0f} | {r['grads_kept_bytes'] / MB:.0f} | "
                      f"{r['rest_bytes'] / MB:.0f} |")
+    return "\n".join(lines)
+
+
+def phase_table(rows: list[dict[str, Any]]) -> str:
+    """The Markdown table of where a sharded step's peak is: the rise over the baseline at the highest point
+    of each phase, in MB (stage 0's step has no phases measured: not listed)."""
+    lines = [f"| ranks | stage | {' | '.join(PHASES)} |", "| --- | --- |" + " --- |" * len(PHASES)]
+    for r in rows:
+        if r["phase_peaks"]:
+            peaks = r["phase_peaks"]
+            cells = " | ".join(f"{peaks[p] / MB:.0f}" if p in peaks else "-" for p in PHASES)
+            lines.append(f"| {r['world_size']} | {r['stage']} | {cells} |")
     return "\n".join(lines)
 
 
@@ -179,6 +226,8 @@ def drive(world_sizes: list[int], stages: list[int], steps: int, timeout: int) -
     from hvdazure import TrainConfig
 
     print(table(rows))
+    print("\nThe rise over the baseline at each phase's peak, MB:")
+    print(phase_table(rows))
     write_result(RESULT, {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": f"PYTHONPATH=. .venv/bin/python benchmarks/zero_memory.py --ranks "

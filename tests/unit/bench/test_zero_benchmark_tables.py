@@ -9,6 +9,7 @@ from types import ModuleType
 
 import pytest
 
+M = 1_000_000
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
@@ -26,7 +27,9 @@ zero_step_time = load("zero_step_time")
 
 def rank(world: int, stage: int, state: int, baseline: int, peak: int, params: int = 1000) -> dict:
     return {"rank": 0, "world_size": world, "stage": stage, "params": params, "param_bytes": 4 * params,
-            "state_bytes": state, "baseline_rss": baseline, "peak_rss": peak, "end_rss": peak}
+            "state_bytes": state, "baseline_rss": baseline, "peak_rss": peak, "end_rss": peak,
+            "phase_peaks": {} if stage == 0 else {"forward+backward": 500 * M, "exchange": 700 * M,
+                                                  "optimizer": (900 + world) * M, "allgather": 800 * M}}
 
 
 def test_a_row_takes_the_neediest_rank_and_its_rest_is_the_rise_less_state_and_gradients() -> None:
@@ -99,3 +102,13 @@ def test_the_step_time_table_has_a_row_per_stage() -> None:
         "| mlp | 0 | 10.0 (9.0-12.0) | 1 | |",
         "| mlp | 1 | 11.0 (10.0-13.0) | 1.100 (1.000-1.200; 0.90-1.30) | undecided |",
         "| mlp | 2 | 12.0 (11.0-14.0) | 1.200 (1.100-1.300; 1.00-1.40) | undecided |"]
+
+
+def test_the_phase_table_lists_the_sharded_rows_with_the_neediest_ranks_peaks() -> None:
+    stage_0 = zero_memory.summarize([rank(2, 0, 8000, 0, 1)], 8000)
+    stage_2 = zero_memory.summarize([rank(2, 2, 4000, 0, 1), rank(4, 2, 4000, 0, 1)], 8000)
+    assert stage_2["phase_peaks"]["optimizer"] == 904 * M and stage_0["phase_peaks"] == {}
+    lines = zero_memory.phase_table([stage_0, stage_2]).splitlines()
+    assert lines[0] == "| ranks | stage | forward+backward | exchange | optimizer | allgather |"
+    assert lines[1].count("---") == 6
+    assert lines[2:] == ["| 2 | 2 | 500 | 700 | 904 | 800 |"]
