@@ -191,7 +191,7 @@ class StateFile:
         except ValueError:  # not UTF-8, or not JSON
             header = None
         meta = header.get("__metadata__") if isinstance(header, dict) else None
-        if not isinstance(meta, dict):
+        if not isinstance(header, dict) or not isinstance(meta, dict):
             raise ValueError(f"{path}: not an optimizer state file (no safetensors header with hvdazure's "
                              "metadata)")
         if meta.get("format") != FORMAT:

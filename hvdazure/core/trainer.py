@@ -146,7 +146,8 @@ class Trainer:
         self.__loop.log_metrics(metrics)
 
     def set_lr(self, lr: float) -> None:
-        """Set the optimizer's learning rate (LRScheduleCallback does, every step the schedule changes it)."""
+        """Set the optimizer's learning rate now (the run's LR schedule sets it every step through the loop,
+        not through this method: a later step's schedule value replaces what is set here)."""
         self.__loop.set_lr(lr)
 
     def save_checkpoint(self, reason: str = "manual", wait: bool = True) -> str | None:

@@ -23,11 +23,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hvdazure.core.callbacks import Callback
+from hvdazure.core.callbacks import BuiltinCallback
 from hvdazure.core.config import ConfigError
 from hvdazure.core.errors import exception_line
 from hvdazure.core.nonfinite import NonFiniteError
 from hvdazure.core.run_context import RunContext, active
+from hvdazure.core.run_protocol import Run
 from hvdazure.sweep import messages
 from hvdazure.sweep.coordinator import COMPLETE, DIVERGED, FAILED, PRUNED
 from hvdazure.sweep.options import SweepOptions
@@ -66,10 +67,11 @@ class SweepMetricError(ConfigError):
     """The metric to optimise is not among the trial's metrics: every trial would fail the same way."""
 
 
-class TrialReporter(Callback):
+class TrialReporter(BuiltinCallback):
     """On every rank of a trial: follows the optimised metric epoch by epoch, stops a diverged trial, and on
     the group leader asks the coordinator whether to prune (the leader's stop request reaches the other ranks
-    at the epoch's end, through the trainer's own stop vote: no collective is added)."""
+    at the epoch's end, through the trainer's own stop vote: no collective is added). hvdazure's own: it is
+    given the run, not the user's trainer."""
 
     def __init__(self, metric: str, mode: str,
                  should_prune: Callable[[int, float, bool], bool] | None) -> None:
@@ -77,8 +79,8 @@ class TrialReporter(Callback):
         self.history: list[dict[str, Any]] = []
         self.pruned = self.diverged = self.ended = False
 
-    def on_epoch_end(self, trainer: Any) -> None:
-        self.history = list(trainer.state.history)
+    def on_epoch_end(self, run: Run) -> None:
+        self.history = list(run.state.history)
         record = self.history[-1]
         value = self._value(record)
         bad = [k for k, v in record.items() if k.startswith("train_loss") and not _finite(v)]
@@ -86,14 +88,14 @@ class TrialReporter(Callback):
             bad.insert(0, self.metric)
         if bad:
             self.diverged = True
-            trainer.state.request_stop(f"the trial diverged ({bad[0]} is {record.get(bad[0])})")
+            run.state.request_stop(f"the trial diverged ({bad[0]} is {record.get(bad[0])})")
         elif value is not None and self.should_prune and self.should_prune(record["epoch"], value,
-                                                                           trainer.finished):
+                                                                           run.finished):
             self.pruned = True
-            trainer.state.request_stop("pruned by the sweep")
+            run.state.request_stop("pruned by the sweep")
 
-    def on_train_end(self, trainer: Any) -> None:
-        self.history = list(trainer.state.history)
+    def on_train_end(self, run: Run) -> None:
+        self.history = list(run.state.history)
         self.ended = True
         if not self.values():
             keys = sorted({k for r in self.history for k in r} - {"epoch", "step", "samples_seen", "lr"})
