@@ -67,7 +67,7 @@ class MLflowLogger(BuiltinCallback):
                  run_name: str | None = None) -> None:
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.parent_run_id, self.run_name = parent_run_id, run_name
-        self.run: Any = None
+        self.mlflow_run: Any = None
 
     def on_train_start(self, run: Run) -> None:
         import mlflow
@@ -78,27 +78,27 @@ class MLflowLogger(BuiltinCallback):
         # set_tracking_uri, which rewrites MLFLOW_TRACKING_URI.
         job_run, job_store = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.tracking_uri)
-        if self.run is not None:  # a later fit() of the same trainer: its run goes on
-            self.run = mlflow.start_run(run_id=self.run.info.run_id)
+        if self.mlflow_run is not None:  # a later fit() of the same trainer: its run goes on
+            self.mlflow_run = mlflow.start_run(run_id=self.mlflow_run.info.run_id)
         elif self.parent_run_id:
-            self.run = mlflow.start_run(run_id=self._child_run_id(mlflow.MlflowClient()))
+            self.mlflow_run = mlflow.start_run(run_id=self._child_run_id(mlflow.MlflowClient()))
         elif job_run and self.tracking_uri == job_store:
-            self.run = mlflow.start_run(run_id=job_run)
+            self.mlflow_run = mlflow.start_run(run_id=job_run)
         else:
             experiment = mlflow.set_experiment(self.experiment)
             # a tracking URI of the user's own: start_run() alone would look for the job's run in it
             own = mlflow.MlflowClient().create_run(experiment.experiment_id).info.run_id if job_run else None
-            self.run = mlflow.start_run(run_id=own)
+            self.mlflow_run = mlflow.start_run(run_id=own)
         params = {k: v for k, v in run.config.to_dict().items() if k != "extra"}
         params.update({f"extra.{k}": v for k, v in run.config.extra.items()})
         params.update(world_size=run.world_size, global_batch_size=run.global_batch_size,
                       scaled_lr=run.schedule.peak_lr)
         # A job Azure ML runs again (after a preemption) logs into the same run, whose params cannot change
-        logged = self.run.data.params
+        logged = self.mlflow_run.data.params
         changed = sorted(k for k, v in params.items() if k in logged and logged[k] != str(v))
         if changed:
-            logger.warning(f"MLflow run {self.run.info.run_id} keeps the values of its first attempt for "
-                           f"{', '.join(changed)} (MLflow params cannot change)")
+            logger.warning(f"MLflow run {self.mlflow_run.info.run_id} keeps the values of its first attempt "
+                           f"for {', '.join(changed)} (MLflow params cannot change)")
         mlflow.log_params({k: str(v) for k, v in params.items() if k not in logged})
 
     def _child_run_id(self, client: Any) -> str:

@@ -37,7 +37,7 @@ def test_inside_azure_ml_rank_0_logs_into_the_jobs_own_run(azure_ml_job):
     logger.on_train_start(_trainer())
     logger.on_train_end(_trainer())
 
-    assert logger.run.info.run_id == azure_ml_job.run_id
+    assert logger.mlflow_run.info.run_id == azure_ml_job.run_id
     run = azure_ml_job.client.get_run(azure_ml_job.run_id)
     assert run.data.params["world_size"] == "2" and run.info.status == "FINISHED"
 
@@ -50,7 +50,7 @@ def test_a_tracking_uri_of_the_users_own_inside_azure_ml_gets_a_run_there(azure_
 
     runs = mlflow.MlflowClient(mine).search_runs(
         [mlflow.MlflowClient(mine).get_experiment_by_name("hvdazure").experiment_id])
-    assert [r.info.run_id for r in runs] == [logger.run.info.run_id] != [azure_ml_job.run_id]
+    assert [r.info.run_id for r in runs] == [logger.mlflow_run.info.run_id] != [azure_ml_job.run_id]
     assert runs[0].data.params["global_batch_size"] == "64"
     assert azure_ml_job.client.get_run(azure_ml_job.run_id).data.params == {}  # the job's run untouched
 
@@ -86,11 +86,11 @@ def test_a_later_fit_of_the_same_trainer_logs_into_the_run_of_its_first(tmp_path
     logger = MLflowLogger(uri)
     logger.on_train_start(_trainer())
     logger.on_train_end(_trainer())
-    first = logger.run.info.run_id
+    first = logger.mlflow_run.info.run_id
 
     logger.on_train_start(_trainer())  # was: a second run
     logger.on_train_end(_trainer())
 
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("hvdazure").experiment_id])
-    assert [r.info.run_id for r in runs] == [first] == [logger.run.info.run_id]
+    assert [r.info.run_id for r in runs] == [first] == [logger.mlflow_run.info.run_id]
