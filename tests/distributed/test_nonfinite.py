@@ -58,11 +58,14 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_with_one_line_and_no_checkpoint
     assert assert_every_checkpoint_finite(checkpoints, framework) == ["step-00000004"]
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", [*FRAMEWORKS, "torch-zero_stage=2"])
 def test_skip_trains_to_the_end_with_finite_weights_and_says_which_steps_it_skipped(tmp_path, framework):
+    """(torch-zero_stage=2: sharded, the NaN reaches every rank's slice through the reduce-scatter, and the
+    slices' probe every rank's scaler)"""
+    framework, *sharded = framework.split("-")
     checkpoints = tmp_path / "checkpoints"
     settings = [*TWO_RANKS, "log_every=5", "extra.nan_steps=2", "on_nan_loss=skip",
-                f"checkpoint_dir={checkpoints}"]
+                f"checkpoint_dir={checkpoints}", *sharded]
     job = run_job(JOB, framework, *set_args(settings), out_dir=tmp_path, timeout=TIMEOUT)
 
     assert job.returncode == 0, job.output

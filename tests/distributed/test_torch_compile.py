@@ -42,6 +42,8 @@ def trainings(request, tmp_path_factory, inductor_cache):
     if request.param == "gloo":
         runs["user_compiled"] = (*TRAINING, "extra.user_compile=true", "compile=true",
                                  f"checkpoint_dir={out / 'user_compiled'}")
+        # sharded: stage 2's gradients reduce-scattered from the compiled backward (a bucket a tensor)
+        runs["compiled_zero_stage_2"] = (*TRAINING, "compile=true", "zero_stage=2", "zero_bucket_mb=0.000001")
     for name in runs:
         (out / "reports" / name).mkdir(parents=True)
     spec = out / "runs.json"
@@ -92,6 +94,16 @@ def test_compiled_and_eager_runs_resume_from_each_others_checkpoints(trainings):
         assert [record["step"] for record in resumed[0]["history"]] == [4, 8]  # epoch 1's from the checkpoint
         np.testing.assert_allclose(params(resumed[0]), params(whole), rtol=TOLERANCE, atol=0)
     assert reports["compiled_from_eager"][0]["compiled"] and not reports["eager_from_compiled"][0]["compiled"]
+
+
+def test_a_compiled_model_with_sharded_optimizer_and_gradients_trains_what_the_eager_model_trains(trainings):
+    _, reports, _ = trainings
+    if "compiled_zero_stage_2" not in reports:
+        pytest.skip("one controller is enough: the Gloo job runs it")
+    sharded = reports["compiled_zero_stage_2"]
+    assert [sharded[rank]["compiled"] for rank in (0, 1)] == [True, True]
+    assert sharded[0]["params"] == sharded[1]["params"]
+    assert_close(sharded[0], reports["eager_after_backward"][0])
 
 
 def test_a_model_build_model_compiled_is_not_compiled_again(trainings):

@@ -15,6 +15,8 @@ train: fit one epoch with checkpoints in CHECKPOINT_DIR, then predict and test w
        TensorFlow: log_metrics inside the compiled training_step is refused (reported).
 load:  only a trainer's predict/test from the checkpoint directory (given as a path), as a separate
        job at another world size would.
+PyTorch trains with its optimizer sharded (zero_stage 2): its checkpoints' model.pt must still hold the whole
+model, and every rank's weights be whole after fit(), for the predictions and exports to match.
 Rank r writes its predictions to HVDAZURE_TEST_OUT/predictions-<r>-<name>.npz and reports the metrics.
 Exports: train, rank 0: the trained model (trainer.export: model.onnx, model.keras); load: from the
 checkpoint directory without a trainer (export: model.pt2, saved_model/).
@@ -131,7 +133,8 @@ def refusal(call) -> str | None:
 
 if __name__ == "__main__":
     config = TrainConfig(epochs=1, batch_size=8, lr=0.05, log_every=1, progress_bar=False,
-                         checkpoint_dir=CHECKPOINTS, extra={"n_train": 37, "n_eval": 23})
+                         checkpoint_dir=CHECKPOINTS, extra={"n_train": 37, "n_eval": 23},
+                         zero_stage=2 if FRAMEWORK == "torch" else 0)
     report = {}
     if MODE == "train":
         trained = Predicting(config, callbacks=[LogsEveryStep()])
