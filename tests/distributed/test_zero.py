@@ -14,7 +14,7 @@ import pytest
 from harness import run_job
 
 JOB = "zero_job.py"
-COMMON = ("base_batch_size=12", "grad_clip_norm=0.3", "lr=0.02")
+COMMON = ("base_batch_size=12", "grad_clip_norm=0.3", "lr=0.02", "warmup_steps=3")  # 4 steps: warmup 3
 # global batch 24, two micro-batches of 12 (41 samples: 2 steps an epoch, the last one short)
 SHAPES = {1: "batch_size=12", 2: "batch_size=6", 3: "batch_size=4"}
 OPTIMIZERS = ("momentum", "adamw")
@@ -74,6 +74,8 @@ def test_stages_1_and_2_give_the_weights_of_one_process_without_sharding(tmp_pat
         for rank, report in got[run].items():
             assert max_difference(report["params"], expected["params"]) < 1e-10, (run, rank)
             assert report["optimizer_class"] == expected["optimizer_class"]  # the user's own optimizer
+            # the LR schedule's last value, and the biases' group at its half (the factor kept)
+            assert report["group_lrs"] == expected["group_lrs"] == pytest.approx([0.04, 0.02], rel=1e-12), run
             # its state: this rank's slices only (flat tensors, one a bucket), about 1/np of the whole (with
             # the default bucket size: tiny buckets are each padded to a multiple of the ranks)
             assert all(len(shape) == 1 for group in report["optimizer_params"] for shape in group), run

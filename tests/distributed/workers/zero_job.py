@@ -73,7 +73,8 @@ class Mlp(TorchTrainer):
         params = list(params)
         decay = [p for p in params if p.dim() > 1]
         rest = [p for p in params if p.dim() <= 1]
-        groups = [{"params": decay}, {"params": rest, "weight_decay": 0.0}]
+        # the biases at half the LR: a per-group factor the schedule (warmup) and set_lr keep
+        groups = [{"params": decay}, {"params": rest, "weight_decay": 0.0, "lr": lr / 2}]
         name = self.config.extra.get("optimizer", "adamw")
         if name == "sgd":
             return torch.optim.SGD(groups, lr=lr)
@@ -115,6 +116,7 @@ def train_and_report(argv: list[str] | None = None) -> None:
         "state_bytes": sum(v.numel() * v.element_size() for s in state.values() for v in s.values()
                            if isinstance(v, torch.Tensor)),
         "history": history,
+        "group_lrs": [g["lr"] for g in trainer.optimizer.param_groups],
         "warnings": [str(w.message) for w in caught],
         "step_times": step_times(trainer),
     })
