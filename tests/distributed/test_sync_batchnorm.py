@@ -35,6 +35,17 @@ def runs(tmp_path_factory):
         return {key: future.result() for key, future in futures.items()}
 
 
+def test_sharded_optimizer_state_and_gradients_keep_batchnorm_exact(runs):
+    """zero_stage 2 (the gradients reduce-scattered during backward, the slices allgathered into the
+    weights): 2 ranks still train what 1 process trains unsharded, in every case."""
+    one, two = runs["torch", 1][0], runs["torch", 2]
+    for case, single, rank0, rank1 in zip(CASES, one["torch"], two[0]["torch_zero"], two[1]["torch_zero"],
+                                          strict=True):
+        _assert_same_weights(rank0["weights"], single["weights"], f"zero_stage 2, {case}: vs 1 process")
+        _assert_same_weights(rank1["weights"], rank0["weights"], f"zero_stage 2, {case}: rank 1 vs rank 0")
+        assert rank0["batchnorm_batches"] == single["batchnorm_batches"]
+
+
 def _assert_same_weights(ours, theirs, what):
     assert len(ours) == len(theirs), what
     for a, b in zip(ours, theirs, strict=True):

@@ -59,13 +59,15 @@ def bf16(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fp16(tmp_path_factory):
     """One job of fp16 trainings on 2 ranks: plain; an overflow on rank 1 in each way of exchanging the
-    gradients; one with a checkpoint after the overflow, and a run resumed from that checkpoint."""
+    gradients (sharded, zero_stage 1 and 2, among them); one with a checkpoint after the overflow, and a run
+    resumed from that checkpoint; and bf16 sharded (zero_stage 2)."""
     out = tmp_path_factory.mktemp("fp16")
     runs = {"fp16": (*TRAINING, "precision=fp16"),
             **{name: (*OVERFLOW, *exchange) for name, exchange in EXCHANGES.items()},
             "checkpointed": (*OVERFLOW, "checkpoint_every_steps=4", f"checkpoint_dir={out / 'ckpt'}"),
             "resumed": (*OVERFLOW, f"resume={out / 'ckpt' / 'step-00000004'}",
-                        f"checkpoint_dir={out / 'resumed_ckpt'}")}
+                        f"checkpoint_dir={out / 'resumed_ckpt'}"),
+            "bf16_zero_stage_2": (*TRAINING, "precision=bf16", "zero_stage=2")}
     return run_trainings(runs, out / "runs", script=JOB, timeout=TIMEOUT), out / "ckpt"
 
 
@@ -160,6 +162,13 @@ def test_an_overflow_on_one_rank_skips_that_step_on_every_rank_and_halves_every_
     assert unforced["scale_after"][at] == unforced["scale_before"][at]  # without the overflow: no skip there
     assert unforced["step_params"][at] != unforced["step_params"][at - 1]
     assert np.isfinite(flat(ranks[0]["params"])).all()
+
+
+def test_bf16_with_sharded_optimizer_and_gradients_trains_what_bf16_trains_unsharded(fp16, bf16):
+    sharded = fp16[0]["bf16_zero_stage_2"]
+    assert sharded[0]["forward_dtype"] == "torch.bfloat16"
+    assert sharded[0]["params"] == sharded[1]["params"]
+    np.testing.assert_allclose(flat(sharded[0]["params"]), flat(bf16[0]["params"]), rtol=1e-6, atol=0)
 
 
 def test_a_checkpoint_keeps_the_loss_scale_and_a_resume_goes_on_with_it(fp16):

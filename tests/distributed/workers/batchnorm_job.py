@@ -101,6 +101,8 @@ def main() -> None:
     world_size = detect_cluster().size
     kinds = {"torch": {"torch": torch_training},
              "tf": {"tf": tf_training, "keras_fit": keras_fit_training}}[config.extra["framework"]]
+    if "torch" in kinds and world_size > 1:  # sharded (zero_stage 2, a bucket a tensor or two): the same
+        kinds["torch_zero"] = lambda c: torch_training(c.replace(zero_stage=2, zero_bucket_mb=0.0001))
     results: dict[str, list[dict]] = {kind: [] for kind in kinds}
     for kind, run in kinds.items():
         for n_train, global_batch, accum in config.extra["trainings"]:
