@@ -3,20 +3,22 @@ parameters (a stack of 10 Linear 3162 -> 3162 layers, float32, 100.0 M parameter
 with AdamW, at every world size and stage asked for, each in its own job (a peak is a process's):
 
     PYTHONPATH=. .venv/bin/python benchmarks/zero_memory.py [--ranks 1 2 4] [--stages 0 1 2] [--steps 3]
+        [--repeats 2]
 
-launches `hvdazure run -np N --mpi benchmarks/zero_memory.py --rank-run ...` once per (N, stage), one after
-another. Each rank measures, after the trainer has built its model and optimizer and broadcast the weights
-(`on_train_start`): its resident memory then (the baseline), the high-water mark reset (Linux's
+launches `hvdazure run -np N --mpi benchmarks/zero_memory.py --rank-run ...` once per (N, stage) and repeat,
+one after another. Each rank measures, after the trainer has built its model and optimizer and broadcast the
+weights (`on_train_start`): its resident memory then (the baseline), the high-water mark reset (Linux's
 `/proc/self/clear_refs`); after `--steps` steps of batch 4 a rank (`on_train_end`): the high-water mark
 (VmHWM: the peak), and the bytes of the tensors in `trainer.optimizer.state` (this rank's slice when
 sharded). Reported (a table, and benchmarks/results/zero_memory.json), per (N, stage), the largest value
-over the ranks: state bytes, state / the unsharded state (stage 0's) against the issue's goal 1/N + 2%,
-the peak, the training's rise over the baseline, the gradients kept (full at stages 0 and 1, the slice at
-stage 2) and the rest of the rise: what the exchange's buffers (fusion buffer, flat copies, allgathered
-weights) and the step's transients cost; and, for the sharded stages, the rise at the peak of each phase
-of the step (forward+backward, the gradients' exchange, the optimizer, the weights' allgather:
-ShardedOptimizer.exchange and gather_weights wrapped, the high-water mark read and reset around them).
-Memory, not time: no repeats needed (the figures are bytes).
+over the ranks: state bytes, state / the unsharded state (stage 0's) against the issue's goal 1/N + 2%, the
+peak, the training's rise over the baseline, the gradients kept (full at stages 0 and 1, the slice at stage
+2) and the rest of the rise: what the exchange's buffers (fusion buffer, flat copies, allgathered weights)
+and the step's transients cost; and, for the sharded stages, the rise at the peak of each phase of the step
+(forward+backward, the gradients' exchange, the optimizer, the weights' allgather: ShardedOptimizer.exchange
+and gather_weights wrapped, the high-water mark read and reset around them). The peak depends a little on
+when the collectives complete: each (N, stage) runs `--repeats` times (the rounds through all of them in
+turn), its peak, rise and rest the median with min-max.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -167,17 +170,45 @@ def summarize(ranks: list[dict[str, Any]], unsharded_state: int) -> dict[str, An
             "ranks": ranks}
 
 
+SPREAD = ("peak_rss", "baseline_rss", "training_rise", "rest_bytes")  # what varies from run to run
+
+
+def combine(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One (N, stage)'s row over its repeats: the figures that vary with the collectives' timing (the peak,
+    the rise, the rest, each phase's peak) their median, with min and max; the rest as the first repeat's."""
+    row = {**repeats[0], "repeats": repeats}
+    for key in SPREAD:
+        row[key] = statistics.median(r[key] for r in repeats)
+        row[f"{key}_spread"] = {"min": min(r[key] for r in repeats), "max": max(r[key] for r in repeats)}
+    row["phase_peaks"] = {phase: statistics.median(r["phase_peaks"][phase] for r in repeats)
+                          for phase in repeats[0]["phase_peaks"]}
+    row["state_bytes"] = max(r["state_bytes"] for r in repeats)
+    row["state_ratio"] = max(r["state_ratio"] for r in repeats)
+    row["goal_met"] = None if row["goal_met"] is None else all(r["goal_met"] for r in repeats)
+    del row["ranks"]
+    return row
+
+
+def megabytes(row: dict[str, Any], key: str) -> str:
+    """`row[key]` in MB, with its min-max over the repeats when they differ."""
+    spread = row.get(f"{key}_spread")
+    if spread is None or round(spread["min"] / MB) == round(spread["max"] / MB):
+        return f"{row[key] / MB:.0f}"
+    return f"{row[key] / MB:.0f} ({spread['min'] / MB:.0f}-{spread['max'] / MB:.0f})"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    """The Markdown table of the summarized rows (RESULTS.md's), sizes in MB (10^6 bytes)."""
+    """The Markdown table of the summarized (or combined) rows (RESULTS.md's), sizes in MB (10^6 bytes);
+    a combined row's varying figures are medians over the repeats, with min-max when they differ."""
     lines = ["| ranks | stage | state MB/rank | state / unsharded | goal 1/N + 2% | peak RSS MB | "
              "rise in training MB | grads kept MB | rest (buffers, transients) MB |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         verdict = "unsharded" if r["goal_met"] is None else "met" if r["goal_met"] else "not met"
         lines.append(f"| {r['world_size']} | {r['stage']} | {r['state_bytes'] / MB:.0f} | "
-                     f"{r['state_ratio']:.3f} | {r['goal']:.3f} ({verdict}) | {r['peak_rss'] / MB:.0f} | "
-                     f"{r['training_rise'] / MB:.0f} | {r['grads_kept_bytes'] / MB:.0f} | "
-                     f"{r['rest_bytes'] / MB:.0f} |")
+                     f"{r['state_ratio']:.3f} | {r['goal']:.3f} ({verdict}) | {megabytes(r, 'peak_rss')} | "
+                     f"{megabytes(r, 'training_rise')} | {r['grads_kept_bytes'] / MB:.0f} | "
+                     f"{megabytes(r, 'rest_bytes')} |")
     return "\n".join(lines)
 
 
@@ -203,24 +234,26 @@ def unsharded_state_bytes(by_job: dict[tuple[int, int], list[dict[str, Any]]]) -
     return int(2 * first["param_bytes"] + 4 * 2 * LAYERS)
 
 
-def drive(world_sizes: list[int], stages: list[int], steps: int, timeout: int) -> None:
-    """Launch one job per (N, stage), then summarize, print and write the result."""
+def drive(world_sizes: list[int], stages: list[int], steps: int, repeats: int, timeout: int) -> None:
+    """Launch one job per (N, stage) and repeat, the repeats one after another through all of them (so
+    that the machine's drifting load falls on every row alike), then summarize, print and write."""
     hvdazure = str(Path(sys.executable).parent / "hvdazure")
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path}
-    by_job: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    by_job: dict[tuple[int, int], list[list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as out_dir:
-        for n in world_sizes:
-            for stage in stages:
-                command = [hvdazure, "run", "-np", str(n), "--mpi", "--timeout", str(timeout),
-                           str(Path(__file__).resolve()), "--rank-run", "--stage", str(stage),
-                           "--steps", str(steps), "--out", out_dir]
-                print(f"N={n} stage={stage}: {' '.join(command[1:])}", flush=True)
-                subprocess.run(command, env=env, check=True, timeout=timeout + 60)
-                by_job[(n, stage)] = [json.loads(Path(out_dir, f"np{n}-s{stage}-rank{r}.json").read_text())
-                                      for r in range(n)]
-    unsharded = unsharded_state_bytes(by_job)
-    rows = [summarize(ranks, unsharded) for _, ranks in sorted(by_job.items())]
+        for repeat in range(repeats):
+            for n in world_sizes:
+                for stage in stages:
+                    command = [hvdazure, "run", "-np", str(n), "--mpi", "--timeout", str(timeout),
+                               str(Path(__file__).resolve()), "--rank-run", "--stage", str(stage),
+                               "--steps", str(steps), "--out", out_dir]
+                    print(f"repeat {repeat + 1}/{repeats}, N={n} stage={stage}", flush=True)
+                    subprocess.run(command, env=env, check=True, timeout=timeout + 60)
+                    files = [Path(out_dir, f"np{n}-s{stage}-rank{r}.json") for r in range(n)]
+                    by_job.setdefault((n, stage), []).append([json.loads(f.read_text()) for f in files])
+    unsharded = unsharded_state_bytes({job: runs[0] for job, runs in by_job.items()})
+    rows = [combine([summarize(ranks, unsharded) for ranks in runs]) for _, runs in sorted(by_job.items())]
     import torch
 
     from hvdazure import TrainConfig
@@ -231,7 +264,8 @@ def drive(world_sizes: list[int], stages: list[int], steps: int, timeout: int) -
     write_result(RESULT, {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": f"PYTHONPATH=. .venv/bin/python benchmarks/zero_memory.py --ranks "
-                   f"{' '.join(map(str, world_sizes))} --stages {' '.join(map(str, stages))} --steps {steps}",
+                   f"{' '.join(map(str, world_sizes))} --stages {' '.join(map(str, stages))} --steps {steps} "
+                   f"--repeats {repeats}",
         "model": f"{LAYERS} x Linear({WIDTH}, {WIDTH}), float32, AdamW, batch {BATCH} a rank, CPU",
         "torch": torch.__version__, "controller": "mpi", "code": code_version(),
         "zero_bucket_mb": TrainConfig().zero_bucket_mb, "unsharded_state_bytes": unsharded,
@@ -243,6 +277,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="jobs per (N, stage): peaks vary a little")
     parser.add_argument("--timeout", type=int, default=900, help="seconds a job may take")
     parser.add_argument("--rank-run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--stage", type=int, default=0, help=argparse.SUPPRESS)
@@ -251,7 +286,7 @@ def main() -> None:
     if args.rank_run:
         rank_run(args.stage, args.steps, args.out)
     else:
-        drive(args.ranks, args.stages, args.steps, args.timeout)
+        drive(args.ranks, args.stages, args.steps, args.repeats, args.timeout)
 
 
 if __name__ == "__main__":

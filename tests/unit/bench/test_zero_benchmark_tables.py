@@ -112,3 +112,16 @@ def test_the_phase_table_lists_the_sharded_rows_with_the_neediest_ranks_peaks() 
     assert lines[0] == "| ranks | stage | forward+backward | exchange | optimizer | allgather |"
     assert lines[1].count("---") == 6
     assert lines[2:] == ["| 2 | 2 | 500 | 700 | 904 | 800 |"]
+
+
+def test_repeats_give_the_varying_figures_median_and_spread_and_the_table_shows_it() -> None:
+    runs = [zero_memory.summarize([rank(4, 2, 200 * M, 700 * M, peak, params=100 * M)], 800 * M)
+            for peak in (1600 * M, 1700 * M, 1650 * M)]
+    row = zero_memory.combine(runs)
+    assert row["peak_rss"] == 1650 * M and row["peak_rss_spread"] == {"min": 1600 * M, "max": 1700 * M}
+    assert row["training_rise"] == 950 * M and row["goal_met"] is True and len(row["repeats"]) == 3
+    assert row["phase_peaks"]["optimizer"] == 904 * M
+    assert zero_memory.table([row]).splitlines()[2] == \
+        "| 4 | 2 | 200 | 0.250 | 0.270 (met) | 1650 (1600-1700) | 950 (900-1000) | 100 | 650 (600-700) |"
+    steady = zero_memory.combine(runs[:1] * 2)
+    assert zero_memory.megabytes(steady, "peak_rss") == "1600"  # no spread shown when there is none
