@@ -43,7 +43,7 @@ _LABELS = {"data": "data wait", "compute": "forward+backward", "exchange": "allr
 
 def _label(phase: str, facts: RunFacts) -> str:
     """A phase's name in the table and the advice: `exchange` is a reduce-scatter with zero_stage 2."""
-    return "reduce-scatter wait" if phase == "exchange" and facts.zero_stage == 2 else _LABELS[phase]
+    return "reducescatter wait" if phase == "exchange" and facts.zero_stage == 2 else _LABELS[phase]
 # the device's columns, after the phases: bytes, bytes, percent; NaN: unknown
 DEVICE = ("peak_bytes", "reserved_bytes", "utilization")
 ROW_LENGTH = 4 + len(PHASES) + len(DEVICE)  # wall, startup, steps, samples, each phase's seconds, device

@@ -222,9 +222,14 @@ class ShardedOptimizer:
         self._in_flight: dict[int, tuple[Any, Any]] = {}  # bucket -> (Horovod handle, compression context)
         self._slices: dict[int, torch.Tensor] = {}  # bucket -> this rank's reduced slice
         if stage == 2 and self.world > 1:
+            # a parameter is this optimizer's until another claims it (a model shared by trainers in one
+            # process: a sweep's trials, a notebook's): the hooks of an older one then do nothing, and hold
+            # it only weakly
+            me = weakref.ref(self)
             for k, flat in enumerate(self.all_flats):
                 for p in flat.params:
-                    p.register_post_accumulate_grad_hook(functools.partial(self._produced, k))
+                    setattr(p, _OWNER, me)
+                    p.register_post_accumulate_grad_hook(functools.partial(_produced, me, k))
         if before["state"]:  # set up by the optimizer's constructor (Adagrad's sums): cut into the slice
             source = DictSource(before, self.numels)
             plan = self._plan(source)
@@ -579,6 +584,16 @@ def _unlink(paths: list[str]) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     paths.clear()
+
+
+_OWNER = "_hvdazure_zero_owner"  # the parameter's attribute naming the ShardedOptimizer it belongs to
+
+
+def _produced(owner: weakref.ref[ShardedOptimizer], k: int, param: torch.Tensor) -> None:
+    """A parameter's post-accumulate-grad hook: its owner's, if it still is (see ShardedOptimizer)."""
+    optimizer = owner()
+    if optimizer is not None and getattr(param, _OWNER, None) is owner:
+        optimizer._produced(k, param)
 
 
 def _buckets(members: list[tuple[int, torch.nn.Parameter]],

@@ -113,6 +113,11 @@ def test_resume_across_world_sizes_and_stages_and_a_lost_slice_is_seen(tmp_path_
             "first": [*same, "epochs=1", f"checkpoint_dir={first}", "checkpoint_every_epochs=1"],
             "resumed": [*same, "epochs=2", f"resume={first}/latest"],
             "lost": [*same, "epochs=2", f"resume={first}/latest", "extra.drop_state_after_resume=2"],
+            # one model object for two trainers, the first failing in its last backward (its hooks armed):
+            # the second trains what a new model trains (was: the first's hooks took its gradients)
+            "shared_failed": [*same, "epochs=2", "extra.shared_model=true",
+                              "extra.fail_in_backward_at_step=3"],
+            "shared_after": [*same, "epochs=2", "extra.shared_model=true"],
             "failed": [*same, "epochs=2", f"checkpoint_dir={failed}", "checkpoint_every_epochs=1",
                        "extra.raise_at_step=3"]}
     for run in runs:
@@ -123,6 +128,8 @@ def test_resume_across_world_sizes_and_stages_and_a_lost_slice_is_seen(tmp_path_
            for run in runs}
     assert got["resumed"][0]["params_sha256"] == got["whole"][0]["params_sha256"]
     assert max_difference(got["lost"][0]["params"], got["whole"][0]["params"]) > 1e-6
+    assert "a planned error in backward" in got["shared_failed"][0]["error"]
+    assert got["shared_after"][0]["params_sha256"] == got["whole"][0]["params_sha256"]
     # the step-time breakdown names the allgather apart from the exchange (a reduce-scatter at stage 2)
     assert {"exchange", "gather"} <= set(got["whole"][0]["step_times"]["shares"])
 

@@ -8,7 +8,10 @@ in one launch with `--runs RUNS.json` (workers/_report.py). extra: optimizer (sg
 lbfgs), n_train, step_twice_rank (that rank steps its optimizer twice per step: a defect the tests must see),
 drop_state_after_resume (clears the optimizer's state before the step that begins at that step count:
 the other defect they must see, a resume losing its slices' state), raise_at_step (every rank raises at the
-end of that step: rank 0 then saves alone, which sharded state does not allow; the error is reported).
+end of that step: rank 0 then saves alone, which sharded state does not allow; the error is reported),
+shared_model (build_model returns one model object for every training of the launch, its weights set as a
+new one's: a model shared by trainers in one process), fail_in_backward_at_step (backward raises in that
+step's last micro-batch, before any gradient is produced; the error is reported).
 Each rank reports its final parameters, its optimizer's state (names, shapes, bytes) and the history.
 """
 
@@ -67,7 +70,13 @@ class Mlp(TorchTrainer):
                                     torch.nn.Linear(3, 2, dtype=torch.float64))
         model.register_parameter("frozen", torch.nn.Parameter(torch.ones(2, dtype=torch.float64),
                                                               requires_grad=False))
-        return model
+        if not self.config.extra.get("shared_model"):
+            return model
+        if not SHARED:
+            SHARED.append(model)
+        SHARED[0].load_state_dict(model.state_dict())
+        SHARED[0].zero_grad(set_to_none=True)  # the gradients a failed training left, as a new model has none
+        return SHARED[0]
 
     def build_optimizer(self, params, lr):
         params = list(params)
@@ -91,7 +100,19 @@ class Mlp(TorchTrainer):
 
     def training_step(self, model, batch):
         x, y = batch
-        return torch.nn.functional.mse_loss(model(x) * model.frozen, y)
+        loss = torch.nn.functional.mse_loss(model(x) * model.frozen, y)
+        if self.state.step + 1 == self.config.extra.get("fail_in_backward_at_step"):
+            self.calls_in_step = getattr(self, "calls_in_step", 0) + 1
+            if self.calls_in_step == self.config.grad_accum_steps:  # the last micro-batch's backward
+                loss.register_hook(fail)
+        return loss
+
+
+def fail(gradient: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("a planned error in backward")
+
+
+SHARED: list[torch.nn.Module] = []  # extra.shared_model's
 
 
 def train_and_report(argv: list[str] | None = None) -> None:
@@ -101,8 +122,8 @@ def train_and_report(argv: list[str] | None = None) -> None:
         warnings.simplefilter("always")
         try:
             history = trainer.fit()
-        except RuntimeError as exc:  # extra.raise_at_step's
-            if not config.extra.get("raise_at_step"):
+        except RuntimeError as exc:  # extra.raise_at_step's, fail_in_backward_at_step's
+            if not (config.extra.get("raise_at_step") or config.extra.get("fail_in_backward_at_step")):
                 raise
             report_rank(trainer.rank, {"error": str(exc)})
             return

@@ -181,8 +181,8 @@ def test_with_sharding_the_table_names_the_reduce_scatter_and_the_allgather_apar
     b.add_rows([_row(10.0, 0.0, 5.0, 80.0, 0.5, 4.0, 4.0, 0.5, *[0.0] * (len(PHASES) - 5), 1.0)])
     assert list(b.shares())[:5] == ["data", "compute", "exchange", "optimizer", "gather"]
     stage_2 = b.table("t", RunFacts(zero_stage=2)).splitlines()
-    assert [line.split()[0] for line in stage_2[2:7]] == ["data", "forward+backward", "reduce-scatter",
+    assert [line.split()[0] for line in stage_2[2:7]] == ["data", "forward+backward", "reducescatter",
                                                          "optimizer", "allgather"]
-    assert any(line.strip().startswith("reduce-scatter wait 40%: the gradient exchange") for line in stage_2)
+    assert any(line.strip().startswith("reducescatter wait 40%: the gradient exchange") for line in stage_2)
     assert "allreduce wait" in b.table("t", RunFacts(zero_stage=1))
     assert "allreduce wait" not in b.table("t", RunFacts(zero_stage=2))
