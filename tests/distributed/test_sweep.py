@@ -55,9 +55,12 @@ def test_trials_run_concurrently_on_groups_of_ranks_and_a_failing_trial_does_not
     out = tmp_path / "sweep"
     space = {"lr": {"type": "choice", "values": [0.05, 0.02]},
              "extra.behaviour": {"type": "choice", "values": ["ok", "raise"]}}
+    # the trials shard their optimizer state and gradients (zero_stage 2, a bucket a tensor: reduce-scatters
+    # from backward hooks on each trial's parameters), one trial after another on each group's processes
     done = run_sweep(sweep_command(out, space, 4, 2, "--sampler", "grid", "--trials", "10",
                                    script_args=["--set", "base_batch_size=8",
-                                                "--set", "extra.step_sleep=0.03"]))
+                                                "--set", "extra.step_sleep=0.03", "--set", "zero_stage=2",
+                                                "--set", "zero_bucket_mb=0.000001"]))
     assert done.returncode == 0, done.stdout + done.stderr
     trials = results(out)["trials"]
 
@@ -89,7 +92,7 @@ def test_trials_run_concurrently_on_groups_of_ranks_and_a_failing_trial_does_not
     spans += [(t["start"], t["end"], tuple(t["ranks"])) for t in trials]
     assert any(s1[2] != s2[2] and s1[0] < s2[1] and s2[0] < s1[1] for s1 in spans for s2 in spans), spans
 
-    # data-parallel equivalence inside a trial: 2 ranks x batch 4 == 1 rank x batch 8, same seed
+    # data-parallel equivalence inside a trial: 2 ranks x batch 4 (sharded) == 1 rank x batch 8, same seed
     trial = next(t for t in ok if t["params"]["lr"] == 0.05)
     reference = tmp_path / "reference"
     subprocess.run([sys.executable, str(SCRIPT), "--set", "lr=0.05", "--set", "batch_size=8", "--set",
