@@ -16,6 +16,7 @@ on any number of ranks and at any stage, including stage 0's `optimizer.pt` read
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
@@ -54,6 +55,9 @@ DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torc
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
           torch.bool: "BOOL"}
 TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
+# Buckets a rank has in flight at once (reduce-scatters during backward, allgathers after the step): one being
+# exchanged while the next is prepared. More would overlap more but hold more full-size buffers at once.
+IN_FLIGHT = 2
 
 
 NEEDED = ("grouped_reducescatter", "reducescatter_async", "allgather_async", "alltoall")  # Horovod 0.27+
@@ -275,7 +279,11 @@ class ShardedOptimizer:
             self._collect_finished()
 
     def _launch(self, k: int) -> None:
-        """Start bucket k's reduce-scatter, and free its full gradients."""
+        """Start bucket k's reduce-scatter, and free its full gradients; with IN_FLIGHT buckets already in
+        flight, first wait for the oldest (its full-size buffer goes then): the bytes in flight stay bounded
+        when the collectives run slower than backward produces gradients."""
+        while len(self._in_flight) >= IN_FLIGHT:
+            self._finish(next(iter(self._in_flight)))
         flat = self.all_flats[k]
         buffer, context = self.compression.compress(self._flat_gradients(flat))
         handle = hvd.reducescatter_async(buffer, name=f"hvdazure.zero.gradients.{k}", op=self.op,
@@ -370,20 +378,30 @@ class ShardedOptimizer:
             g.mul_(coefficient.to(g.dtype))
 
     def gather_weights(self) -> None:
-        """Every rank's updated slice into every rank's parameters: one allgather a bucket, all started at
-        once (Horovod fuses them), each copied into the parameters and dropped as it is taken."""
+        """Every rank's updated slice into every rank's parameters: one allgather a bucket, at most
+        IN_FLIGHT at a time (the next starts while the last is copied), each gathered bucket copied into the
+        parameters and dropped as it is taken: the whole gathered model is never in memory at once."""
         flats = self.all_flats
         if self.world == 1:
-            gathered: list[Any] = [flat.shard.detach() for flat in flats]
-        else:
-            gathered = [hvd.allgather_async(flat.shard.detach(), name=f"hvdazure.zero.weights.{k}")
-                        for k, flat in enumerate(flats)]
+            for flat in flats:
+                self._copy_into_params(flat, flat.shard.detach())
+            return
+        started: collections.deque[tuple[_Flat, int]] = collections.deque()
+        for k, flat in enumerate(flats):
+            if len(started) >= IN_FLIGHT:
+                done, handle = started.popleft()
+                self._copy_into_params(done, hvd.synchronize(handle))
+            handle = hvd.allgather_async(flat.shard.detach(), name=f"hvdazure.zero.weights.{k}")
+            started.append((flat, handle))
+        while started:
+            done, handle = started.popleft()
+            self._copy_into_params(done, hvd.synchronize(handle))
+
+    @staticmethod
+    def _copy_into_params(flat: _Flat, whole: torch.Tensor) -> None:
         with torch.no_grad():
-            for flat, whole in zip(flats, gathered, strict=True):
-                whole = whole if isinstance(whole, torch.Tensor) else hvd.synchronize(whole)
-                for p, start in zip(flat.params, flat.partition.offsets(), strict=True):
-                    p.view(-1).copy_(whole[start:start + p.numel()])
-                del whole
+            for p, start in zip(flat.params, flat.partition.offsets(), strict=True):
+                p.view(-1).copy_(whole[start:start + p.numel()])
 
     def zero_grad(self) -> None:
         for flat in self.all_flats:
