@@ -20,7 +20,8 @@ import torch
 
 from hvdazure.core.backend import FrameworkCheckpointContent
 from hvdazure.core.optimizer_shards import STATE_FILE, StateFile
-from hvdazure.torch.zero import DictSource, FileSource, ShardedOptimizer
+from hvdazure.torch.zero import ShardedOptimizer
+from hvdazure.torch.zero_state import DictSource, FileSource
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"

@@ -11,7 +11,8 @@ them before each step, so that a checkpoint load or a user's change of a weight 
 
 Checkpoints hold the state canonically (core/optimizer_shards.py's state file), streamed to rank 0 one rank's
 slice at a time (rank 0 never holds the whole state) and scattered the same way on resume, so a run resumes
-on any number of ranks and at any stage, including stage 0's `optimizer.pt` read into slices and back.
+on any number of ranks and at any stage, including stage 0's `optimizer.pt` read into slices and back: this
+class says when (collect, scatter, the spool), torch/zero_state.py how (the plans, the bytes, the file).
 """
 
 from __future__ import annotations
@@ -23,25 +24,32 @@ import math
 import os
 import tempfile
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO
 
 import horovod
 import horovod.torch as hvd
 import torch
 
 from hvdazure.core.config import ConfigError
-from hvdazure.core.optimizer_shards import (
-    Entry,
-    FlatPartition,
-    StateFile,
-    StateFileWriter,
-    entry_name,
-    layout,
-)
+from hvdazure.core.optimizer_shards import FlatPartition, StateFileWriter
 from hvdazure.core.rank_logging import logger
 from hvdazure.torch.gradients import COMPRESSION, OPS, GradientsAfterBackward
+from hvdazure.torch.zero_state import (
+    DictSource,
+    StateSource,
+    file_entries,
+    file_metadata,
+    own_bytes,
+    plan_from_source,
+    plan_of_state,
+    rank0_sends,
+    slice_bytes,
+    slices_state_dict,
+    to_rank0,
+    write_slice,
+)
 
 # torch.optim's optimizers whose state and update are per element: a slice steps as the whole tensor would
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta", "Rprop",
@@ -51,10 +59,6 @@ COUPLED = {"LBFGS": "it runs a line search over all parameters as one vector",
            "Adafactor": "its factored second moments are per row and column of each matrix",
            "Muon": "it orthogonalizes each matrix's update as a whole",
            "SparseAdam": "it takes sparse gradients"}
-DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-          torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-          torch.bool: "BOOL"}
-TORCH_DTYPES = {name: dtype for dtype, name in DTYPES.items()}
 # Buckets a rank has in flight at once (reduce-scatters during backward, allgathers after the step): one being
 # exchanged while the next is prepared. More would overlap more but hold more full-size buffers at once.
 IN_FLIGHT = 2
@@ -95,82 +99,6 @@ class _Flat:
     partition: FlatPartition
     shard: torch.Tensor  # this rank's slice of the weights, as the user's optimizer steps it
     pieces: list[tuple[torch.Tensor, torch.Tensor]]  # (a run of a parameter's elements, its place in shard)
-
-
-class StateSource(Protocol):
-    """Optimizer state in canonical form (per parameter, as torch's state_dict numbers them), to be cut into
-    slices: a stage 0 `optimizer.pt` (or a state dict in memory), or a sharded checkpoint's state file."""
-
-    param_groups: list[dict[str, Any]]
-
-    def state_names(self, index: int) -> dict[str, tuple[str, bool]]:
-        """The state names of tensor `index`: (dtype name, per element?)."""
-
-    def elements(self, index: int, name: str, start: int, length: int) -> torch.Tensor:
-        """A 1-D run of a per-element state's values (on the CPU)."""
-
-    def scalar(self, index: int, name: str) -> torch.Tensor:
-        """A state value that is not per element (e.g. Adam's step)."""
-
-
-class DictSource:
-    """A torch optimizer state dict (memory-mapped from `optimizer.pt`, or in memory) as a StateSource."""
-
-    def __init__(self, state: Mapping[str, Any], numels: Mapping[int, int]) -> None:
-        self.state, self.numels = state["state"], numels
-        self.param_groups = [dict(g) for g in state["param_groups"]]
-
-    def state_names(self, index: int) -> dict[str, tuple[str, bool]]:
-        found = {}
-        for name, value in self.state.get(index, {}).items():
-            if isinstance(value, torch.Tensor):
-                found[name] = (DTYPES[value.dtype], value.numel() == self.numels[index] and value.dim() > 0)
-        return found
-
-    def elements(self, index: int, name: str, start: int, length: int) -> torch.Tensor:
-        return self.state[index][name].reshape(-1)[start:start + length]
-
-    def scalar(self, index: int, name: str) -> torch.Tensor:
-        return self.state[index][name]
-
-
-class FileSource:
-    """A sharded checkpoint's state file as a StateSource (memory-mapped: a slice reads its pages only)."""
-
-    def __init__(self, file: StateFile) -> None:
-        self.file = file
-        self.param_groups = file.metadata["param_groups"]
-        self._names: dict[int, dict[str, tuple[str, bool]]] = {}
-        for index, name in file.names():
-            entry = file.entries[entry_name(index, name)]
-            self._names.setdefault(index, {})[name] = (entry.dtype, bool(file.metadata["per_element"].get(
-                f"{index}.{name}", False)))
-
-    def state_names(self, index: int) -> dict[str, tuple[str, bool]]:
-        return self._names.get(index, {})
-
-    def elements(self, index: int, name: str, start: int, length: int) -> torch.Tensor:
-        entry = self.file.entries[entry_name(index, name)]
-        if not length:
-            return torch.empty(0, dtype=TORCH_DTYPES[entry.dtype])
-        # copied out of the read-only map (a tensor over it would be writable in torch's eyes: it warns)
-        return torch.frombuffer(bytearray(self.file.read(entry_name(index, name), start, length)),
-                                dtype=TORCH_DTYPES[entry.dtype])
-
-    def scalar(self, index: int, name: str) -> torch.Tensor:
-        entry = self.file.entries[entry_name(index, name)]
-        return torch.frombuffer(bytearray(self.file.read(entry_name(index, name))),
-                                dtype=TORCH_DTYPES[entry.dtype]).reshape(entry.shape).clone()
-
-    def full_state_dict(self, numels: Mapping[int, int], shapes: Mapping[int, torch.Size]) -> dict[str, Any]:
-        """The whole state as torch's state dict (for a run without sharding: every rank holds it all)."""
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for index, names in self._names.items():
-            for name, (_, per_element) in names.items():
-                state.setdefault(index, {})[name] = (
-                    self.elements(index, name, 0, numels[index]).clone().reshape(shapes[index])
-                    if per_element else self.scalar(index, name))
-        return {"state": state, "param_groups": [dict(g) for g in self.param_groups]}
 
 
 class ShardedOptimizer:
@@ -236,8 +164,8 @@ class ShardedOptimizer:
                     p.register_post_accumulate_grad_hook(functools.partial(_produced, me, k))
         if before["state"]:  # set up by the optimizer's constructor (Adagrad's sums): cut into the slice
             source = DictSource(before, self.numels)
-            plan = self._plan(source)
-            self._install(plan, self._slice_bytes(source, plan, self.rank))
+            plan = plan_from_source(self.all_flats, source)
+            self._install(plan, slice_bytes(self.all_flats, source, plan, self.rank))
 
     def _flat(self, members: list[tuple[int, torch.nn.Parameter]]) -> _Flat:
         params = [p for _, p in members]
@@ -422,158 +350,47 @@ class ShardedOptimizer:
         if not pending:
             return False
         source = self._pending if self.rank == 0 else None
-        plan = hvd.broadcast_object(self._plan(source) if source is not None else None, root_rank=0,
-                                    name="hvdazure.zero.plan")
+        plan = hvd.broadcast_object(plan_from_source(self.all_flats, source) if source is not None else None,
+                                    root_rank=0, name="hvdazure.zero.plan")
         for rank in range(self.world):
-            data = self._slice_bytes(source, plan, rank) if source is not None else None
-            mine = _rank0_sends(data, rank, self.rank, self.world)
+            data = slice_bytes(self.all_flats, source, plan, rank) if source is not None else None
+            mine = rank0_sends(data, rank, self.rank, self.world)
             if rank == self.rank:
                 self._install(plan, mine)
         self._pending = None
         return True
 
-    def _plan(self, source: StateSource) -> dict[str, Any]:
-        """What every rank needs to know before its slice arrives, read from a canonical source: per flat,
-        its per-element state names and dtypes and its scalars (one value for all its tensors: Adam's step),
-        and the groups' settings."""
-        flats = []
-        for flat in self.all_flats:
-            names: dict[str, str] = {}
-            scalars: dict[str, list[Any]] = {}
-            for index in flat.partition.indices:
-                here = source.state_names(index)
-                if not here:
-                    continue
-                per_element = {n: d for n, (d, each) in here.items() if each}
-                if names and per_element != names:
-                    raise ValueError(f"optimizer state of parameter {index} has {sorted(per_element)}, its "
-                                     f"neighbours {sorted(names)}: it cannot be split into one slice")
-                names = per_element
-                for n, (dtype, each) in here.items():
-                    if not each:
-                        scalars.setdefault(n, [source.scalar(index, n).tolist(), dtype])
-            flats.append({"names": dict(sorted(names.items())), "scalars": scalars})
-        return {"flats": flats, "param_groups": _settings(source.param_groups)}
-
-    def _save_plan(self) -> dict[str, Any]:
-        """The plan of this rank's own slices (names, dtypes, scalars), as `_plan` reads it from a source."""
-        flats = []
-        for flat in self.all_flats:
-            state = self.optimizer.state.get(flat.shard, {})
-            names, scalars = {}, {}
-            for name, value in sorted(state.items()):
-                if not isinstance(value, torch.Tensor):
-                    continue
-                if value.dim() == 1 and value.numel() == flat.partition.shard_size:
-                    names[name] = DTYPES[value.dtype]
-                else:
-                    scalars[name] = [value.tolist(), DTYPES[value.dtype]]
-            flats.append({"names": names, "scalars": scalars})
-        return {"flats": flats, "param_groups": _settings(self.optimizer.param_groups)}
-
-    def _slice_bytes(self, source: StateSource, plan: dict[str, Any], rank: int) -> torch.Tensor:
-        """Rank `rank`'s slice of every per-element state, from the source, as one run of bytes."""
-        parts = []
-        for flat, described in zip(self.all_flats, plan["flats"], strict=True):
-            for name, dtype in described["names"].items():
-                values = torch.zeros(flat.partition.shard_size, dtype=TORCH_DTYPES[dtype])
-                for piece in flat.partition.pieces(rank):
-                    values[piece.at:piece.at + piece.length] = source.elements(piece.index, name, piece.start,
-                                                                               piece.length)
-                parts.append(values.view(torch.uint8))
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-
     def _install(self, plan: dict[str, Any], data: torch.Tensor) -> None:
         """This rank's slice of the state into the user's optimizer (through its load_state_dict: it casts
         and places each value as the optimizer expects)."""
-        state: dict[int, dict[str, Any]] = {}
-        at = 0
-        for shard_index, (flat, described) in enumerate(zip(self.all_flats, plan["flats"], strict=True)):
-            entry: dict[str, Any] = {}
-            for name, dtype in described["names"].items():
-                size = flat.partition.shard_size * TORCH_DTYPES[dtype].itemsize
-                entry[name] = data[at:at + size].view(TORCH_DTYPES[dtype]).clone().to(self.device)
-                at += size
-            for name, (value, dtype) in described["scalars"].items():
-                entry[name] = torch.tensor(value, dtype=TORCH_DTYPES[dtype])
-            if entry:
-                state[shard_index] = entry
         self._spool_current = False
-        groups, at = [], 0
-        for settings, flats in zip(plan["param_groups"], self.flats, strict=True):
-            groups.append({**settings, "params": list(range(at, at + len(flats)))})
-            at += len(flats)
-        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        self.optimizer.load_state_dict(slices_state_dict(self.all_flats, [len(f) for f in self.flats], plan,
+                                                         data, self.device))
 
     def collect(self) -> str:
         """Every rank together: the state, streamed to rank 0 one rank's slice at a time into a local state
         file (the spool; the previous one is deleted). Returns its path on rank 0, "" elsewhere."""
         self._drop_spool()
-        plan = self._save_plan()  # the same names and dtypes on every rank; rank 0's scalars are written
+        plan = plan_of_state(self.all_flats, self.optimizer)  # the same names and dtypes on every rank
         writer = None
         if self.rank == 0:
             handle, path = tempfile.mkstemp(prefix="hvdazure-optimizer-", suffix=".safetensors")
             self._spool = path
             self._spool_paths.append(path)
             file = os.fdopen(handle, "w+b")
-            writer = StateFileWriter(file, self._entries(plan), self._metadata(plan))
+            metadata = file_metadata(self.all_flats, plan, self.group_sizes, self.stage)
+            writer = StateFileWriter(file, file_entries(self.all_flats, plan, self.shapes), metadata)
         try:
             for rank in range(self.world):
-                received = _to_rank0(self._own_bytes(plan) if rank == self.rank else None, rank, self.rank,
-                                     self.world)
+                mine = own_bytes(self.all_flats, self.optimizer, plan) if rank == self.rank else None
+                received = to_rank0(mine, rank, self.rank, self.world)
                 if writer is not None:
-                    self._write_slice(writer, plan, rank, received)
+                    write_slice(writer, self.all_flats, plan, rank, received)
         finally:
             if writer is not None:
                 writer.file.close()
         self._spool_current = self._spool is not None
         return self._spool or ""
-
-    def _own_bytes(self, plan: dict[str, Any]) -> torch.Tensor:
-        parts = []
-        for flat, described in zip(self.all_flats, plan["flats"], strict=True):
-            state = self.optimizer.state.get(flat.shard, {})
-            for name in described["names"]:
-                parts.append(state[name].detach().to("cpu").reshape(-1).view(torch.uint8))
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-
-    def _entries(self, plan: dict[str, Any]) -> dict[str, Entry]:
-        tensors: dict[str, tuple[str, Sequence[int]]] = {}
-        for flat, described in zip(self.all_flats, plan["flats"], strict=True):
-            for index in flat.partition.indices:
-                for name, dtype in described["names"].items():
-                    tensors[entry_name(index, name)] = (dtype, list(self.shapes[index]))
-                for name, (value, dtype) in described["scalars"].items():
-                    tensors[entry_name(index, name)] = (dtype, list(torch.tensor(value).shape))
-        return layout(tensors)
-
-    def _metadata(self, plan: dict[str, Any]) -> dict[str, Any]:
-        per_element = {f"{index}.{name}": True for flat, described in zip(self.all_flats, plan["flats"],
-                                                                          strict=True)
-                       for index in flat.partition.indices for name in described["names"]}
-        groups, at = [], 0
-        for settings, size in zip(plan["param_groups"], self.group_sizes, strict=True):
-            groups.append({**settings, "params": list(range(at, at + size))})
-            at += size
-        return {"param_groups": groups, "per_element": per_element, "zero_stage": self.stage,
-                "partition": [p.record() for p in self.partitions()]}
-
-    def _write_slice(self, writer: StateFileWriter, plan: dict[str, Any], rank: int,
-                     data: torch.Tensor) -> None:
-        at = 0
-        for flat, described in zip(self.all_flats, plan["flats"], strict=True):
-            for name, dtype in described["names"].items():
-                itemsize = TORCH_DTYPES[dtype].itemsize
-                values = data[at:at + flat.partition.shard_size * itemsize]
-                at += flat.partition.shard_size * itemsize
-                for piece in flat.partition.pieces(rank):
-                    run = values[piece.at * itemsize:(piece.at + piece.length) * itemsize]
-                    writer.write(entry_name(piece.index, name), piece.start, run.numpy().tobytes())
-            if rank == 0:
-                for name, (value, dtype) in described["scalars"].items():
-                    data_bytes = torch.tensor(value, dtype=TORCH_DTYPES[dtype]).reshape(-1).view(torch.uint8)
-                    for index in flat.partition.indices:
-                        writer.write(entry_name(index, name), 0, data_bytes.numpy().tobytes())
 
     def spool_writer(self) -> Callable[[BinaryIO], None]:
         """A checkpoint writer copying the spool `collect` wrote (rank 0), which must hold the state as it is
@@ -626,39 +443,5 @@ def _buckets(members: list[tuple[int, torch.nn.Parameter]],
         buckets[-1].append((index, p))
         size += p.numel() * p.element_size()
     return [b for b in buckets if b]
-
-
-def _settings(param_groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """A state dict's group settings without their parameters, JSON-ready (tensors as numbers)."""
-    return [{k: (v.item() if isinstance(v, torch.Tensor) else list(v) if isinstance(v, tuple) else v)
-             for k, v in group.items() if k != "params"} for group in param_groups]
-
-
-def _rank0_sends(data: torch.Tensor | None, to: int, rank: int, world: int) -> torch.Tensor:
-    """Rank 0's `data` delivered to rank `to` alone (an alltoall in which only rank 0 sends, to one rank)."""
-    if to == 0 or world == 1:
-        return data if rank == 0 and data is not None else torch.empty(0, dtype=torch.uint8)
-    tensor = data if rank == 0 and data is not None else torch.empty(0, dtype=torch.uint8)
-    splits = torch.zeros(world, dtype=torch.int32)
-    if rank == 0:
-        splits[to] = tensor.numel()
-    received = hvd.alltoall(tensor, splits=splits, name=f"hvdazure.zero.scatter.{to}")
-    return received[0] if isinstance(received, tuple) else received
-
-
-def _to_rank0(data: torch.Tensor | None, sender: int, rank: int, world: int) -> torch.Tensor:
-    """Rank `sender`'s `data` delivered to rank 0 alone (an alltoall in which one rank sends, to rank 0)."""
-    if sender == 0 or world == 1:
-        return data if rank == 0 and data is not None else torch.empty(0, dtype=torch.uint8)
-    tensor = data if rank == sender and data is not None else torch.empty(0, dtype=torch.uint8)
-    splits = torch.zeros(world, dtype=torch.int32)
-    if rank == sender:
-        splits[0] = tensor.numel()
-    received = hvd.alltoall(tensor, splits=splits, name=f"hvdazure.zero.gather.{sender}")
-    return received[0] if isinstance(received, tuple) else received
-
-
-def read_state_file(path: str) -> FileSource:
-    return FileSource(StateFile(path))
 
 
