@@ -63,3 +63,21 @@ def test_a_subclass_of_a_coupled_optimizer_is_refused_under_its_own_name():
 
     with pytest.raises(ConfigError, match=r"^config field 'zero_stage': Lookahead cannot step a slice "):
         refuse_coupled(Lookahead(params(), lr=0.1))
+
+
+def test_a_horovod_without_the_collectives_sharding_needs_is_refused_naming_the_first_missing() -> None:
+    """`refuse_without_collectives` reads the names a horovod.torch has (this one's, and a list without the
+    grouped reduce-scatter of 0.27): no Horovod is faked, only the list of its names."""
+    import horovod
+    import horovod.torch as hvd
+
+    from hvdazure.torch.zero import NEEDED, refuse_without_collectives
+
+    refuse_without_collectives(dir(hvd), horovod.__version__)  # the Horovod built here has them all
+    older = [name for name in dir(hvd) if name != "grouped_reducescatter"]
+    with pytest.raises(ConfigError) as refused:
+        refuse_without_collectives(older, "0.26.1")
+    assert str(refused.value) == (
+        "config field 'zero_stage': this Horovod (0.26.1) has no grouped_reducescatter, which sharding "
+        "needs: build Horovod 0.28.1 (scripts/build_horovod.sh), or use zero_stage: 0")
+    assert "grouped_reducescatter" in NEEDED
