@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from distributed.sharded_data import write_regression_shards
 
 from hvdazure.core.sample_plan import SamplePlan
 from hvdazure.core.step_batches import EpochSteps, StepBatches, loaded_cells
@@ -113,11 +112,6 @@ def test_the_bindings_have_no_isinstance_check_of_a_sharded_dataset() -> None:
     command = ["grep", "-rn", "isinstance(.*ShardedDataset", "hvdazure/torch", "hvdazure/tensorflow"]
     found = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert found.returncode == 1 and found.stdout == "", found.stdout
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_regression_shards(tmp_path_factory.mktemp("shards"))
 
 
 def _read_ahead_of(data: Any) -> list[list[int]]:

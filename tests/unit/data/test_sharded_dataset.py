@@ -19,11 +19,6 @@ from hvdazure.data.dataset import read_ahead_steps
 from hvdazure.data.shard_order import ShardOrder
 
 
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_regression_shards(tmp_path_factory.mktemp("shards"))
-
-
 class RecordingShards:
     """A test double of the cache (hvdazure.data.cache.Shards): the shards in place, and every read-ahead
     queue it was handed; `cached` are the shards it reports as already on this node."""

@@ -1,8 +1,9 @@
 """Fixtures of the loop's tests: `checkpoint_dir`, a fresh in-memory checkpoint folder for the real loop on
-simulated ranks."""
+simulated ranks; `rank0_log`, the lines the `hvdazure` logger writes."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 
@@ -20,3 +21,15 @@ def checkpoint_dir() -> Iterator[str]:
     fs = fsspec.filesystem("memory")
     if fs.exists(url):
         fs.rm(url, recursive=True)
+
+
+@pytest.fixture
+def rank0_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The lines the `hvdazure` logger writes (rank 0's callbacks log; every thread rank is let through)."""
+    monkeypatch.setenv("HVDAZURE_LOG_ALL_RANKS", "1")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("hvdazure").addHandler(handler)
+    yield lines
+    logging.getLogger("hvdazure").removeHandler(handler)

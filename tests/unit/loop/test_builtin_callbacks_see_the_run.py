@@ -5,8 +5,6 @@ the user's callbacks keep receiving the user's trainer. On the real loop, 2 thre
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,18 +59,6 @@ class UsersOwn(Callback):
     def on_epoch_end(self, trainer: Any) -> None:
         self.given.append(type(trainer))
         trainer.log("the user's callback says so")
-
-
-@pytest.fixture
-def rank0_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The lines the `hvdazure` logger writes (every thread rank is let through)."""
-    monkeypatch.setenv("HVDAZURE_LOG_ALL_RANKS", "1")
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("hvdazure").addHandler(handler)
-    yield lines
-    logging.getLogger("hvdazure").removeHandler(handler)
 
 
 def test_a_trainer_subclass_own_public_names_never_reach_the_built_in_callbacks(

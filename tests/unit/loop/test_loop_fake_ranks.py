@@ -13,12 +13,11 @@ import contextlib
 import functools
 import itertools
 import json
-import logging
 import signal
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -52,18 +51,6 @@ def build(world_size: int, problem: LinearProblem, config: TrainConfig,
     world = ThreadWorld(world_size)
     return world, [trainer_class(world, rank, problem, config, callbacks(rank), momentum)
                    for rank in range(world_size)]
-
-
-@pytest.fixture
-def rank0_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The lines the `hvdazure` logger writes (rank 0's callbacks log; every thread rank is let through)."""
-    monkeypatch.setenv("HVDAZURE_LOG_ALL_RANKS", "1")
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("hvdazure").addHandler(handler)
-    yield lines
-    logging.getLogger("hvdazure").removeHandler(handler)
 
 
 def fit(world_size: int, problem: LinearProblem, config: TrainConfig, **options: object) -> Trainers:
